@@ -1,0 +1,7 @@
+//! One module per subcommand; each owns its `clap::Args` and a `main` returning an exit code.
+
+pub mod convert;
+pub mod decode;
+pub mod replay;
+pub mod run;
+pub mod synth;
