@@ -1,0 +1,1 @@
+//! (module docs to come)
