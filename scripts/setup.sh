@@ -26,6 +26,7 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 # rust-toolchain.toml pins the toolchain; make sure it and rust-src are there.
 rustup show active-toolchain >/dev/null 2>&1 || rustup toolchain install
 rustup component add rust-src >/dev/null 2>&1
