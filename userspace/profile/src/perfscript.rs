@@ -1,0 +1,1 @@
+//! perf-script reader (in progress).
