@@ -1,0 +1,71 @@
+//! Folded-stack writer: one line per context with self samples, `outermost;...;leaf count`,
+//! sorted by path (the format of Brendan Gregg's `stackcollapse` and inferno).
+
+use std::io::{self, Write};
+
+use crate::{frames::FrameTable, trie::ContextTrie};
+
+/// Writes `name` with the separators of the folded format (`;`, newlines) replaced.
+fn push_sanitized(out: &mut String, name: &str) {
+    for c in name.chars() {
+        out.push(match c {
+            ';' => ':',
+            '\n' | '\r' => ' ',
+            c => c,
+        });
+    }
+}
+
+/// The folded lines of `trie` (without trailing newlines), sorted.
+pub fn folded_lines(trie: &ContextTrie, frames: &FrameTable) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut path = Vec::new();
+    for id in trie.node_ids() {
+        let n = trie.node(id);
+        if n.self_count == 0 {
+            continue;
+        }
+        trie.path_into(id, &mut path);
+        let mut line = String::new();
+        for (i, &f) in path.iter().enumerate() {
+            if i > 0 {
+                line.push(';');
+            }
+            push_sanitized(&mut line, &frames.get(f).function);
+        }
+        line.push(' ');
+        line.push_str(&n.self_count.to_string());
+        lines.push(line);
+    }
+    lines.sort_unstable();
+    lines
+}
+
+/// Writes the folded profile of `trie` to `w`.
+pub fn write_folded(trie: &ContextTrie, frames: &FrameTable, w: &mut impl Write) -> io::Result<()> {
+    for line in folded_lines(trie, frames) {
+        writeln!(w, "{line}")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frames::Frame;
+
+    /// Each context with self samples is one line, outermost first, counts summing to the total.
+    #[test]
+    fn writes_folded_lines() {
+        let mut f = FrameTable::new();
+        let main = f.intern(Frame::new("main", None));
+        let a = f.intern(Frame::new("a;weird", None));
+        let hot = f.intern(Frame::new("hot", None));
+        let mut t = ContextTrie::new(100);
+        t.add(&[main, a, hot], 3);
+        t.add(&[main], 1);
+        let mut out = Vec::new();
+        write_folded(&t, &f, &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "main 1\nmain;a:weird;hot 3\n");
+    }
+}

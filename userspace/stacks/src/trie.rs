@@ -1,0 +1,269 @@
+//! Calling-context trie with self/total counts and an explicit memory bound.
+//!
+//! Paths are added outermost caller first. Node 0 is the root (no frame). Each node knows its
+//! parent, frame, self count (samples whose leaf context is this node) and total count
+//! (samples whose context passes through it).
+//!
+//! Memory bound: at most `max_nodes` regular nodes plus a spare budget of `max_nodes / 16`
+//! `[other]` nodes. When a sample's context needs a node beyond `max_nodes`, the rest of its
+//! path is folded into the `[other]` child of the deepest existing node (created from the spare
+//! budget); once the spare budget is used up, into that deepest node itself. Either way the
+//! sample is counted in [`TrieStats::folded_samples`] and totals stay consistent
+//! (a node's total is its self count plus its children's totals).
+
+use std::collections::HashMap;
+
+use crate::frames::{FRAME_OTHER, FrameId};
+
+/// Index of a node in a [`ContextTrie`].
+pub type NodeId = u32;
+/// The root node.
+pub const ROOT: NodeId = 0;
+const NONE: NodeId = u32::MAX;
+
+/// One calling context.
+#[derive(Debug, Clone, Copy)]
+pub struct Node {
+    /// Parent node (the root's parent is itself).
+    pub parent: NodeId,
+    /// Frame of this context's innermost function (`FRAME_OTHER` for the root).
+    pub frame: FrameId,
+    /// Samples whose whole context ends here.
+    pub self_count: u64,
+    /// Samples whose context passes through here (self + descendants).
+    pub total_count: u64,
+    /// Depth (root = 0).
+    pub depth: u32,
+    first_child: NodeId,
+    next_sibling: NodeId,
+}
+
+/// Counters of the trie.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TrieStats {
+    /// Samples added (sum of counts).
+    pub samples: u64,
+    /// Samples whose context was cut short by the memory bound.
+    pub folded_samples: u64,
+    /// Nodes in use, including the root.
+    pub nodes: usize,
+}
+
+/// A calling-context trie (see the module docs for the memory bound).
+#[derive(Debug, Clone)]
+pub struct ContextTrie {
+    nodes: Vec<Node>,
+    children: HashMap<(NodeId, FrameId), NodeId>,
+    max_nodes: usize,
+    spare: usize,
+    folded_samples: u64,
+}
+
+impl ContextTrie {
+    /// An empty trie holding at most `max_nodes` regular nodes (at least 2).
+    pub fn new(max_nodes: usize) -> ContextTrie {
+        let max_nodes = max_nodes.max(2);
+        let root = Node {
+            parent: ROOT,
+            frame: FRAME_OTHER,
+            self_count: 0,
+            total_count: 0,
+            depth: 0,
+            first_child: NONE,
+            next_sibling: NONE,
+        };
+        ContextTrie {
+            nodes: vec![root],
+            children: HashMap::new(),
+            max_nodes,
+            spare: max_nodes / 16,
+            folded_samples: 0,
+        }
+    }
+
+    /// Upper bound on the number of nodes this trie will ever hold.
+    pub fn node_limit(&self) -> usize {
+        self.max_nodes + self.max_nodes / 16
+    }
+
+    fn new_child(&mut self, parent: NodeId, frame: FrameId) -> NodeId {
+        let id = self.nodes.len() as NodeId;
+        let p = &mut self.nodes[parent as usize];
+        let depth = p.depth + 1;
+        let next_sibling = p.first_child;
+        p.first_child = id;
+        self.nodes.push(Node {
+            parent,
+            frame,
+            self_count: 0,
+            total_count: 0,
+            depth,
+            first_child: NONE,
+            next_sibling,
+        });
+        self.children.insert((parent, frame), id);
+        id
+    }
+
+    /// Adds `count` samples of the context `path` (outermost caller first, leaf last).
+    /// Returns the node the samples were attributed to.
+    pub fn add(&mut self, path: &[FrameId], count: u64) -> NodeId {
+        let mut node = ROOT;
+        self.nodes[ROOT as usize].total_count += count;
+        for &frame in path {
+            let next = match self.children.get(&(node, frame)) {
+                Some(&n) => n,
+                None if self.nodes.len() < self.max_nodes => self.new_child(node, frame),
+                None => {
+                    self.folded_samples += count;
+                    match self.children.get(&(node, FRAME_OTHER)) {
+                        Some(&n) => n,
+                        None if self.spare > 0 => {
+                            self.spare -= 1;
+                            self.new_child(node, FRAME_OTHER)
+                        }
+                        None => break,
+                    }
+                }
+            };
+            node = next;
+            self.nodes[node as usize].total_count += count;
+            if self.nodes[node as usize].frame == FRAME_OTHER && frame != FRAME_OTHER {
+                break;
+            }
+        }
+        self.nodes[node as usize].self_count += count;
+        node
+    }
+
+    /// The node `id` (the root for an out-of-range id).
+    pub fn node(&self, id: NodeId) -> &Node {
+        self.nodes.get(id as usize).unwrap_or(&self.nodes[0])
+    }
+
+    /// Number of nodes including the root.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True if no sample was added.
+    pub fn is_empty(&self) -> bool {
+        self.nodes[0].total_count == 0
+    }
+
+    /// Total samples added.
+    pub fn total_samples(&self) -> u64 {
+        self.nodes[0].total_count
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> TrieStats {
+        TrieStats {
+            samples: self.total_samples(),
+            folded_samples: self.folded_samples,
+            nodes: self.nodes.len(),
+        }
+    }
+
+    /// Children of `id`, most recently created first.
+    pub fn children(&self, id: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        let mut next = self.node(id).first_child;
+        std::iter::from_fn(move || {
+            if next == NONE {
+                return None;
+            }
+            let cur = next;
+            next = self.nodes[cur as usize].next_sibling;
+            Some(cur)
+        })
+    }
+
+    /// Ids of all non-root nodes.
+    pub fn node_ids(&self) -> impl Iterator<Item = NodeId> {
+        1..self.nodes.len() as NodeId
+    }
+
+    /// The frames from the outermost caller to `id` (inclusive) into `out` (cleared first).
+    pub fn path_into(&self, id: NodeId, out: &mut Vec<FrameId>) {
+        out.clear();
+        let mut n = id;
+        while n != ROOT && (n as usize) < self.nodes.len() {
+            out.push(self.nodes[n as usize].frame);
+            n = self.nodes[n as usize].parent;
+        }
+        out.reverse();
+    }
+
+    /// Like [`Self::path_into`], returning a new vector.
+    pub fn path(&self, id: NodeId) -> Vec<FrameId> {
+        let mut v = Vec::new();
+        self.path_into(id, &mut v);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_consistent(t: &ContextTrie) {
+        for id in std::iter::once(ROOT).chain(t.node_ids()) {
+            let kids: u64 = t.children(id).map(|c| t.node(c).total_count).sum();
+            assert_eq!(t.node(id).total_count, t.node(id).self_count + kids, "node {id}");
+        }
+    }
+
+    /// Shared prefixes share nodes; self and total counts follow the definitions.
+    #[test]
+    fn counts_self_and_total() {
+        let mut t = ContextTrie::new(100);
+        let (main, a, b, hot) = (1, 2, 3, 4);
+        t.add(&[main, a, hot], 2);
+        t.add(&[main, b, hot], 1);
+        t.add(&[main, a], 1);
+        assert_eq!(t.total_samples(), 4);
+        assert_eq!(t.len(), 1 + 5); // main, a, a.hot, b, b.hot
+        let m = t.children(ROOT).next().unwrap();
+        assert_eq!(t.node(m).total_count, 4);
+        assert_eq!(t.node(m).self_count, 0);
+        let a_node = t.children(m).find(|&c| t.node(c).frame == a).unwrap();
+        assert_eq!((t.node(a_node).self_count, t.node(a_node).total_count), (1, 3));
+        assert_eq!(t.path(t.children(a_node).next().unwrap()), vec![main, a, hot]);
+        check_consistent(&t);
+    }
+
+    /// The node bound holds under many distinct contexts and folded samples are counted, with
+    /// totals still consistent.
+    #[test]
+    fn memory_bound_folds_into_other() {
+        let mut t = ContextTrie::new(64);
+        for i in 0..10_000u32 {
+            t.add(&[1, 2 + (i % 7), 100 + i], 1);
+        }
+        assert!(t.len() <= t.node_limit(), "{} > {}", t.len(), t.node_limit());
+        let s = t.stats();
+        assert_eq!(s.samples, 10_000);
+        assert!(s.folded_samples > 9_000, "{s:?}");
+        // Folded samples landed in [other] nodes under their known callers.
+        let other_total: u64 = t
+            .node_ids()
+            .filter(|&n| t.node(n).frame == FRAME_OTHER)
+            .map(|n| t.node(n).self_count)
+            .sum();
+        assert!(other_total > 0);
+        check_consistent(&t);
+    }
+
+    /// With the spare budget used up, samples fold into the deepest existing node.
+    #[test]
+    fn spare_exhaustion_folds_into_parent() {
+        let mut t = ContextTrie::new(2); // root + 1 node, spare 0
+        t.add(&[1], 1);
+        let n = t.add(&[1, 2, 3], 5);
+        assert_eq!(t.node(n).frame, 1);
+        assert_eq!(t.node(n).self_count, 6);
+        assert_eq!(t.stats().folded_samples, 5);
+        assert_eq!(t.len(), 2);
+        check_consistent(&t);
+    }
+}
