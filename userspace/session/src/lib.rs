@@ -10,4 +10,5 @@
 //! effort on trace loss (a truncated record, lost records, corrupt bytes or a window without
 //! sync are counted and resynced past; each window decodes afresh after a discontinuity).
 
+pub mod join;
 pub mod session;

@@ -1,0 +1,899 @@
+//! The join: per CPU, attach to each pause sample the branch records of the trace window that
+//! pause closed, validate the resulting hybrid sample, and count rejects by reason.
+//!
+//! # Inputs
+//!
+//! Per CPU, in time order: *windows* (a window begins at a trace-on after resume, gets a time
+//! from its first timestamp or the AUX record, and collects taken branches oldest to newest)
+//! and *pause samples* (time, stack leaf first). The two streams come from different kernel
+//! channels (AUX ring vs. the eBPF ring/sample ring) so they interleave arbitrarily; the join
+//! buffers samples and resolves a sample only once nothing earlier can arrive for its CPU
+//! (samply's `EventSorter` shape): when a window that began after the sample has been seen, at
+//! an explicit flush (end of stream), or when the per-CPU backlog bound is hit.
+//!
+//! # Matching rule
+//!
+//! A pause at time `t` on CPU `c` closed the newest window of `c` with `time <= t`, provided
+//! that window began after the previous pause sample of `c` (otherwise the window of this
+//! pause was lost and the newest one belongs to an earlier pause) and was not used already.
+//! An optional maximum age rejects windows too old to have been closed by this pause.
+//!
+//! # Validation (a sample that fails is counted by [`RejectReason`], never kept)
+//!
+//! * leaf after target: the sampled IP must lie at or after the newest branch's target, and
+//!   the code between them must be straight-line (only not-taken conditional branches) per the
+//!   code image ([`CodeOracle`]);
+//! * calls and returns: replaying the window's branches (oldest first) on a shadow stack, a
+//!   return must go to the address after its matching call, a return out of the window's
+//!   frames must land after a call instruction, and the calls still open at the end must be
+//!   the return addresses at the top of the sample's stack (newest call = `stack[1]`; the
+//!   leaf frame's own return address may be missing when the leaf had not stored its frame
+//!   record yet, which frame-pointer unwinding cannot see).
+//!
+//! Without code for an address, the code checks are skipped and counted
+//! ([`JoinStats::unverified`]).
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::session::BranchPair;
+
+/// Instruction kinds the validation needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InsnKind {
+    /// Not a branch.
+    Other,
+    /// Conditional direct branch (may be not taken).
+    CondBranch,
+    /// Unconditional branch without link (B, BR).
+    Jump,
+    /// Branch with link (BL, BLR).
+    Call,
+    /// Return (RET).
+    Return,
+    /// Anything else that always changes the flow (ERET, SVC, ...).
+    Flow,
+}
+
+/// Classifies the instruction at a runtime address of a process (the code image).
+pub trait CodeOracle {
+    /// Kind of the instruction at `addr` in process `pid`, or `None` if no code is known there.
+    fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind>;
+    /// Size of instructions (A64: 4).
+    fn insn_size(&self) -> u64 {
+        4
+    }
+}
+
+/// A code oracle that knows no code (all code checks skipped).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoCode;
+
+impl CodeOracle for NoCode {
+    fn insn_kind(&self, _pid: u32, _addr: u64) -> Option<InsnKind> {
+        None
+    }
+}
+
+/// Why a sample was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RejectReason {
+    /// The sample has no stack.
+    EmptyStack,
+    /// No window of this CPU ended at this pause (lost, truncated or never synced).
+    NoWindow,
+    /// The newest window is older than the maximum window age.
+    StaleWindow,
+    /// The window decoded to no branches.
+    EmptyWindow,
+    /// The leaf IP lies before the newest branch target, or too far after it.
+    LeafBeforeTarget,
+    /// A taken-type branch lies between the newest branch target and the leaf IP.
+    LeafNotReachable,
+    /// A return in the window does not go back after its call.
+    ReturnMismatch,
+    /// A return out of the window's frames does not land after a call instruction.
+    ReturnNotAfterCall,
+    /// The calls open at the end of the window are not the top of the call stack.
+    StackMismatch,
+    /// Samples of a CPU arrived out of time order.
+    OutOfOrder,
+}
+
+impl RejectReason {
+    /// All reasons, in display order.
+    pub const ALL: [RejectReason; 10] = [
+        RejectReason::EmptyStack,
+        RejectReason::NoWindow,
+        RejectReason::StaleWindow,
+        RejectReason::EmptyWindow,
+        RejectReason::LeafBeforeTarget,
+        RejectReason::LeafNotReachable,
+        RejectReason::ReturnMismatch,
+        RejectReason::ReturnNotAfterCall,
+        RejectReason::StackMismatch,
+        RejectReason::OutOfOrder,
+    ];
+
+    /// Short name for summaries.
+    pub fn name(self) -> &'static str {
+        match self {
+            RejectReason::EmptyStack => "empty-stack",
+            RejectReason::NoWindow => "no-window",
+            RejectReason::StaleWindow => "stale-window",
+            RejectReason::EmptyWindow => "empty-window",
+            RejectReason::LeafBeforeTarget => "leaf-before-target",
+            RejectReason::LeafNotReachable => "leaf-not-reachable",
+            RejectReason::ReturnMismatch => "return-mismatch",
+            RejectReason::ReturnNotAfterCall => "return-not-after-call",
+            RejectReason::StackMismatch => "stack-mismatch",
+            RejectReason::OutOfOrder => "out-of-order",
+        }
+    }
+}
+
+/// Rejected-sample counters, one per [`RejectReason`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RejectCounts([u64; RejectReason::ALL.len()]);
+
+impl RejectCounts {
+    /// Count of one reason.
+    pub fn get(&self, r: RejectReason) -> u64 {
+        self.0[r as usize]
+    }
+    /// Sum over all reasons.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+    fn bump(&mut self, r: RejectReason) {
+        self.0[r as usize] += 1;
+    }
+    /// `(reason, count)` for the non-zero reasons.
+    pub fn iter(&self) -> impl Iterator<Item = (RejectReason, u64)> + '_ {
+        RejectReason::ALL.iter().map(|&r| (r, self.get(r))).filter(|&(_, n)| n > 0)
+    }
+}
+
+/// Join configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JoinConfig {
+    /// Branch records kept per sample (newest N of the window; `usize::MAX` = whole window).
+    pub depth: usize,
+    /// Validate samples (leaf after target, calls/returns).
+    pub validate: bool,
+    /// Maximum distance in bytes from the newest branch target to the leaf IP.
+    pub max_straight_line: u64,
+    /// Maximum age (ns) of a window at the pause that closed it; `None` = unbounded.
+    pub max_window_age: Option<u64>,
+    /// Pending samples per CPU before the oldest is resolved with what is known.
+    pub max_pending_samples: usize,
+    /// Accept a stack that lacks the newest open call's return address (frame-pointer
+    /// unwinding in a leaf function that has not stored its frame record).
+    pub allow_missing_leaf_frame: bool,
+    /// Pending windows per CPU kept for samples that have not arrived yet.
+    pub max_pending_windows: usize,
+}
+
+impl Default for JoinConfig {
+    fn default() -> Self {
+        JoinConfig {
+            depth: 32,
+            validate: true,
+            max_straight_line: 64 * 1024,
+            max_window_age: None,
+            max_pending_samples: 4096,
+            allow_missing_leaf_frame: true,
+            max_pending_windows: 256,
+        }
+    }
+}
+
+/// Join counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JoinStats {
+    /// Windows begun.
+    pub windows: u64,
+    /// Windows that never matched a sample (dropped when superseded or at the end).
+    pub windows_unmatched: u64,
+    /// Windows dropped because too many were pending.
+    pub windows_overflow: u64,
+    /// Samples received.
+    pub samples: u64,
+    /// Samples joined and validated.
+    pub joined: u64,
+    /// Samples resolved early because the per-CPU backlog was full.
+    pub forced: u64,
+    /// Joined samples whose code checks could not run (no code image for some address).
+    pub unverified: u64,
+    /// Joined samples whose stack lacked the leaf frame's return address.
+    pub leaf_frame_missing: u64,
+    /// Rejected samples by reason.
+    pub rejected: RejectCounts,
+}
+
+/// A joined, validated hybrid sample (borrowed for the duration of the callback).
+#[derive(Debug, Clone, Copy)]
+pub struct Joined<'a> {
+    /// CPU.
+    pub cpu: i32,
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Pause time.
+    pub time: u64,
+    /// Call stack, leaf first.
+    pub stack: &'a [u64],
+    /// Branch records, newest first.
+    pub branches: &'a [BranchPair],
+}
+
+/// A sample waiting for its window.
+#[derive(Debug)]
+struct PendingSample {
+    pid: u32,
+    tid: u32,
+    time: u64,
+    stack: Vec<u64>,
+}
+
+#[derive(Debug)]
+struct Window {
+    /// Time: first timestamp, else the AUX record time (see the module docs).
+    time: u64,
+    /// Whether `time` came from a trace timestamp (a later timestamp does not move it).
+    ts_known: bool,
+    /// Ring of the newest `depth` branches (oldest to newest, starting at `head`).
+    ring: Vec<BranchPair>,
+    head: usize,
+    used: bool,
+}
+
+impl Window {
+    fn push(&mut self, b: BranchPair, depth: usize) {
+        if self.ring.len() < depth {
+            self.ring.push(b);
+        } else if depth > 0 {
+            self.ring[self.head] = b;
+            self.head = (self.head + 1) % depth;
+        }
+    }
+    /// Branches oldest to newest.
+    fn oldest_first(&self) -> impl DoubleEndedIterator<Item = &BranchPair> + '_ {
+        let (a, b) = self.ring.split_at(self.head);
+        b.iter().chain(a.iter())
+    }
+}
+
+#[derive(Debug, Default)]
+struct CpuJoin {
+    /// Completed and open windows, oldest first; the last may still be open.
+    windows: VecDeque<Window>,
+    open: bool,
+    samples: VecDeque<PendingSample>,
+    last_sample_time: Option<u64>,
+    /// Time of the previous resolved sample (window must begin after it).
+    prev_resolved: Option<u64>,
+}
+
+/// The per-CPU join.
+#[derive(Debug)]
+pub struct Joiner {
+    cfg: JoinConfig,
+    cpus: HashMap<i32, CpuJoin>,
+    stats: JoinStats,
+    pool_rings: Vec<Vec<BranchPair>>,
+    pool_stacks: Vec<Vec<u64>>,
+    scratch: Vec<BranchPair>,
+    shadow: Vec<u64>,
+}
+
+impl Joiner {
+    /// A join with `cfg`.
+    pub fn new(cfg: JoinConfig) -> Self {
+        Joiner {
+            cfg,
+            cpus: HashMap::new(),
+            stats: JoinStats::default(),
+            pool_rings: Vec::new(),
+            pool_stacks: Vec::new(),
+            scratch: Vec::new(),
+            shadow: Vec::new(),
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &JoinStats {
+        &self.stats
+    }
+
+    /// Configuration.
+    pub fn config(&self) -> &JoinConfig {
+        &self.cfg
+    }
+
+    /// A new window begins on `cpu` (trace on after sync). `time` is its time if known from a
+    /// trace timestamp (`ts_known`), else an upper bound such as the AUX record time.
+    /// Samples waiting for a window earlier than this one are resolved through `oracle`/`out`.
+    pub fn begin_window(
+        &mut self,
+        cpu: i32,
+        time: u64,
+        ts_known: bool,
+        oracle: &dyn CodeOracle,
+        out: &mut dyn FnMut(&Joined<'_>),
+    ) {
+        self.stats.windows += 1;
+        let ring = self.pool_rings.pop().unwrap_or_default();
+        let c = self.cpus.entry(cpu).or_default();
+        c.open = true;
+        c.windows.push_back(Window { time, ts_known, ring, head: 0, used: false });
+        if c.windows.len() > self.cfg.max_pending_windows {
+            // Keep the newest; the oldest cannot match anything useful anymore.
+            if let Some(w) = c.windows.pop_front() {
+                if !w.used {
+                    self.stats.windows_overflow += 1;
+                }
+                recycle(&mut self.pool_rings, w.ring);
+            }
+        }
+        self.resolve(cpu, Some(time), oracle, out);
+    }
+
+    /// A trace timestamp (perf clock) inside the open window of `cpu`: the first one dates the
+    /// window if the window had no timestamp yet.
+    pub fn window_time(&mut self, cpu: i32, time: u64) {
+        if let Some(c) = self.cpus.get_mut(&cpu)
+            && c.open
+            && let Some(w) = c.windows.back_mut()
+            && !w.ts_known
+        {
+            w.time = time;
+            w.ts_known = true;
+        }
+    }
+
+    /// A taken branch in the open window of `cpu` (in execution order).
+    #[inline]
+    pub fn branch(&mut self, cpu: i32, b: BranchPair) {
+        let depth = self.cfg.depth;
+        if let Some(c) = self.cpus.get_mut(&cpu)
+            && c.open
+            && let Some(w) = c.windows.back_mut()
+        {
+            w.push(b, depth);
+        }
+    }
+
+    /// The branch chain of `cpu`'s open window broke (overflow, decode error, lost sync): the
+    /// window is closed and its branches are not trusted; branches until the next
+    /// [`Joiner::begin_window`] are ignored.
+    pub fn discontinuity(&mut self, cpu: i32) {
+        if let Some(c) = self.cpus.get_mut(&cpu)
+            && c.open
+        {
+            c.open = false;
+            if let Some(w) = c.windows.back_mut() {
+                // Keep the window as a time marker (it consumes its pause) but without branches.
+                w.ring.clear();
+                w.head = 0;
+            }
+        }
+    }
+
+    /// The open window of `cpu` ended (the trace stopped at a pause).
+    pub fn end_window(&mut self, cpu: i32) {
+        if let Some(c) = self.cpus.get_mut(&cpu) {
+            c.open = false;
+        }
+    }
+
+    /// A pause sample. It is joined (and `out` called) once its window is certain.
+    pub fn sample(
+        &mut self,
+        cpu: i32,
+        pid: u32,
+        tid: u32,
+        time: u64,
+        stack: &[u64],
+        oracle: &dyn CodeOracle,
+        out: &mut dyn FnMut(&Joined<'_>),
+    ) {
+        self.stats.samples += 1;
+        if stack.is_empty() {
+            self.stats.rejected.bump(RejectReason::EmptyStack);
+            return;
+        }
+        let c = self.cpus.entry(cpu).or_default();
+        if c.last_sample_time.is_some_and(|t| time < t) {
+            self.stats.rejected.bump(RejectReason::OutOfOrder);
+            return;
+        }
+        c.last_sample_time = Some(time);
+        let mut s = self.pool_stacks.pop().unwrap_or_default();
+        s.clear();
+        s.extend_from_slice(stack);
+        c.samples.push_back(PendingSample { pid, tid, time, stack: s });
+        let over = c.samples.len() > self.cfg.max_pending_samples;
+        if over {
+            self.stats.forced += 1;
+            self.resolve_front(cpu, oracle, out);
+        }
+        // A window that already began after this sample makes it certain.
+        self.resolve(cpu, None, oracle, out);
+    }
+
+    /// Resolve every pending sample of every CPU with what is known (end of stream).
+    pub fn flush(&mut self, oracle: &dyn CodeOracle, out: &mut dyn FnMut(&Joined<'_>)) {
+        let mut cpus: Vec<i32> = self.cpus.keys().copied().collect();
+        cpus.sort_unstable();
+        for cpu in cpus {
+            while self.cpus.get(&cpu).is_some_and(|c| !c.samples.is_empty()) {
+                self.resolve_front(cpu, oracle, out);
+            }
+            if let Some(c) = self.cpus.get_mut(&cpu) {
+                for w in c.windows.drain(..) {
+                    if !w.used {
+                        self.stats.windows_unmatched += 1;
+                    }
+                    recycle(&mut self.pool_rings, w.ring);
+                }
+                c.open = false;
+            }
+        }
+    }
+
+    /// Resolve the samples of `cpu` that are certain: those older than the newest window's
+    /// time (or than `new_window_time`).
+    fn resolve(
+        &mut self,
+        cpu: i32,
+        new_window_time: Option<u64>,
+        oracle: &dyn CodeOracle,
+        out: &mut dyn FnMut(&Joined<'_>),
+    ) {
+        loop {
+            let Some(c) = self.cpus.get(&cpu) else { return };
+            let Some(s) = c.samples.front() else { return };
+            // The newest window (the one just begun, if any) started after the sample.
+            let newest = new_window_time.or_else(|| c.windows.back().map(|w| w.time));
+            match newest {
+                Some(t) if t > s.time => self.resolve_front(cpu, oracle, out),
+                _ => return,
+            }
+        }
+    }
+
+    /// Resolve the oldest pending sample of `cpu` against the windows known now.
+    fn resolve_front(&mut self, cpu: i32, oracle: &dyn CodeOracle, out: &mut dyn FnMut(&Joined<'_>)) {
+        let Some(c) = self.cpus.get_mut(&cpu) else { return };
+        let Some(s) = c.samples.pop_front() else { return };
+        let prev = c.prev_resolved.replace(s.time);
+        // Newest window with time <= sample time.
+        let idx = c.windows.iter().rposition(|w| w.time <= s.time);
+        // Windows older than the candidate can no longer match (samples come in time order).
+        let drop_n = idx.unwrap_or(0);
+        for _ in 0..drop_n {
+            if let Some(w) = c.windows.pop_front() {
+                if !w.used {
+                    self.stats.windows_unmatched += 1;
+                }
+                recycle(&mut self.pool_rings, w.ring);
+            }
+        }
+        let verdict = match idx {
+            None => Err(RejectReason::NoWindow),
+            Some(_) => {
+                let w = &mut c.windows[0];
+                if w.used || prev.is_some_and(|p| w.time <= p) {
+                    Err(RejectReason::NoWindow)
+                } else if self.cfg.max_window_age.is_some_and(|a| s.time - w.time > a) {
+                    Err(RejectReason::StaleWindow)
+                } else {
+                    w.used = true;
+                    if w.ring.is_empty() {
+                        Err(RejectReason::EmptyWindow)
+                    } else {
+                        self.scratch.clear();
+                        self.scratch.extend(w.oldest_first().rev());
+                        Ok(())
+                    }
+                }
+            }
+        };
+        let verdict = verdict.and_then(|()| {
+            if self.cfg.validate {
+                validate(&s.stack, &self.scratch, s.pid, oracle, &self.cfg, &mut self.shadow)
+            } else {
+                Ok(Check::default())
+            }
+        });
+        match verdict {
+            Ok(check) => {
+                self.stats.joined += 1;
+                if check.unverified {
+                    self.stats.unverified += 1;
+                }
+                if check.leaf_frame_missing {
+                    self.stats.leaf_frame_missing += 1;
+                }
+                out(&Joined {
+                    cpu,
+                    pid: s.pid,
+                    tid: s.tid,
+                    time: s.time,
+                    stack: &s.stack,
+                    branches: &self.scratch,
+                });
+            }
+            Err(r) => self.stats.rejected.bump(r),
+        }
+        recycle(&mut self.pool_stacks, s.stack);
+    }
+
+    /// Validate a sample that carried its own branch records (LBR/BRBE), with the same rules.
+    pub fn validate_sample(
+        &mut self,
+        pid: u32,
+        stack: &[u64],
+        branches: &[BranchPair],
+        oracle: &dyn CodeOracle,
+    ) -> Result<(), RejectReason> {
+        self.stats.samples += 1;
+        let r = if stack.is_empty() {
+            Err(RejectReason::EmptyStack)
+        } else if branches.is_empty() || !self.cfg.validate {
+            Ok(Check::default())
+        } else {
+            validate(stack, branches, pid, oracle, &self.cfg, &mut self.shadow)
+        };
+        match r {
+            Ok(c) => {
+                self.stats.joined += 1;
+                self.stats.unverified += u64::from(c.unverified);
+                self.stats.leaf_frame_missing += u64::from(c.leaf_frame_missing);
+                Ok(())
+            }
+            Err(e) => {
+                self.stats.rejected.bump(e);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn recycle<T>(pool: &mut Vec<Vec<T>>, mut v: Vec<T>) {
+    if pool.len() < 64 {
+        v.clear();
+        pool.push(v);
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Check {
+    unverified: bool,
+    leaf_frame_missing: bool,
+}
+
+/// Validate a hybrid sample; `branches` newest first.
+fn validate(
+    stack: &[u64],
+    branches: &[BranchPair],
+    pid: u32,
+    oracle: &dyn CodeOracle,
+    cfg: &JoinConfig,
+    shadow: &mut Vec<u64>,
+) -> Result<Check, RejectReason> {
+    let mut check = Check::default();
+    let leaf = stack[0];
+    let target = branches[0].to;
+    if leaf < target || leaf - target > cfg.max_straight_line {
+        return Err(RejectReason::LeafBeforeTarget);
+    }
+    let step = oracle.insn_size().max(1);
+    let mut a = target;
+    while a < leaf {
+        match oracle.insn_kind(pid, a) {
+            None => {
+                check.unverified = true;
+                break;
+            }
+            Some(InsnKind::Other | InsnKind::CondBranch) => {}
+            Some(_) => return Err(RejectReason::LeafNotReachable),
+        }
+        a += step;
+    }
+    // Calls and returns, oldest first.
+    shadow.clear();
+    for b in branches.iter().rev() {
+        match oracle.insn_kind(pid, b.from) {
+            None => {
+                check.unverified = true;
+                return Ok(check);
+            }
+            Some(InsnKind::Call) => shadow.push(b.from + step),
+            Some(InsnKind::Return) => match shadow.pop() {
+                Some(ret) if ret != b.to => return Err(RejectReason::ReturnMismatch),
+                Some(_) => {}
+                None => {
+                    // Returned into a frame older than the window: it must follow a call.
+                    match b.to.checked_sub(step).and_then(|p| oracle.insn_kind(pid, p)) {
+                        Some(InsnKind::Call) => {}
+                        None => check.unverified = true,
+                        Some(_) => return Err(RejectReason::ReturnNotAfterCall),
+                    }
+                }
+            },
+            Some(_) => {}
+        }
+    }
+    // Open calls, newest first, against stack[1..].
+    let callers = &stack[1..];
+    let open = shadow.iter().rev();
+    let exact = open.clone().zip(callers).all(|(a, b)| a == b);
+    if !exact {
+        // The leaf's own return address may be missing (no frame record yet).
+        let skipped = open.skip(1).zip(callers).all(|(a, b)| a == b);
+        if cfg.allow_missing_leaf_frame && skipped && !shadow.is_empty() {
+            check.leaf_frame_missing = true;
+        } else {
+            return Err(RejectReason::StackMismatch);
+        }
+    }
+    Ok(check)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A toy code image: explicit kinds at addresses, `Other` elsewhere in [lo, hi).
+    struct Toy {
+        lo: u64,
+        hi: u64,
+        kinds: HashMap<u64, InsnKind>,
+    }
+
+    impl CodeOracle for Toy {
+        fn insn_kind(&self, _pid: u32, addr: u64) -> Option<InsnKind> {
+            if addr < self.lo || addr >= self.hi {
+                return None;
+            }
+            Some(*self.kinds.get(&addr).unwrap_or(&InsnKind::Other))
+        }
+    }
+
+    // Program: main 0x1000.. calls f at 0x1010 (bl f -> 0x2000), f loops with b.cond at
+    // 0x2010 -> 0x2000, f calls g at 0x2020 (bl -> 0x3000), g returns at 0x3008 -> 0x2024,
+    // jump at 0x2030 -> 0x2040, ret at 0x2050 -> 0x1014.
+    fn toy() -> Toy {
+        let kinds = HashMap::from([
+            (0x1010, InsnKind::Call),
+            (0x2010, InsnKind::CondBranch),
+            (0x2020, InsnKind::Call),
+            (0x3008, InsnKind::Return),
+            (0x2030, InsnKind::Jump),
+            (0x2050, InsnKind::Return),
+            (0x1030, InsnKind::Jump),
+        ]);
+        Toy { lo: 0x1000, hi: 0x4000, kinds }
+    }
+
+    fn bp(from: u64, to: u64) -> BranchPair {
+        BranchPair { from, to }
+    }
+
+    /// Window branches of the toy's path main->f (loop twice)->g->ret->jump, sampled in f at
+    /// 0x2044 whose caller return address is 0x1014.
+    fn window_path() -> Vec<BranchPair> {
+        vec![bp(0x1010, 0x2000), bp(0x2010, 0x2000), bp(0x2010, 0x2000), bp(0x2020, 0x3000), bp(0x3008, 0x2024), bp(0x2030, 0x2040)]
+    }
+
+    fn run(events: &[Ev], cfg: JoinConfig) -> (Vec<(i32, u64, Vec<BranchPair>)>, JoinStats) {
+        let oracle = toy();
+        let mut j = Joiner::new(cfg);
+        let mut got = Vec::new();
+        let mut out = |s: &Joined<'_>| got.push((s.cpu, s.time, s.branches.to_vec()));
+        for e in events {
+            match e {
+                Ev::Win(cpu, t, brs) => {
+                    j.begin_window(*cpu, *t, true, &oracle, &mut out);
+                    for b in brs {
+                        j.branch(*cpu, *b);
+                    }
+                    j.end_window(*cpu);
+                }
+                Ev::Sample(cpu, t, stack) => j.sample(*cpu, 1, 1, *t, stack, &oracle, &mut out),
+            }
+        }
+        j.flush(&oracle, &mut out);
+        let st = *j.stats();
+        (got, st)
+    }
+
+    #[derive(Clone)]
+    enum Ev {
+        Win(i32, u64, Vec<BranchPair>),
+        Sample(i32, u64, Vec<u64>),
+    }
+
+    fn newest_first(v: &[BranchPair]) -> Vec<BranchPair> {
+        v.iter().rev().copied().collect()
+    }
+
+    /// A correct sample joins with its window's branches newest first; the depth limit keeps
+    /// the newest N.
+    #[test]
+    fn joins_window_newest_first_with_depth() {
+        let w = window_path();
+        let evs = [Ev::Win(0, 10, w.clone()), Ev::Sample(0, 20, vec![0x2044, 0x1014])];
+        let (got, st) = run(&evs, JoinConfig::default());
+        assert_eq!(got, vec![(0, 20, newest_first(&w))]);
+        assert_eq!((st.joined, st.rejected.total(), st.unverified), (1, 0, 0));
+        let (got, _) = run(&evs, JoinConfig { depth: 2, ..Default::default() });
+        assert_eq!(got[0].2, vec![bp(0x2030, 0x2040), bp(0x3008, 0x2024)]);
+    }
+
+    /// Windows and samples of two CPUs interleaved in any order across CPUs (and samples
+    /// arriving before or after their window) give the same joins.
+    #[test]
+    fn interleavings_across_cpus_are_equivalent() {
+        let w = window_path();
+        let mut w2 = w.clone();
+        w2.remove(0); // a different window content on cpu 1
+        let s = vec![0x2044, 0x1014];
+        let cpu0 = [Ev::Win(0, 10, w.clone()), Ev::Sample(0, 20, s.clone()), Ev::Win(0, 30, w2.clone()), Ev::Sample(0, 40, s.clone())];
+        let cpu1 = [Ev::Win(1, 12, w2.clone()), Ev::Sample(1, 22, s.clone()), Ev::Win(1, 32, w.clone()), Ev::Sample(1, 42, s.clone())];
+        let expect = {
+            let mut e = vec![(0, 20, newest_first(&w)), (0, 40, newest_first(&w2)), (1, 22, newest_first(&w2)), (1, 42, newest_first(&w))];
+            e.sort_by_key(|x| (x.0, x.1));
+            e
+        };
+        // All merges of the two per-CPU sequences (each kept in order), plus per CPU the
+        // variant where samples arrive late (after the next window).
+        let late0 = [cpu0[0].clone(), cpu0[2].clone(), cpu0[1].clone(), cpu0[3].clone()];
+        for a in [&cpu0[..], &late0[..]] {
+            let n = a.len() + cpu1.len();
+            for mask in 0u32..(1 << n) {
+                if mask.count_ones() as usize != a.len() {
+                    continue;
+                }
+                let (mut i, mut k) = (0, 0);
+                let mut evs = Vec::new();
+                for bit in 0..n {
+                    if mask & (1 << bit) != 0 {
+                        evs.push(a[i].clone());
+                        i += 1;
+                    } else {
+                        evs.push(cpu1[k].clone());
+                        k += 1;
+                    }
+                }
+                let (mut got, st) = run(&evs, JoinConfig::default());
+                got.sort_by_key(|x| (x.0, x.1));
+                assert_eq!(got, expect, "mask {mask:b}");
+                assert_eq!(st.rejected.total(), 0);
+            }
+        }
+    }
+
+    /// A pause whose window was lost is rejected (it must not take the previous pause's window),
+    /// and the samples around it still join.
+    #[test]
+    fn lost_window_rejected_without_poisoning_neighbours() {
+        let w = window_path();
+        let s = vec![0x2044, 0x1014];
+        let evs = [
+            Ev::Win(0, 10, w.clone()),
+            Ev::Sample(0, 20, s.clone()),
+            // window at 30 lost
+            Ev::Sample(0, 40, s.clone()),
+            Ev::Win(0, 50, w.clone()),
+            Ev::Sample(0, 60, s.clone()),
+        ];
+        let (got, st) = run(&evs, JoinConfig::default());
+        assert_eq!(got.iter().map(|g| g.1).collect::<Vec<_>>(), vec![20, 60]);
+        assert_eq!(st.rejected.get(RejectReason::NoWindow), 1);
+        // With the previous sample also lost, the age bound catches the stale window.
+        let evs2 = [Ev::Win(0, 10, w.clone()), Ev::Sample(0, 40, s.clone())];
+        let (got, st) = run(&evs2, JoinConfig { max_window_age: Some(15), ..Default::default() });
+        assert!(got.is_empty());
+        assert_eq!(st.rejected.get(RejectReason::StaleWindow), 1);
+    }
+
+    /// Each validation rule rejects a sample that breaks it, with its own reason.
+    #[test]
+    fn validation_rejects_by_reason() {
+        let w = window_path();
+        let cases: Vec<(Vec<u64>, Vec<BranchPair>, Option<RejectReason>)> = vec![
+            (vec![0x2044, 0x1014], w.clone(), None),
+            // Leaf before the newest target.
+            (vec![0x2038, 0x1014], w.clone(), Some(RejectReason::LeafBeforeTarget)),
+            // A jump (0x2030 is taken-type) between target 0x2024 and leaf 0x2034.
+            (vec![0x2034, 0x1014], w[..5].to_vec(), Some(RejectReason::LeafNotReachable)),
+            // Return from g to the wrong place.
+            (vec![0x2044, 0x1014], { let mut v = w.clone(); v[4] = bp(0x3008, 0x2028); v.push(bp(0x2030, 0x2040)); v }, Some(RejectReason::ReturnMismatch)),
+            // Wrong caller in the stack (two open calls: f's return 0x1014, g's 0x2024).
+            (vec![0x3004, 0x2024, 0x1018], vec![bp(0x1010, 0x2000), bp(0x2020, 0x3000)], Some(RejectReason::StackMismatch)),
+            (vec![0x3004, 0x2024, 0x1014, 0x9999], vec![bp(0x1010, 0x2000), bp(0x2020, 0x3000)], None),
+            // Leaf frame missing is tolerated (only the newest open call may be missing).
+            (vec![0x2044], w.clone(), None),
+            // Return out of the window to an address not after a call (0x2054-4 is Other).
+            (vec![0x1020], vec![bp(0x2050, 0x1018)], Some(RejectReason::ReturnNotAfterCall)),
+            // Return out of the window after the call at 0x1010.
+            (vec![0x1020], vec![bp(0x2050, 0x1014)], None),
+        ];
+        // Strict mode: the leaf frame must be present.
+        let strict = JoinConfig { allow_missing_leaf_frame: false, ..Default::default() };
+        let (got, st) = run(&[Ev::Win(0, 1, w.clone()), Ev::Sample(0, 2, vec![0x2044, 0x1018])], strict);
+        assert!(got.is_empty());
+        assert_eq!(st.rejected.get(RejectReason::StackMismatch), 1);
+        for (i, (stack, brs, want)) in cases.into_iter().enumerate() {
+            let (got, st) = run(&[Ev::Win(0, 1, brs), Ev::Sample(0, 2, stack)], JoinConfig::default());
+            match want {
+                None => assert_eq!((got.len(), st.rejected.total()), (1, 0), "case {i}"),
+                Some(r) => {
+                    assert!(got.is_empty(), "case {i}");
+                    assert_eq!(st.rejected.get(r), 1, "case {i}: {:?}", st.rejected);
+                }
+            }
+        }
+    }
+
+    /// A window broken by a discontinuity, an empty stack and out-of-order samples are counted.
+    #[test]
+    fn discontinuity_empty_and_order() {
+        let oracle = toy();
+        let mut j = Joiner::new(JoinConfig::default());
+        let mut n = 0;
+        let mut out = |_: &Joined<'_>| n += 1;
+        j.begin_window(0, 1, true, &oracle, &mut out);
+        j.branch(0, bp(0x1010, 0x2000));
+        j.discontinuity(0);
+        j.branch(0, bp(0x2010, 0x2000)); // ignored: no new window yet
+        j.sample(0, 1, 1, 2, &[0x2004, 0x1014], &oracle, &mut out);
+        j.sample(0, 1, 1, 3, &[], &oracle, &mut out);
+        j.sample(0, 1, 1, 1, &[0x2004], &oracle, &mut out);
+        j.flush(&oracle, &mut out);
+        assert_eq!(n, 0);
+        let st = j.stats();
+        assert_eq!(st.rejected.get(RejectReason::EmptyWindow), 1);
+        assert_eq!(st.rejected.get(RejectReason::EmptyStack), 1);
+        assert_eq!(st.rejected.get(RejectReason::OutOfOrder), 1);
+    }
+
+    /// Samples are held until a later window proves their window complete, and memory stays
+    /// bounded: the pending backlog forces resolution.
+    #[test]
+    fn waits_for_certainty_and_bounds_backlog() {
+        let oracle = toy();
+        let mut j = Joiner::new(JoinConfig { max_pending_samples: 2, ..Default::default() });
+        let times = std::cell::RefCell::new(Vec::new());
+        let mut out = |s: &Joined<'_>| times.borrow_mut().push(s.time);
+        j.begin_window(0, 10, true, &oracle, &mut out);
+        for b in window_path() {
+            j.branch(0, b);
+        }
+        j.sample(0, 1, 1, 20, &[0x2044, 0x1014], &oracle, &mut out);
+        assert!(times.borrow().is_empty(), "window 10 could still be followed by one before 20");
+        j.begin_window(0, 30, true, &oracle, &mut out);
+        assert_eq!(*times.borrow(), vec![20]);
+        for t in [40, 50, 60] {
+            j.sample(0, 1, 1, t, &[0x2044, 0x1014], &oracle, &mut out);
+        }
+        assert_eq!(j.stats().forced, 1);
+    }
+
+    /// Without code the checks are skipped and the sample counted as unverified.
+    #[test]
+    fn no_code_is_unverified() {
+        let mut j = Joiner::new(JoinConfig::default());
+        let mut n = 0;
+        let mut out = |_: &Joined<'_>| n += 1;
+        j.begin_window(0, 1, true, &NoCode, &mut out);
+        j.branch(0, bp(0x10, 0x20));
+        j.sample(0, 1, 1, 2, &[0x24], &NoCode, &mut out);
+        j.flush(&NoCode, &mut out);
+        assert_eq!(n, 1);
+        assert_eq!(j.stats().unverified, 1);
+    }
+}
