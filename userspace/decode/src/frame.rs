@@ -1,0 +1,1 @@
+//! (frame deformatter: in progress)

@@ -1,0 +1,264 @@
+//! Packet printer in OpenCSD `trc_pkt_lister` line format (OpenCSD 1.8.0
+//! `EtmV4ITrcPacket::toString`), so our output diffs against reference listings:
+//!
+//! ```text
+//! Idx:1704; ID:10;	I_ADDR_S_IS0 : Address, Short, IS0.; Addr=0xFFFFFFC000592B58 ~[0x12B58]
+//! ```
+//!
+//! With raw bytes (as in `-decode` / `-pkt_mon` listings):
+//! `Idx:0; ID:0; [0x00 0x00 ... 0x80 ];	I_ASYNC : Alignment Synchronisation.`
+
+use std::fmt::{self, Write};
+
+use crate::packet::{AddrForm, Atoms, Context, Exception, Packet, PacketType};
+
+/// Writes the packet description (`I_NAME : desc...`) without the `Idx`/`ID` prefix.
+pub fn write_packet(w: &mut impl Write, p: &Packet, ete: bool) -> fmt::Result {
+    let ty = p.packet_type();
+    let (name, desc) = ty.name_desc();
+    write!(w, "{name} : {desc}")?;
+    match *p {
+        Packet::BadSequence(t) | Packet::IncompleteEot(t) | Packet::ReservedCfg(t, _) => {
+            write!(w, "[{}]", t.name())?;
+        }
+        Packet::Address { addr, context, .. } => {
+            if let AddrForm::Match(i) = addr.form {
+                write!(w, ", [{i}]; Addr=0x{:016X}; ", addr.addr)?;
+            } else {
+                write!(w, "; Addr=0x{:016X}", addr.addr)?;
+                match addr.form {
+                    AddrForm::Short => {
+                        let m = (1u64 << addr.pkt_bits) - 1;
+                        write!(w, " ~[0x{:X}]", addr.addr & m)?;
+                    }
+                    _ => {
+                        w.write_str("; ")?;
+                        if let Some(c) = context {
+                            write_context(w, &c)?;
+                        }
+                    }
+                }
+            }
+        }
+        Packet::Context(c) => {
+            w.write_str("; ")?;
+            write_context(w, &c)?;
+        }
+        Packet::Atom { atoms, .. } => {
+            w.write_str("; ")?;
+            write_atoms(w, atoms)?;
+        }
+        Packet::Exception(e) => {
+            w.write_str("; ")?;
+            write_exception(w, &e)?;
+        }
+        Packet::Timestamp { value, cycle_count, .. } => {
+            write!(w, "; Updated val = 0x{value:x}")?;
+            if let Some(cc) = cycle_count {
+                write!(w, "; CC=0x{cc:x}")?;
+            }
+        }
+        Packet::TraceInfo(ti) => {
+            write!(w, "; INFO=0x{:x} {{ CC.{}", ti.info, ti.info & 1)?;
+            if ete {
+                write!(w, ", TSTATE.{}", (ti.info >> 6) & 1)?;
+            }
+            w.write_str(" }")?;
+            if ti.cc_enabled() {
+                write!(w, "; CC_THRESHOLD=0x{:x}", ti.cc_threshold)?;
+            }
+            if ti.initial {
+                if ti.spec_present {
+                    write!(w, "; INIT SPEC DEPTH={}", ti.spec_depth)?;
+                }
+                w.write_str("; Decoder Sync point TINFO")?;
+            }
+        }
+        Packet::CycleCount { count, commit, .. } => {
+            write!(w, "; Count=0x{count:x}")?;
+            if let Some(c) = commit {
+                write!(w, "; Commit({c})")?;
+            }
+        }
+        Packet::Cancel { format, count, atoms, .. } => match format {
+            1 => {
+                write!(w, "; Cancel({count})")?;
+                if ty == PacketType::CancelF1Mispred {
+                    w.write_str(", Mispredict")?;
+                }
+            }
+            2 => {
+                w.write_str("; ")?;
+                if atoms.count > 0 {
+                    w.write_str("Atom: ")?;
+                    write_atoms(w, atoms)?;
+                    w.write_str(", ")?;
+                }
+                w.write_str("Cancel(1), Mispredict")?;
+            }
+            _ => {
+                w.write_str("; ")?;
+                if atoms.count > 0 {
+                    w.write_str("Atom: E, ")?;
+                }
+                write!(w, "Cancel({count}), Mispredict")?;
+            }
+        },
+        Packet::Mispredict(atoms) => {
+            w.write_str("; ")?;
+            if atoms.count > 0 {
+                w.write_str("Atom: ")?;
+                write_atoms(w, atoms)?;
+                w.write_str(", ")?;
+            }
+            w.write_str("Mispredict")?;
+        }
+        Packet::Commit(n) => write!(w, "; Commit({n})")?,
+        Packet::Q(q) => {
+            match q.count {
+                Some(c) => write!(w, "; Count({c})")?,
+                None => w.write_str("; Count(Unknown)")?,
+            }
+            if let Some(a) = q.addr {
+                if let AddrForm::Match(i) = a.form {
+                    write!(w, "; [{i}]")?;
+                }
+                write!(w, "; Addr=0x{:016X}", a.addr)?;
+                if a.pkt_bits > 0 && a.pkt_bits < 64 && !matches!(a.form, AddrForm::Match(_)) {
+                    let m = (1u64 << a.pkt_bits) - 1;
+                    write!(w, " ~[0x{:X}]", a.addr & m)?;
+                }
+            }
+        }
+        Packet::Ite { el, value } => write!(w, "; EL{el}; Payload=0x{value:x}")?,
+        _ => {}
+    }
+    Ok(())
+}
+
+fn write_atoms(w: &mut impl Write, a: Atoms) -> fmt::Result {
+    for i in 0..a.count.min(32) {
+        w.write_char(if (a.bits >> i) & 1 != 0 { 'E' } else { 'N' })?;
+    }
+    Ok(())
+}
+
+fn write_context(w: &mut impl Write, c: &Context) -> fmt::Result {
+    if !c.updated {
+        return w.write_str("Ctxt: Same");
+    }
+    let sec = match (c.ns, c.nse) {
+        (false, false) => "S; ",
+        (true, false) => "NS; ",
+        (false, true) => "Root; ",
+        (true, true) => "Realm; ",
+    };
+    write!(w, "Ctxt: {}EL{}, {}", if c.sf { "AArch64," } else { "AArch32, " }, c.el, sec)?;
+    if let Some(cid) = c.context_id {
+        write!(w, "CID=0x{cid:08x}; ")?;
+    }
+    if let Some(v) = c.vmid {
+        write!(w, "VMID=0x{v:04x}; ")?;
+    }
+    Ok(())
+}
+
+const ARMV8_EXC: [&str; 16] = [
+    "PE Reset", "Debug Halt", "Call", "Trap", "System Error", "Reserved", "Inst Debug", "Data Debug",
+    "Reserved", "Reserved", "Alignment", "Inst Fault", "Data Fault", "Reserved", "IRQ", "FIQ",
+];
+const M_EXC: [&str; 32] = [
+    "Reserved", "PE Reset", "NMI", "HardFault", "MemManage", "BusFault", "UsageFault", "Reserved",
+    "Reserved", "Reserved", "Reserved", "SVC", "DebugMonitor", "Reserved", "PendSV", "SysTick",
+    "IRQ0", "IRQ1", "IRQ2", "IRQ3", "IRQ4", "IRQ5", "IRQ6", "IRQ7", "DebugHalt", "LazyFP Push",
+    "Lockup", "Reserved", "Reserved", "Reserved", "Reserved", "Reserved",
+];
+
+fn write_exception(w: &mut impl Write, e: &Exception) -> fmt::Result {
+    w.write_char(' ')?;
+    let t = e.exc_type as usize;
+    if !e.m_type {
+        write!(w, "{};", ARMV8_EXC.get(t).copied().unwrap_or("Reserved"))?;
+    } else {
+        if t < 0x20 {
+            write!(w, "{};", M_EXC[t])?;
+        } else if (0x208..=0x3EF).contains(&t) {
+            write!(w, "IRQ{};", t - 0x200)?;
+        } else {
+            w.write_str("Reserved;")?;
+        }
+        if e.m_fault_pending {
+            w.write_str(" Fault Pending;")?;
+        }
+    }
+    match e.addr_interp {
+        1 => w.write_str(" Ret Addr Follows;"),
+        2 => w.write_str(" Ret Addr Follows, Match Prev;"),
+        _ => Ok(()),
+    }
+}
+
+/// Writes one full listing line (no newline): optional OpenCSD error-message prefix for
+/// reserved headers (`PKTP_ETMV4I_...` which OpenCSD prints without a newline), `Idx`, `ID`,
+/// optional raw bytes, then the packet text.
+pub fn write_line(
+    w: &mut impl Write,
+    index: u64,
+    id: u8,
+    p: &Packet,
+    raw: Option<&[u8]>,
+    ete: bool,
+) -> fmt::Result {
+    if matches!(p, Packet::Reserved(_) | Packet::ReservedCfg(..)) {
+        write!(
+            w,
+            "PKTP_ETMV4I_{:04} : 0x0014 (OCSD_ERR_INVALID_PCKT_HDR) [Invalid packet header]; TrcIdx={}; CS ID={:02x}; ",
+            id, index, id
+        )?;
+    }
+    write!(w, "Idx:{index}; ID:{id:x};")?;
+    if let Some(raw) = raw {
+        w.write_str(" [")?;
+        for b in raw {
+            write!(w, "0x{b:02x} ")?;
+        }
+        w.write_str("];")?;
+    }
+    w.write_char('\t')?;
+    write_packet(w, p, ete)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::{Address, TraceInfo};
+
+    fn line(p: &Packet, ete: bool) -> String {
+        let mut s = String::new();
+        write_line(&mut s, 1704, 0x10, p, None, ete).unwrap();
+        s
+    }
+
+    /// Short-address text matches the juno_r1_1 reference line at Idx 1704.
+    #[test]
+    fn short_address_text() {
+        let p = Packet::Address {
+            addr: Address { form: AddrForm::Short, is: 0, addr: 0xFFFF_FFC0_0059_2B58, pkt_bits: 17 },
+            context: None,
+            source: false,
+        };
+        assert_eq!(
+            line(&p, false),
+            "Idx:1704; ID:10;\tI_ADDR_S_IS0 : Address, Short, IS0.; Addr=0xFFFFFFC000592B58 ~[0x12B58]"
+        );
+    }
+
+    /// Trace info text for ETE carries TSTATE, and the first one is the sync point.
+    #[test]
+    fn trace_info_text() {
+        let p = Packet::TraceInfo(TraceInfo { info: 1, cc_threshold: 0x16, initial: true, ..Default::default() });
+        assert!(line(&p, true).ends_with(
+            "I_TRACE_INFO : Trace Info.; INFO=0x1 { CC.1, TSTATE.0 }; CC_THRESHOLD=0x16; Decoder Sync point TINFO"
+        ));
+    }
+}
