@@ -262,3 +262,94 @@ mod tests {
         ));
     }
 }
+
+/// Options for [`list_buffer`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ListOptions {
+    /// Print the raw packet bytes (`[0x.. ]`) as `-decode`/`-pkt_mon` listings do.
+    pub raw_bytes: bool,
+    /// Do not format lines at all (measure parsing only); `out` is not called for packets.
+    pub no_print: bool,
+}
+
+/// What [`list_buffer`] processed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ListSummary {
+    /// Bytes of the buffer file processed (DSTREAM: footers excluded, as OpenCSD counts).
+    pub bytes: u64,
+    /// Frame deformatter counters.
+    pub frames: crate::frame::FrameStats,
+    /// Packet parser counters (all IDs).
+    pub packets: crate::packet::PacketStats,
+}
+
+/// The deformatter format and per-ID configs for a snapshot buffer: `(format, [(listing id,
+/// config)])`. Unformatted buffers list their single source under ID 0, like `trc_pkt_lister`.
+pub fn buffer_setup(
+    snap: &crate::snapshot::Snapshot,
+    buffer: &crate::snapshot::TraceBuffer,
+) -> (crate::frame::StreamFormat, Vec<(u8, crate::snapshot::EtmConfig)>) {
+    use crate::frame::StreamFormat;
+    use crate::snapshot::BufferFormat;
+    let sources = snap.sources_for_buffer(&buffer.name);
+    match buffer.format {
+        BufferFormat::SourceData | BufferFormat::Other(_) => {
+            let cfgs = sources.first().map(|s| vec![(0u8, s.config)]).unwrap_or_default();
+            (StreamFormat::Raw { trace_id: 0 }, cfgs)
+        }
+        BufferFormat::Coresight => {
+            (StreamFormat::Coresight, sources.iter().map(|s| (s.config.trace_id(), s.config)).collect())
+        }
+        BufferFormat::DstreamCoresight => {
+            (StreamFormat::Dstream, sources.iter().map(|s| (s.config.trace_id(), s.config)).collect())
+        }
+    }
+}
+
+/// Lists the packets of one snapshot buffer in `trc_pkt_lister` format: the
+/// `Protocol printer` lines, one line per packet, `END OF TRACE DATA` per ID and the
+/// `Trace buffer done` line. Each line (without newline) goes to `out`.
+pub fn list_buffer(
+    snap: &crate::snapshot::Snapshot,
+    files: &dyn crate::snapshot::SnapshotFiles,
+    buffer: &crate::snapshot::TraceBuffer,
+    opts: ListOptions,
+    out: &mut dyn FnMut(&str),
+) -> Result<ListSummary, crate::snapshot::SnapshotError> {
+    use crate::frame::Deformatter;
+    use crate::packet::PacketDemux;
+    let data = files.read(&buffer.file)?;
+    let (format, cfgs) = buffer_setup(snap, buffer);
+    let mut demux = PacketDemux::new();
+    let mut ete = [false; 128];
+    for (id, cfg) in &cfgs {
+        demux.add(*id, cfg);
+        ete[(*id & 0x7F) as usize] = cfg.is_ete();
+        let proto = if cfg.is_ete() { "ETE" } else { "ETMV4I" };
+        out(&format!("Trace Packet Lister : Protocol printer {proto} on Trace ID 0x{id:x}"));
+    }
+    let mut line = String::with_capacity(256);
+    let mut print = |out: &mut dyn FnMut(&str), id: u8, idx: u64, p: &Packet, raw: &[u8]| {
+        if opts.no_print {
+            return;
+        }
+        line.clear();
+        let _ = write_line(&mut line, idx, id, p, opts.raw_bytes.then_some(raw), ete[(id & 0x7F) as usize]);
+        out(&line);
+    };
+    let mut deformatter = Deformatter::new(format);
+    for chunk in data.chunks(1024) {
+        let mut sink = |id: u8, idx: u64, p: &Packet, raw: &[u8]| print(&mut *out, id, idx, p, raw);
+        deformatter.push(chunk, &mut demux.sink(&mut sink));
+    }
+    let ids: Vec<u8> = demux.ids().collect();
+    for id in ids {
+        demux.finish(id, &mut |id: u8, idx: u64, p: &Packet, raw: &[u8]| print(&mut *out, id, idx, p, raw));
+        if !opts.no_print {
+            out(&format!("ID:{id:x}\tEND OF TRACE DATA"));
+        }
+    }
+    let bytes = deformatter.index();
+    out(&format!("Trace Packet Lister : Trace buffer done, processed {bytes} bytes."));
+    Ok(ListSummary { bytes, frames: deformatter.stats(), packets: demux.stats() })
+}

@@ -541,7 +541,8 @@ pub struct Snapshot {
     pub description: Option<String>,
     /// All devices in `[device_list]` order.
     pub devices: Vec<Device>,
-    /// Trace buffers in `buffers=` order.
+    /// Trace buffers named in `buffers=`, in the order of their sections in the file
+    /// (OpenCSD's order; missing sections are reported as errors).
     pub buffers: Vec<TraceBuffer>,
     /// `[source_buffers]`: (source name, buffer name).
     pub source_buffers: Vec<(String, String)>,
@@ -643,7 +644,23 @@ impl Snapshot {
         let tini = Ini::parse(&text(files, &meta)?);
         let mut buffers = Vec::new();
         if let Some(list) = tini.get("trace_buffers", "buffers") {
-            for sect in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let listed: Vec<&str> = list.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+            // OpenCSD keeps buffers in the order their sections appear in the file (not the
+            // order of `buffers=`): e.g. ete-ite-instr lists buffer1,buffer2 but its
+            // [buffer2] section comes first, and trc_pkt_lister decodes ETB_2 by default.
+            let mut ordered: Vec<&str> = tini
+                .sections
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .filter(|n| listed.iter().any(|l| l.eq_ignore_ascii_case(n)))
+                .collect();
+            ordered.dedup();
+            for l in &listed {
+                if !ordered.iter().any(|o| o.eq_ignore_ascii_case(l)) {
+                    ordered.push(l);
+                }
+            }
+            for sect in ordered {
                 let missing = |w: &str| SnapshotError::Missing { file: meta.clone(), what: format!("[{sect}] {w}") };
                 let kv = tini.section(sect).ok_or_else(|| missing("section"))?;
                 let format = match lookup(kv, "format").unwrap_or("") {
@@ -681,7 +698,7 @@ impl Snapshot {
         self.buffers.iter().find(|b| b.name == name)
     }
 
-    /// The first buffer listed (what `trc_pkt_lister` decodes by default).
+    /// The first buffer (what `trc_pkt_lister` decodes by default).
     pub fn first_buffer(&self) -> Option<&TraceBuffer> {
         self.buffers.first()
     }
@@ -760,6 +777,18 @@ mod tests {
         assert_eq!(d.reg("TRCIDR2"), Some(0x488));
         assert_eq!(d.regs[3].size, Some(64));
         assert_eq!(d.reg("TRCACVR0"), Some(0xFFFF_0000_0000_0001));
+    }
+
+    /// Buffers come in section order, not `buffers=` order (OpenCSD's default-buffer choice).
+    #[test]
+    fn buffer_section_order() {
+        let f = files(&[
+            ("snapshot.ini", "[device_list]\n[trace]\nmetadata=trace.ini\n"),
+            ("trace.ini", "[trace_buffers]\nbuffers=buffer1,buffer2\n[buffer2]\nname=B2\nfile=b2\nformat=source_data\n[buffer1]\nname=B1\nfile=b1\nformat=source_data\n"),
+        ]);
+        let s = Snapshot::parse(&f).unwrap();
+        assert_eq!(s.first_buffer().unwrap().name, "B2");
+        assert_eq!(s.buffers.len(), 2);
     }
 
     /// A minimal snapshot links source -> core dumps and source -> buffer, and derives sizes from IDRs.

@@ -26,8 +26,10 @@
 //!
 //! The printer in [`crate::listing`] renders packets in `trc_pkt_lister` format.
 
+mod demux;
 mod parser;
 
+pub use demux::{DemuxSink, PacketDemux};
 pub use parser::{PacketParser, PacketStats};
 
 /// Packet type identifiers, one per OpenCSD `ocsd_etmv4_i_pkt_type` (the listing name is

@@ -1,0 +1,96 @@
+//! One [`PacketParser`] per trace ID, fed from the frame deformatter.
+
+use super::{Packet, PacketParser, PacketStats};
+use crate::frame::FrameSink;
+use crate::snapshot::EtmConfig;
+
+/// Parsers for up to 128 trace IDs.
+#[derive(Debug, Clone)]
+pub struct PacketDemux {
+    parsers: Vec<Option<PacketParser>>,
+    /// Bytes for trace IDs without a parser.
+    pub unknown_id_bytes: u64,
+}
+
+impl Default for PacketDemux {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PacketDemux {
+    /// No parsers yet.
+    pub fn new() -> PacketDemux {
+        PacketDemux { parsers: vec![None; 128], unknown_id_bytes: 0 }
+    }
+
+    /// Adds (or replaces) the parser for trace ID `id` (0..=127).
+    pub fn add(&mut self, id: u8, cfg: &EtmConfig) {
+        self.parsers[(id & 0x7F) as usize] = Some(PacketParser::new(cfg));
+    }
+
+    /// Trace IDs with a parser, ascending.
+    pub fn ids(&self) -> impl Iterator<Item = u8> + '_ {
+        self.parsers.iter().enumerate().filter(|(_, p)| p.is_some()).map(|(i, _)| i as u8)
+    }
+
+    /// The parser for `id`.
+    pub fn parser(&self, id: u8) -> Option<&PacketParser> {
+        self.parsers.get(id as usize).and_then(|p| p.as_ref())
+    }
+
+    /// Feeds bytes of trace ID `id`; packets go to `sink(id, index, packet, raw)`.
+    pub fn feed<F: FnMut(u8, u64, &Packet, &[u8])>(&mut self, id: u8, index: u64, bytes: &[u8], sink: &mut F) {
+        match self.parsers.get_mut(id as usize).and_then(|p| p.as_mut()) {
+            Some(p) => p.feed(index, bytes, &mut |i, pk: &Packet, raw: &[u8]| sink(id, i, pk, raw)),
+            None => self.unknown_id_bytes += bytes.len() as u64,
+        }
+    }
+
+    /// Resets every parser (4 x FSYNC barrier, new buffer).
+    pub fn reset_all(&mut self) {
+        for p in self.parsers.iter_mut().flatten() {
+            p.reset();
+        }
+    }
+
+    /// End of trace for `id`: flushes an incomplete packet.
+    pub fn finish<F: FnMut(u8, u64, &Packet, &[u8])>(&mut self, id: u8, sink: &mut F) {
+        if let Some(p) = self.parsers.get_mut(id as usize).and_then(|p| p.as_mut()) {
+            p.finish(&mut |i, pk: &Packet, raw: &[u8]| sink(id, i, pk, raw));
+        }
+    }
+
+    /// Sum of all parsers' counters.
+    pub fn stats(&self) -> PacketStats {
+        let mut s = PacketStats::default();
+        for p in self.parsers.iter().flatten() {
+            let t = p.stats();
+            s.bytes += t.bytes;
+            s.packets += t.packets;
+            s.errors += t.errors;
+            s.unsynced_bytes += t.unsynced_bytes;
+        }
+        s
+    }
+
+    /// A [`FrameSink`] feeding this demux and passing packets to `sink`.
+    pub fn sink<'a, F: FnMut(u8, u64, &Packet, &[u8])>(&'a mut self, sink: &'a mut F) -> DemuxSink<'a, F> {
+        DemuxSink { demux: self, sink }
+    }
+}
+
+/// [`FrameSink`] adapter returned by [`PacketDemux::sink`].
+pub struct DemuxSink<'a, F> {
+    demux: &'a mut PacketDemux,
+    sink: &'a mut F,
+}
+
+impl<F: FnMut(u8, u64, &Packet, &[u8])> FrameSink for DemuxSink<'_, F> {
+    fn data(&mut self, id: u8, index: u64, bytes: &[u8]) {
+        self.demux.feed(id, index, bytes, self.sink);
+    }
+    fn reset(&mut self) {
+        self.demux.reset_all();
+    }
+}

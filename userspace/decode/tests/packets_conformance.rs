@@ -1,0 +1,221 @@
+//! Packet-level conformance against OpenCSD 1.8.0 reference listings.
+//!
+//! For every snapshot under `$ETM_BPF_SHARED/testdata/etm` (default `<repo>/../shared`) and
+//! every packet reference `<name>[.<BUFFER>].pkt.ppl.xz` in it, we list the buffer's packets
+//! with our deformatter + parser + printer and compare with the reference line by line,
+//! normalising only whitespace and skipping the header (tool banner, command line, snapshot
+//! path). The references were produced by `trc_pkt_lister -ss_dir <name> -no_time_print`
+//! (see the test-data README), so they are independent of our code.
+//!
+//! Snapshots listed in `MUST_MATCH` must stay 100% identical; the test fails otherwise.
+
+use std::path::{Path, PathBuf};
+
+use etm_decode::listing::{list_buffer, ListOptions};
+use etm_decode::snapshot::{DirFiles, Snapshot};
+
+/// Snapshot references (directory/reference stem) that we reproduce exactly.
+const MUST_MATCH: &[&str] = &[
+    "002-ack_test_scr",
+    "a55-test-tpiu",
+    "a57_single_step",
+    "armv8_1m_branches",
+    "bugfix-exact-match",
+    "ete-bc-instr",
+    "ete-ite-instr",
+    "ete-wfet",
+    "ete_ip",
+    "ete_mem",
+    "ete_spec_1",
+    "ete_spec_2",
+    "ete_spec_3",
+    "event_test",
+    "feat_cmpbr",
+    "infrastructure",
+    "init-short-addr",
+    "juno-ret-stck",
+    "juno-uname-001",
+    "juno_r1_1",
+    "maxspec0_commopt1",
+    "maxspec78_commopt0",
+    "pauth_lr",
+    "pauth_lr_Rm",
+    "perf_etm.AUX_CPU7",
+    "perf_kernel.AUX_CPU0",
+    "perf_kernel.AUX_CPU6",
+    "perf_with_unformatted_trace.AUX_CPU0",
+    "q_elem",
+    "rme_test",
+    "s_9001",
+    "src_addr",
+    "ss_ib_el1ns",
+    "texit-poe2",
+    "tme_simple",
+    "tme_tcancel",
+    "tme_test",
+    "trace_file_cid_vmid",
+    "trace_file_vmid",
+    "ts_bit64_set",
+    "ts_marker",
+];
+
+fn shared_dir() -> PathBuf {
+    match std::env::var_os("ETM_BPF_SHARED") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
+    }
+}
+
+fn xz_text(path: &Path) -> String {
+    let data = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let mut out = Vec::new();
+    lzma_rs::xz_decompress(&mut &data[..], &mut out).unwrap_or_else(|e| panic!("xz {}: {e:?}", path.display()));
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn norm(l: &str) -> String {
+    l.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Reference lines from the first `Protocol printer` line on.
+fn reference_lines(text: &str) -> Vec<String> {
+    let mut started = false;
+    let mut v = Vec::new();
+    for l in text.lines() {
+        if !started && l.starts_with("Trace Packet Lister : Protocol printer") {
+            started = true;
+        }
+        if started && !l.trim().is_empty() {
+            v.push(norm(l));
+        }
+    }
+    v
+}
+
+/// Number of lines matched by a greedy alignment that resynchronises within a window.
+fn matched_lines(a: &[String], b: &[String]) -> usize {
+    let (mut i, mut j, mut m) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        if a[i] == b[j] {
+            m += 1;
+            i += 1;
+            j += 1;
+            continue;
+        }
+        let mut found = None;
+        'w: for d in 1..64 {
+            for (di, dj) in [(d, 0), (0, d), (d, d)] {
+                if i + di < a.len() && j + dj < b.len() && a[i + di] == b[j + dj] {
+                    found = Some((di, dj));
+                    break 'w;
+                }
+            }
+        }
+        match found {
+            Some((di, dj)) => {
+                i += di;
+                j += dj;
+            }
+            None => {
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    m
+}
+
+struct Case {
+    label: String,
+    dir: PathBuf,
+    reference: PathBuf,
+    buffer: Option<String>,
+}
+
+fn cases(etm: &Path) -> Vec<Case> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for e in std::fs::read_dir(etm).unwrap().flatten() {
+        let p = e.path();
+        if p.join("snapshot.ini").is_file() {
+            dirs.push(p.clone());
+        }
+        if p.is_dir() {
+            for e2 in std::fs::read_dir(&p).unwrap().flatten() {
+                if e2.path().join("snapshot.ini").is_file() {
+                    dirs.push(e2.path());
+                }
+            }
+        }
+    }
+    dirs.sort();
+    let mut v = Vec::new();
+    for d in dirs {
+        let mut refs: Vec<PathBuf> = std::fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.to_string_lossy().ends_with(".pkt.ppl.xz"))
+            .collect();
+        refs.sort();
+        let dname = d.file_name().unwrap().to_string_lossy().into_owned();
+        let stem = dname.trim_end_matches(".snapshot").to_string();
+        for r in refs {
+            let fname = r.file_name().unwrap().to_string_lossy().into_owned();
+            let mid = fname.trim_end_matches(".pkt.ppl.xz");
+            let buffer = mid.strip_prefix(&format!("{stem}.")).map(str::to_string);
+            v.push(Case { label: mid.to_string(), dir: d.clone(), reference: r, buffer });
+        }
+    }
+    v
+}
+
+/// Every packet reference is compared; the per-snapshot identical-line percentage is printed
+/// and the snapshots in `MUST_MATCH` must be identical.
+#[test]
+fn packets_match_opencsd_references() {
+    let etm = shared_dir().join("testdata/etm");
+    if !etm.is_dir() {
+        eprintln!("SKIP: {} not found (set ETM_BPF_SHARED)", etm.display());
+        return;
+    }
+    let cases = cases(&etm);
+    assert!(!cases.is_empty(), "no .pkt.ppl.xz references under {}", etm.display());
+    let mut failures = Vec::new();
+    let mut identical = 0;
+    for c in &cases {
+        let files = DirFiles::new(&c.dir);
+        let snap = Snapshot::parse(&files).unwrap_or_else(|e| panic!("{}: {e}", c.label));
+        let buf = match &c.buffer {
+            Some(b) => snap.buffer(b).unwrap_or_else(|| panic!("{}: no buffer {b}", c.label)).clone(),
+            None => snap.first_buffer().unwrap().clone(),
+        };
+        let mut ours = Vec::new();
+        list_buffer(&snap, &files, &buf, ListOptions::default(), &mut |l| ours.push(norm(l))).unwrap();
+        let reference = reference_lines(&xz_text(&c.reference));
+        let m = matched_lines(&reference, &ours);
+        let total = reference.len().max(ours.len());
+        let pct = 100.0 * m as f64 / total.max(1) as f64;
+        let same = reference == ours;
+        if same {
+            identical += 1;
+        }
+        let first_diff = reference.iter().zip(&ours).position(|(a, b)| a != b);
+        eprintln!(
+            "{:<45} ref {:>7} ours {:>7} identical {:>7.3}%{}",
+            c.label,
+            reference.len(),
+            ours.len(),
+            pct,
+            match first_diff {
+                Some(i) => format!("\n    first diff line {i}:\n    ref : {}\n    ours: {}", reference[i], ours[i]),
+                None if !same => "  (length differs)".to_string(),
+                None => String::new(),
+            }
+        );
+        if MUST_MATCH.contains(&c.label.as_str()) && !same {
+            failures.push(c.label.clone());
+        }
+    }
+    eprintln!("{identical}/{} packet references identical", cases.len());
+    assert!(failures.is_empty(), "regressed against the reference: {failures:?}");
+}
