@@ -10,5 +10,11 @@
 //! effort on trace loss (a truncated record, lost records, corrupt bytes or a window without
 //! sync are counted and resynced past; each window decodes afresh after a discontinuity).
 
+pub mod decoder;
 pub mod join;
+pub mod pipeline;
 pub mod session;
+
+pub use join::{JoinConfig, JoinStats, Joined, RejectReason};
+pub use pipeline::{Pipeline, PipelineConfig, PipelineStats};
+pub use session::SessionEvent;

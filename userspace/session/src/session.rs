@@ -449,6 +449,10 @@ pub struct AuxRecord {
     /// Offset in the kernel AUX ring (informational).
     #[serde(default)]
     pub aux_offset: u64,
+    /// Size the kernel announced; the data handed over may be shorter if bytes were lost
+    /// (the reader sets it from the line, so a truncated `aux/cpuN.bin` shows up as short).
+    #[serde(default)]
+    pub size: u64,
 }
 
 /// One line of `events.jsonl`.
@@ -546,7 +550,8 @@ impl SessionWriter {
         &mut self.meta
     }
 
-    /// Append one AUX record's bytes for `record.cpu`.
+    /// Append one AUX record's bytes for `record.cpu` (`record.size` is not stored: the line's
+    /// size is the number of bytes written).
     pub fn write_aux(&mut self, record: &AuxRecord, data: &[u8]) -> Result<(), SessionError> {
         let (w, off) = match self.aux.entry(record.cpu) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -764,8 +769,8 @@ impl SessionReader {
             self.load_aux(cpu, offset, size);
         }
         Ok(match self.current.as_ref() {
-            Some(Parsed::Core(Line::Aux { cpu, flags, time, aux_offset, .. })) => Some(SessionEvent::Aux {
-                record: AuxRecord { cpu: *cpu, flags: *flags, time: *time, aux_offset: *aux_offset },
+            Some(Parsed::Core(Line::Aux { cpu, flags, time, aux_offset, size, .. })) => Some(SessionEvent::Aux {
+                record: AuxRecord { cpu: *cpu, flags: *flags, time: *time, aux_offset: *aux_offset, size: *size },
                 data: &self.buf,
             }),
             Some(Parsed::Core(Line::Sample(s))) => Some(SessionEvent::Sample(s)),
@@ -887,8 +892,9 @@ mod tests {
             Sideband::ItraceStart { pid: 42, tid: 42, time: 6, cpu: Some(0) },
             Sideband::AuxOutputHwId { hw_id: 0x0100_0000_0000_0110, time: 7, cpu: Some(0) },
         ];
-        let aux0 = AuxRecord { cpu: 0, flags: PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, time: 10, aux_offset: 0 };
-        let aux1 = AuxRecord { cpu: 1, flags: PERF_AUX_FLAG_TRUNCATED, time: 11, aux_offset: 64 };
+        let aux0 = AuxRecord { cpu: 0, flags: PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, time: 10, aux_offset: 0, size: 0 };
+        let aux1 = AuxRecord { cpu: 1, flags: PERF_AUX_FLAG_TRUNCATED, time: 11, aux_offset: 64, size: 100 };
+        let sized = |r: AuxRecord, n: u64| AuxRecord { size: n, ..r };
         for sb in &sbs {
             w.write_sideband(sb).unwrap();
         }
@@ -908,11 +914,11 @@ mod tests {
         for sb in &sbs {
             assert_eq!(r.next_event().unwrap(), Some(SessionEvent::Sideband(sb)));
         }
-        assert_eq!(r.next_event().unwrap(), Some(SessionEvent::Aux { record: aux0, data: &[1, 2, 3] }));
+        assert_eq!(r.next_event().unwrap(), Some(SessionEvent::Aux { record: sized(aux0, 3), data: &[1, 2, 3] }));
         assert_eq!(r.next_event().unwrap(), Some(SessionEvent::Aux { record: aux1, data: &[9; 100] }));
-        assert_eq!(r.next_event().unwrap(), Some(SessionEvent::Aux { record: aux0, data: &[4, 5] }));
+        assert_eq!(r.next_event().unwrap(), Some(SessionEvent::Aux { record: sized(aux0, 2), data: &[4, 5] }));
         assert_eq!(r.next_event().unwrap(), Some(SessionEvent::Sample(&sample)));
-        assert_eq!(r.next_event().unwrap(), Some(SessionEvent::Aux { record: aux0, data: &[] }));
+        assert_eq!(r.next_event().unwrap(), Some(SessionEvent::Aux { record: sized(aux0, 0), data: &[] }));
         assert_eq!(r.next_event().unwrap(), None);
         assert_eq!(r.stats(), ReaderStats { lines: 12, ..Default::default() });
         let imgs = r.meta().images.clone();
@@ -950,7 +956,7 @@ mod tests {
             e => panic!("unexpected {e:?}"),
         }
         match r.next_event().unwrap() {
-            Some(SessionEvent::Aux { data, .. }) => assert_eq!(data, &[7; 5]),
+            Some(SessionEvent::Aux { data, record }) => assert_eq!((data, record.size), (&[7u8; 5][..], 10)),
             e => panic!("unexpected {e:?}"),
         }
         assert!(matches!(r.next_event().unwrap(), Some(SessionEvent::Sideband(Sideband::Lost { .. }))));

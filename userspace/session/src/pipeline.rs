@@ -1,0 +1,1004 @@
+//! The one pipeline both drivers feed: AUX bytes -> per-CPU trace decoder -> windows of branch
+//! records -> join with pause samples -> [`HybridProfile`] and [`ContextTrie`].
+//!
+//! The live driver (`etm-bpf run`) and the replay driver (`etm-bpf replay`) call
+//! [`Pipeline::push`] with the same [`SessionEvent`]s in arrival order; everything after the
+//! syscalls is this code, so a replay reproduces a live run and is deterministic.
+//!
+//! Branch history sources:
+//! * ETM/ETE: AUX data is decoded per AUX buffer by a [`WindowDecoder`] (the `etm_decode`
+//!   decoder, or a test double through [`DecoderFactory`]); windows are joined with pause
+//!   samples by [`Joiner`].
+//! * LBR/BRBE: samples carry their own branch records; they are validated with the same rules.
+//! * none: stack-only samples go straight to the profile and the trie.
+//!
+//! Fault tolerance: an AUX record flagged truncated, a record shorter than announced,
+//! `PERF_RECORD_LOST`, decode errors and windows without sync are counted in
+//! [`PipelineStats`]; the decoder of the affected buffer is reset so the next window decodes
+//! afresh, and the open window is marked broken so its branches are never attached to a pause.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use etm_profile::{AddressResolver, BinaryId, BinaryInfo, Branch, HybridProfile, HybridSample, ProfileLimits};
+use etm_stacks::{ContextTrie, Frame, FrameId, FrameTable};
+
+use crate::join::{CodeOracle, InsnKind, JoinConfig, JoinStats, Joined, Joiner, RejectCounts};
+use crate::session::{
+    AuxRecord, BranchPair, ClockParams, CpuTraceConfig, PauseSample, SessionEvent, SessionMeta, Sideband,
+    PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, PERF_AUX_FLAG_OVERWRITE, PERF_AUX_FLAG_PARTIAL,
+    PERF_AUX_FLAG_TRUNCATED,
+};
+
+/// Why a decoder reported a discontinuity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Discontinuity {
+    /// Trace unit overflow: trace was lost.
+    Overflow,
+    /// The decoder lost (or never had) sync: bytes until the next sync point are skipped.
+    NoSync,
+    /// A packet or instruction walk was inconsistent (corrupt byte, bad image).
+    Error,
+    /// Code needed to follow the trace was not available.
+    NoCode,
+}
+
+/// Receives what a [`WindowDecoder`] finds in the trace. `trace_id` is `None` for raw
+/// (unformatted, TRBE) data, where the AUX buffer's CPU is the source.
+pub trait WindowSink {
+    /// Trace started (after a resume): a new window begins.
+    fn trace_on(&mut self, trace_id: Option<u8>);
+    /// A trace timestamp (raw counter value).
+    fn timestamp(&mut self, trace_id: Option<u8>, ts: u64);
+    /// A taken branch, in execution order (perf's rules: from = last instruction of the
+    /// previous range, to = first instruction of the next).
+    fn branch(&mut self, trace_id: Option<u8>, from: u64, to: u64);
+    /// The branch chain broke.
+    fn discontinuity(&mut self, trace_id: Option<u8>, why: Discontinuity);
+}
+
+/// A resumable trace decoder for one AUX buffer (all the trace IDs in it).
+pub trait WindowDecoder {
+    /// Decode the next chunk of the buffer's bytes.
+    fn feed(&mut self, data: &[u8], code: &CodeMap, sink: &mut dyn WindowSink);
+    /// Forget all state: the next bytes follow a gap and must be synchronised afresh.
+    fn reset(&mut self);
+}
+
+/// Creates the decoder of an AUX buffer.
+pub trait DecoderFactory {
+    /// A decoder for the AUX buffer of `aux_cpu` (`-1` per-thread), given all CPUs' trace
+    /// configurations and whether the data is raw (no frame formatter).
+    fn create(&self, aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool) -> Box<dyn WindowDecoder>;
+}
+
+/// Pipeline configuration.
+#[derive(Clone)]
+pub struct PipelineConfig {
+    /// Per-CPU trace configuration (empty: no ETM in this session).
+    pub cpus: Vec<CpuTraceConfig>,
+    /// Trace timestamp -> perf clock; `None` = identity.
+    pub clock: Option<ClockParams>,
+    /// Join settings (branch depth N, validation, bounds).
+    pub join: JoinConfig,
+    /// Profile memory bounds.
+    pub profile: ProfileLimits,
+    /// Context trie node bound.
+    pub trie_nodes: usize,
+    /// The trace decoder; `None` uses `etm_decode`.
+    pub decoder: Option<Arc<dyn DecoderFactory>>,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            cpus: Vec::new(),
+            clock: None,
+            join: JoinConfig::default(),
+            profile: ProfileLimits::default(),
+            trie_nodes: 1 << 20,
+            decoder: None,
+        }
+    }
+}
+
+impl PipelineConfig {
+    /// The configuration a session's metadata implies (depth from `branch_depth`).
+    pub fn from_meta(meta: &SessionMeta) -> Self {
+        let mut c = PipelineConfig { cpus: meta.cpus.clone(), clock: meta.clock, ..Default::default() };
+        if meta.branch_depth > 0 {
+            c.join.depth = meta.branch_depth as usize;
+        }
+        c
+    }
+}
+
+/// Per-stage counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PipelineStats {
+    /// AUX records pushed.
+    pub aux_records: u64,
+    /// AUX bytes decoded.
+    pub aux_bytes: u64,
+    /// AUX records flagged truncated by the kernel.
+    pub aux_truncated: u64,
+    /// AUX records with fewer bytes than announced (lost in copying/recording).
+    pub aux_short: u64,
+    /// AUX records flagged partial or collision.
+    pub aux_partial_collision: u64,
+    /// AUX records in overwrite (snapshot) mode.
+    pub aux_overwrite: u64,
+    /// AUX records not decoded (no decoder available in this build).
+    pub aux_undecoded: u64,
+    /// AUX records that did not start where the previous one of their buffer ended.
+    pub aux_gaps: u64,
+    /// Decoder resets (after gaps).
+    pub decoder_resets: u64,
+    /// Overflows reported by the decoder.
+    pub decode_overflows: u64,
+    /// Sync losses / bytes skipped before sync reported by the decoder.
+    pub decode_nosync: u64,
+    /// Decode errors (bad packets, inconsistent image).
+    pub decode_errors: u64,
+    /// Trace that needed code that was not available.
+    pub decode_nocode: u64,
+    /// Trace-on events (window starts) seen.
+    pub trace_on: u64,
+    /// Branches decoded.
+    pub branches: u64,
+    /// Trace IDs without a known CPU (their data is ignored).
+    pub unknown_trace_id: u64,
+    /// Samples pushed.
+    pub samples: u64,
+    /// Samples that carried LBR/BRBE records.
+    pub lbr_samples: u64,
+    /// Stack-only samples (no branch source).
+    pub stack_only_samples: u64,
+    /// Sideband records pushed.
+    pub sideband: u64,
+    /// `PERF_RECORD_LOST` records.
+    pub lost_records: u64,
+    /// Records the kernel reported lost (sum of `lost`).
+    pub lost_events: u64,
+    /// The join's counters (windows, joined, rejected by reason, ...).
+    pub join: JoinStats,
+    /// Samples added to the profile.
+    pub profiled: u64,
+}
+
+impl PipelineStats {
+    /// Rejected samples by reason.
+    pub fn rejected(&self) -> &RejectCounts {
+        &self.join.rejected
+    }
+}
+
+/// A code image: path, bytes and its ELF description.
+#[derive(Debug)]
+struct Image {
+    path: String,
+    data: Arc<Vec<u8>>,
+    /// Function symbols (start, end, name), sorted by start.
+    symbols: Vec<(u64, u64, String)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    pgoff: u64,
+    image: usize,
+}
+
+/// Code images and where they are mapped, per process (from MMAP2 records); reads
+/// instructions for the decoder and the join's validation.
+#[derive(Debug, Default)]
+pub struct CodeMap {
+    images: Vec<Image>,
+    by_pid: HashMap<u32, Vec<Mapping>>,
+    /// Mappings of processes not seen in any MMAP2 (static images placed at their link-time
+    /// addresses: synthetic sessions without sideband).
+    any: Vec<Mapping>,
+}
+
+impl CodeMap {
+    fn image_for(&self, path: &str) -> Option<usize> {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        self.images
+            .iter()
+            .position(|i| i.path == path)
+            .or_else(|| self.images.iter().position(|i| i.path.rsplit('/').next() == Some(name)))
+    }
+
+    fn mappings(&self, pid: u32) -> &[Mapping] {
+        match self.by_pid.get(&pid) {
+            Some(m) if !m.is_empty() => m,
+            _ => &self.any,
+        }
+    }
+
+    /// `len` bytes of code at runtime address `addr` of `pid` (`None` if unmapped or out of
+    /// the file).
+    pub fn read(&self, pid: Option<u32>, addr: u64, len: usize) -> Option<&[u8]> {
+        let maps = match pid {
+            Some(p) => self.mappings(p),
+            None => self.by_pid.values().find(|m| !m.is_empty()).map(|v| v.as_slice()).unwrap_or(&self.any),
+        };
+        let i = maps.partition_point(|m| m.end <= addr);
+        let m = maps.get(i).filter(|m| m.start <= addr && addr < m.end)?;
+        let off = (addr - m.start).checked_add(m.pgoff)? as usize;
+        let data = &self.images[m.image].data;
+        data.get(off..off.checked_add(len)?)
+    }
+
+    /// The 32-bit little-endian word at `addr` (one A64 instruction).
+    pub fn read_u32(&self, pid: Option<u32>, addr: u64) -> Option<u32> {
+        self.read(pid, addr, 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn insert(list: &mut Vec<Mapping>, m: Mapping) {
+        // Later mappings replace overlapped parts of earlier ones (simplified: drop overlaps).
+        list.retain(|o| o.end <= m.start || o.start >= m.end);
+        let i = list.partition_point(|o| o.start < m.start);
+        list.insert(i, m);
+    }
+}
+
+/// A64 instruction kind for validation (Arm ARM C4.1.3 "Branches, exception generating and
+/// system instructions"; PAuth forms included).
+pub fn a64_kind(inst: u32) -> InsnKind {
+    if (inst >> 26) & 0x7 != 0b101 {
+        return InsnKind::Other;
+    }
+    if inst & 0x7C00_0000 == 0x1400_0000 {
+        return if inst & 0x8000_0000 != 0 { InsnKind::Call } else { InsnKind::Jump };
+    }
+    if inst & 0x7E00_0000 == 0x3400_0000
+        || inst & 0x7E00_0000 == 0x3600_0000
+        || inst & 0xFF00_0000 == 0x5400_0000
+    {
+        return InsnKind::CondBranch;
+    }
+    if inst & 0xFE00_0000 == 0xD600_0000 {
+        // Unconditional branch (register): opc in bits 24:21.
+        let opc = (inst >> 21) & 0xF;
+        let op2 = (inst >> 16) & 0x1F;
+        if op2 != 0x1F {
+            return InsnKind::Other;
+        }
+        return match opc {
+            0b0000 | 0b1000 => InsnKind::Jump,   // BR, BRAA/BRAB
+            0b0001 | 0b1001 => InsnKind::Call,   // BLR, BLRAA/BLRAB
+            0b0010 => InsnKind::Return,          // RET, RETAA/RETAB
+            _ => InsnKind::Flow,                 // ERET, DRPS, ...
+        };
+    }
+    if inst & 0xFF00_0000 == 0xD400_0000 {
+        return InsnKind::Flow; // SVC/HVC/SMC/BRK/HLT
+    }
+    InsnKind::Other
+}
+
+impl CodeOracle for CodeMap {
+    fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind> {
+        self.read_u32(Some(pid), addr).map(a64_kind)
+    }
+}
+
+/// Names frames for the context trie.
+pub trait FrameNamer {
+    /// A frame for runtime address `addr`, resolved to `binary`/`link` if known.
+    fn frame(&mut self, binary: Option<&BinaryInfo>, symbol: Option<&str>, link: u64, addr: u64) -> Frame;
+}
+
+/// Default frame names: the ELF function symbol if known, else `file+0xoffset`.
+#[derive(Debug, Default)]
+pub struct DefaultFrameNamer;
+
+impl FrameNamer for DefaultFrameNamer {
+    fn frame(&mut self, binary: Option<&BinaryInfo>, symbol: Option<&str>, link: u64, addr: u64) -> Frame {
+        match (symbol, binary) {
+            (Some(s), _) => Frame::new(s, None),
+            (None, Some(b)) => Frame::new(format!("{}+{link:#x}", b.file_name()), None),
+            (None, None) => Frame::new(format!("[unknown {addr:#x}]"), None),
+        }
+    }
+}
+
+/// Resolver over the code map's images, placed by MMAP2 records (or at link time).
+#[derive(Debug, Default)]
+struct Resolver {
+    /// Images with ELF info: index into `CodeMap::images`, and the `BinaryInfo`.
+    binaries: Vec<(usize, BinaryInfo)>,
+    /// Runtime mapping of exec segments: (start, end, bias to add, binary index).
+    places: Vec<(u64, u64, u64, u32)>,
+}
+
+impl AddressResolver for Resolver {
+    fn resolve(&self, addr: u64) -> Option<(BinaryId, u64)> {
+        let i = self.places.partition_point(|p| p.1 <= addr);
+        if let Some(&(s, e, bias, b)) = self.places.get(i)
+            && s <= addr
+            && addr < e
+        {
+            return Some((BinaryId(b), addr.wrapping_add(bias)));
+        }
+        // Unplaced binaries: identity (static, non-PIE).
+        self.binaries
+            .iter()
+            .enumerate()
+            .find(|(_, (_, b))| b.in_exec_segment(addr))
+            .map(|(i, _)| (BinaryId(i as u32), addr))
+    }
+    fn binary(&self, id: BinaryId) -> Option<&BinaryInfo> {
+        self.binaries.get(id.0 as usize).map(|b| &b.1)
+    }
+}
+
+/// Per-AUX-buffer decoder state.
+struct AuxState {
+    decoder: Box<dyn WindowDecoder>,
+}
+
+/// The pipeline.
+pub struct Pipeline {
+    cfg: PipelineConfig,
+    factory: Option<Arc<dyn DecoderFactory>>,
+    aux: HashMap<i32, AuxState>,
+    /// trace ID -> CPU.
+    trace_cpu: HashMap<u8, i32>,
+    joiner: Joiner,
+    code: CodeMap,
+    resolver: Resolver,
+    profile: HybridProfile,
+    trie: ContextTrie,
+    frames: FrameTable,
+    frame_cache: HashMap<u64, FrameId>,
+    namer: Box<dyn FrameNamer>,
+    stats: PipelineStats,
+    /// Per CPU: a trace-on was seen and the window has not been begun yet.
+    pending_begin: HashMap<i32, bool>,
+    next_aux_offset: HashMap<i32, u64>,
+    scratch_branches: Vec<Branch>,
+    scratch_frames: Vec<FrameId>,
+    observer: Option<Box<dyn FnMut(&Joined<'_>)>>,
+}
+
+impl Pipeline {
+    /// A pipeline with `cfg`.
+    pub fn new(cfg: PipelineConfig) -> Self {
+        let trace_cpu = cfg.cpus.iter().map(|c| (c.trace_id, c.cpu)).collect();
+        let factory = cfg.decoder.clone().or_else(crate::decoder::default_factory);
+        Pipeline {
+            joiner: Joiner::new(cfg.join),
+            profile: HybridProfile::new(cfg.profile),
+            trie: ContextTrie::new(cfg.trie_nodes),
+            factory,
+            cfg,
+            aux: HashMap::new(),
+            trace_cpu,
+            code: CodeMap::default(),
+            resolver: Resolver::default(),
+            frames: FrameTable::new(),
+            frame_cache: HashMap::new(),
+            namer: Box::new(DefaultFrameNamer),
+            stats: PipelineStats::default(),
+            pending_begin: HashMap::new(),
+            next_aux_offset: HashMap::new(),
+            scratch_branches: Vec::new(),
+            scratch_frames: Vec::new(),
+            observer: None,
+        }
+    }
+
+    /// Use `namer` for context-trie frames (e.g. a blazesym symbolizer in the binary).
+    pub fn set_frame_namer(&mut self, namer: Box<dyn FrameNamer>) {
+        self.namer = namer;
+    }
+
+    /// Call `f` with every joined (accepted) sample, before it is profiled.
+    pub fn set_observer(&mut self, f: Box<dyn FnMut(&Joined<'_>)>) {
+        self.observer = Some(f);
+    }
+
+    /// Register a code image (file contents read by the driver). Images are matched to MMAP2
+    /// records by path (or file name); an image no MMAP2 places is taken as loaded at its
+    /// link-time addresses.
+    pub fn add_image(&mut self, path: &str, data: Arc<Vec<u8>>) {
+        let info = BinaryInfo::from_elf(path, &data).ok();
+        let symbols = info.as_ref().map(|_| elf_symbols(&data)).unwrap_or_default();
+        let idx = self.code.images.len();
+        if let Some(info) = &info {
+            // Place the exec segments at their link-time addresses until an MMAP2 moves them.
+            for s in &info.exec_segments {
+                CodeMap::insert(
+                    &mut self.code.any,
+                    Mapping { start: s.vaddr, end: s.vaddr + s.memsz, pgoff: s.offset, image: idx },
+                );
+            }
+            self.resolver.binaries.push((idx, info.clone()));
+        }
+        self.code.images.push(Image { path: path.to_string(), data, symbols });
+    }
+
+    /// The code map (for tests and drivers).
+    pub fn code(&self) -> &CodeMap {
+        &self.code
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> PipelineStats {
+        let mut s = self.stats;
+        s.join = *self.joiner.stats();
+        s
+    }
+
+    /// The profile.
+    pub fn profile(&self) -> &HybridProfile {
+        &self.profile
+    }
+
+    /// The calling-context trie and its frame table.
+    pub fn trie(&self) -> (&ContextTrie, &FrameTable) {
+        (&self.trie, &self.frames)
+    }
+
+    /// The address resolver the profile was built with.
+    pub fn resolver(&self) -> &dyn AddressResolver {
+        &self.resolver
+    }
+
+    /// Feed one event.
+    pub fn push(&mut self, ev: SessionEvent<'_>) {
+        match ev {
+            SessionEvent::Aux { record, data } => self.push_aux(&record, data),
+            SessionEvent::Sample(s) => self.push_sample(s),
+            SessionEvent::Sideband(s) => self.push_sideband(s),
+        }
+    }
+
+    /// End of stream: resolve every pending sample.
+    pub fn finish(&mut self) {
+        let Pipeline { joiner, code, profile, resolver, trie, frames, frame_cache, namer, stats, scratch_branches, scratch_frames, observer, .. } = self;
+        let mut sink = Sink { profile, resolver, trie, frames, frame_cache, namer: namer.as_mut(), code, stats, scratch_branches, scratch_frames, observer };
+        joiner.flush(code, &mut |j| sink.accept(j));
+    }
+
+    fn push_aux(&mut self, rec: &AuxRecord, data: &[u8]) {
+        self.stats.aux_records += 1;
+        self.stats.aux_bytes += data.len() as u64;
+        let short = (data.len() as u64) < rec.size;
+        let truncated = rec.flags & PERF_AUX_FLAG_TRUNCATED != 0;
+        if truncated {
+            self.stats.aux_truncated += 1;
+        }
+        if short {
+            self.stats.aux_short += 1;
+        }
+        if rec.flags & (PERF_AUX_FLAG_PARTIAL | PERF_AUX_FLAG_COLLISION) != 0 {
+            self.stats.aux_partial_collision += 1;
+        }
+        let overwrite = rec.flags & PERF_AUX_FLAG_OVERWRITE != 0;
+        if overwrite {
+            self.stats.aux_overwrite += 1;
+        }
+        // AUX ring offsets are monotonic: a record that does not start where the previous one
+        // ended follows a gap (records lost or not recorded). 0 means "not provided".
+        let expected = self.next_aux_offset.insert(rec.cpu, rec.aux_offset.wrapping_add(rec.size.max(data.len() as u64)));
+        let gap = !overwrite && rec.aux_offset != 0 && expected.is_some_and(|e| e != rec.aux_offset);
+        if gap {
+            self.stats.aux_gaps += 1;
+        }
+        let Some(factory) = self.factory.clone() else {
+            self.stats.aux_undecoded += 1;
+            return;
+        };
+        let raw = rec.flags & PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW != 0;
+        let cpus = &self.cfg.cpus;
+        let st = self.aux.entry(rec.cpu).or_insert_with(|| AuxState { decoder: factory.create(rec.cpu, cpus, raw) });
+        if truncated || overwrite || gap {
+            // Data was lost before this record (a gap, the ETR barrier) or it is a fresh
+            // snapshot: decode afresh. The window open at the end of the previous record ended
+            // there (its branches are kept; validation checks the sample that uses it).
+            st.decoder.reset();
+            self.stats.decoder_resets += 1;
+            self.break_cpus_of(rec.cpu, false);
+        }
+        let Pipeline { aux, joiner, code, profile, resolver, trie, frames, frame_cache, namer, stats, trace_cpu, pending_begin, cfg, scratch_branches, scratch_frames, observer, .. } = self;
+        let st = aux.get_mut(&rec.cpu).expect("inserted above");
+        let mut out = Sink { profile, resolver, trie, frames, frame_cache, namer: namer.as_mut(), code, stats, scratch_branches, scratch_frames, observer };
+        let mut ws = WinSink {
+            aux_cpu: rec.cpu,
+            aux_time: rec.time,
+            raw,
+            trace_cpu,
+            pending_begin,
+            clock: cfg.clock,
+            joiner,
+            out: &mut out,
+            touched: Vec::new(),
+        };
+        st.decoder.feed(data, code, &mut ws);
+        if truncated || short {
+            // Bytes at the end of this record are missing: the window open there is broken,
+            // and the next bytes start afresh.
+            st.decoder.reset();
+            self.stats.decoder_resets += 1;
+            self.break_cpus_of(rec.cpu, true);
+        }
+    }
+
+    /// Break the open windows of the CPUs whose trace goes to `aux_cpu`'s buffer.
+    /// `broken`: the open windows lost data (their branches are dropped); else they just end.
+    fn break_cpus_of(&mut self, aux_cpu: i32, broken: bool) {
+        // A per-CPU buffer holds its CPU's trace; a per-thread buffer (-1) may hold any CPU's.
+        let cpus: Vec<i32> = if aux_cpu >= 0 { vec![aux_cpu] } else { self.cfg.cpus.iter().map(|c| c.cpu).collect() };
+        for c in cpus {
+            if broken {
+                self.joiner.discontinuity(c);
+            } else {
+                self.joiner.end_window(c);
+            }
+            self.pending_begin.insert(c, false);
+        }
+    }
+
+    fn push_sample(&mut self, s: &PauseSample) {
+        self.stats.samples += 1;
+        let Pipeline { joiner, code, profile, resolver, trie, frames, frame_cache, namer, stats, cfg, scratch_branches, scratch_frames, observer, .. } = self;
+        let mut sink = Sink { profile, resolver, trie, frames, frame_cache, namer: namer.as_mut(), code, stats, scratch_branches, scratch_frames, observer };
+        match &s.branches {
+            Some(b) => {
+                sink.stats.lbr_samples += 1;
+                let depth = cfg.join.depth.min(b.len());
+                let b = &b[..depth];
+                if joiner.validate_sample(s.pid, &s.stack, b, code).is_ok() {
+                    sink.accept(&Joined { cpu: s.cpu, pid: s.pid, tid: s.tid, time: s.time, stack: &s.stack, branches: b });
+                }
+            }
+            None if cfg.cpus.is_empty() => {
+                sink.stats.stack_only_samples += 1;
+                if !s.stack.is_empty() {
+                    sink.accept(&Joined { cpu: s.cpu, pid: s.pid, tid: s.tid, time: s.time, stack: &s.stack, branches: &[] });
+                }
+            }
+            None => joiner.sample(s.cpu, s.pid, s.tid, s.time, &s.stack, code, &mut |j| sink.accept(j)),
+        }
+    }
+
+    fn push_sideband(&mut self, sb: &Sideband) {
+        self.stats.sideband += 1;
+        match sb {
+            Sideband::Mmap2 { pid, addr, len, pgoff, filename, .. } => self.on_mmap(*pid, *addr, *len, *pgoff, filename),
+            Sideband::Lost { lost, .. } => {
+                // Lost data-ring records are samples and sideband; AUX bytes live in the AUX
+                // ring, and missing AUX records show up as gaps in their offsets.
+                self.stats.lost_records += 1;
+                self.stats.lost_events += lost;
+            }
+            Sideband::Fork { pid, ppid, .. } => {
+                if pid != ppid
+                    && let Some(m) = self.code.by_pid.get(ppid).cloned()
+                {
+                    self.code.by_pid.entry(*pid).or_insert(m);
+                }
+            }
+            Sideband::Comm { pid, exec: true, .. } => {
+                self.code.by_pid.remove(pid);
+            }
+            Sideband::AuxOutputHwId { hw_id, cpu: Some(cpu), .. } => {
+                self.trace_cpu.insert((hw_id & 0xff) as u8, *cpu);
+            }
+            _ => {}
+        }
+    }
+
+    fn on_mmap(&mut self, pid: u32, addr: u64, len: u64, pgoff: u64, filename: &str) {
+        let Some(img) = self.code.image_for(filename) else { return };
+        let m = Mapping { start: addr, end: addr.saturating_add(len), pgoff, image: img };
+        CodeMap::insert(self.code.by_pid.entry(pid).or_default(), m);
+        // Place the binary's exec segments for the resolver (runtime -> link-time bias).
+        if let Some(bi) = self.resolver.binaries.iter().position(|(i, _)| *i == img) {
+            let info = &self.resolver.binaries[bi].1;
+            for s in &info.exec_segments {
+                // File offset range of the segment inside this mapping.
+                let (fs, fe) = (s.offset, s.offset + s.memsz);
+                let (ms, me) = (pgoff, pgoff + len);
+                if fs < me && ms < fe {
+                    let rs = addr + fs.max(ms) - pgoff;
+                    let re = addr + fe.min(me) - pgoff;
+                    let bias = s.vaddr.wrapping_sub(addr + s.offset.wrapping_sub(pgoff));
+                    let p = &mut self.resolver.places;
+                    p.retain(|o| o.1 <= rs || o.0 >= re);
+                    let i = p.partition_point(|o| o.0 < rs);
+                    p.insert(i, (rs, re, bias, bi as u32));
+                }
+            }
+        }
+    }
+}
+
+/// Where joined samples go: observer, profile, trie.
+struct Sink<'a> {
+    profile: &'a mut HybridProfile,
+    resolver: &'a Resolver,
+    trie: &'a mut ContextTrie,
+    frames: &'a mut FrameTable,
+    frame_cache: &'a mut HashMap<u64, FrameId>,
+    namer: &'a mut dyn FrameNamer,
+    code: &'a CodeMap,
+    stats: &'a mut PipelineStats,
+    scratch_branches: &'a mut Vec<Branch>,
+    scratch_frames: &'a mut Vec<FrameId>,
+    observer: &'a mut Option<Box<dyn FnMut(&Joined<'_>)>>,
+}
+
+impl Sink<'_> {
+    fn accept(&mut self, j: &Joined<'_>) {
+        if let Some(o) = self.observer.as_mut() {
+            o(j);
+        }
+        self.scratch_branches.clear();
+        self.scratch_branches.extend(j.branches.iter().map(|b| Branch { from: b.from, to: b.to }));
+        self.profile.add(&HybridSample { stack: j.stack, branches: self.scratch_branches }, self.resolver);
+        self.stats.profiled += 1;
+        // Context trie: root first.
+        self.scratch_frames.clear();
+        for (i, &a) in j.stack.iter().enumerate().rev() {
+            // Return addresses point after the call: name the call site.
+            let a2 = if i == 0 { a } else { a.saturating_sub(1) };
+            let id = match self.frame_cache.get(&a) {
+                Some(&id) => id,
+                None => {
+                    let r = self.resolver.resolve(a2);
+                    let bin = r.and_then(|(b, _)| self.resolver.binary(b));
+                    let link = r.map(|(_, l)| l).unwrap_or(a2);
+                    let sym = r.and_then(|(b, l)| {
+                        let img = self.resolver.binaries.get(b.0 as usize)?.0;
+                        lookup_symbol(&self.code.images[img].symbols, l)
+                    });
+                    let f = self.namer.frame(bin, sym, link, a2);
+                    let id = self.frames.intern(f);
+                    if self.frame_cache.len() < 1 << 20 {
+                        self.frame_cache.insert(a, id);
+                    }
+                    id
+                }
+            };
+            self.scratch_frames.push(id);
+        }
+        self.trie.add(self.scratch_frames, 1);
+    }
+}
+
+fn lookup_symbol(syms: &[(u64, u64, String)], addr: u64) -> Option<&str> {
+    let i = syms.partition_point(|s| s.0 <= addr);
+    let s = syms.get(i.checked_sub(1)?)?;
+    (addr < s.1.max(s.0 + 1)).then_some(s.2.as_str())
+}
+
+fn elf_symbols(data: &[u8]) -> Vec<(u64, u64, String)> {
+    use object::{Object, ObjectSymbol, SymbolKind};
+    let Ok(f) = object::File::parse(data) else { return Vec::new() };
+    let mut v: Vec<(u64, u64, String)> = f
+        .symbols()
+        .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0)
+        .filter_map(|s| Some((s.address(), s.address() + s.size(), s.name().ok()?.to_string())))
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    v.dedup_by_key(|s| s.0);
+    v
+}
+
+/// Routes decoder output of one AUX buffer to the join.
+struct WinSink<'a, 'b> {
+    aux_cpu: i32,
+    aux_time: u64,
+    raw: bool,
+    trace_cpu: &'a HashMap<u8, i32>,
+    pending_begin: &'a mut HashMap<i32, bool>,
+    clock: Option<ClockParams>,
+    joiner: &'a mut Joiner,
+    out: &'a mut Sink<'b>,
+    /// CPUs whose open window received branches from this record.
+    touched: Vec<i32>,
+}
+
+impl WinSink<'_, '_> {
+    fn cpu(&mut self, trace_id: Option<u8>) -> Option<i32> {
+        match trace_id {
+            None => Some(self.aux_cpu),
+            Some(_) if self.raw => Some(self.aux_cpu),
+            Some(id) => match self.trace_cpu.get(&id) {
+                Some(&c) => Some(c),
+                None if self.aux_cpu >= 0 && self.trace_cpu.is_empty() => Some(self.aux_cpu),
+                None => {
+                    self.out.stats.unknown_trace_id += 1;
+                    None
+                }
+            },
+        }
+    }
+
+    fn begin(&mut self, cpu: i32, time: u64, ts_known: bool) {
+        self.pending_begin.insert(cpu, false);
+        self.touched.retain(|&c| c != cpu);
+        let (code, out) = (self.out.code, &mut *self.out);
+        self.joiner.begin_window(cpu, time, ts_known, code, &mut |j| out.accept(j));
+    }
+}
+
+impl WindowSink for WinSink<'_, '_> {
+    fn trace_on(&mut self, trace_id: Option<u8>) {
+        let Some(cpu) = self.cpu(trace_id) else { return };
+        self.out.stats.trace_on += 1;
+        self.joiner.end_window(cpu);
+        self.pending_begin.insert(cpu, true);
+    }
+
+    fn timestamp(&mut self, trace_id: Option<u8>, ts: u64) {
+        let Some(cpu) = self.cpu(trace_id) else { return };
+        let t = match self.clock {
+            Some(c) => c.to_perf_time(ts),
+            None => ts,
+        };
+        if self.pending_begin.get(&cpu).copied().unwrap_or(false) {
+            self.begin(cpu, t, true);
+        } else {
+            self.joiner.window_time(cpu, t);
+        }
+    }
+
+    fn branch(&mut self, trace_id: Option<u8>, from: u64, to: u64) {
+        let Some(cpu) = self.cpu(trace_id) else { return };
+        self.out.stats.branches += 1;
+        if self.pending_begin.get(&cpu).copied().unwrap_or(false) {
+            self.begin(cpu, self.aux_time, false);
+        }
+        if !self.touched.contains(&cpu) {
+            self.touched.push(cpu);
+        }
+        self.joiner.branch(cpu, BranchPair { from, to });
+    }
+
+    fn discontinuity(&mut self, trace_id: Option<u8>, why: Discontinuity) {
+        let Some(cpu) = self.cpu(trace_id) else { return };
+        match why {
+            Discontinuity::Overflow => self.out.stats.decode_overflows += 1,
+            Discontinuity::NoSync => self.out.stats.decode_nosync += 1,
+            Discontinuity::Error => self.out.stats.decode_errors += 1,
+            Discontinuity::NoCode => self.out.stats.decode_nocode += 1,
+        }
+        if self.touched.contains(&cpu) {
+            // The window open in this record lost data: drop its branches.
+            self.joiner.discontinuity(cpu);
+        } else {
+            // Trouble before any branch of this record: the open window's data all came from
+            // earlier records, so it ended there (a per-pause record ends at its pause).
+            self.joiner.end_window(cpu);
+        }
+        self.pending_begin.insert(cpu, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::decoder::toy::{ToyFactory, ToyWriter};
+    use crate::join::RejectReason;
+    use crate::session::PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW;
+
+    type Got = Rc<RefCell<Vec<(i32, u64, Vec<BranchPair>)>>>;
+
+    fn pipeline(cpus: &[i32]) -> (Pipeline, Got) {
+        let cfg = PipelineConfig {
+            cpus: cpus.iter().map(|&c| CpuTraceConfig { cpu: c, trace_id: 0x10 + 2 * c as u8, ..Default::default() }).collect(),
+            decoder: Some(Arc::new(ToyFactory)),
+            ..Default::default()
+        };
+        let mut p = Pipeline::new(cfg);
+        let got: Got = Rc::default();
+        let g = got.clone();
+        p.set_observer(Box::new(move |j| g.borrow_mut().push((j.cpu, j.time, j.branches.to_vec()))));
+        (p, got)
+    }
+
+    /// Window k on CPU c: trace on at time 1000k+c, branches distinct per (c, k).
+    fn window(c: i32, k: u64) -> (Vec<u8>, Vec<BranchPair>) {
+        let mut w = ToyWriter::default();
+        w.sync().trace_on().ts(1000 * k + c as u64);
+        let mut brs = Vec::new();
+        for i in 0..5u64 {
+            let b = BranchPair { from: 0x1000 * (c as u64 + 1) + 0x100 * k + 8 * i, to: 0x9000 + 0x10 * k + i };
+            w.branch(b.from, b.to);
+            brs.push(b);
+        }
+        brs.reverse();
+        (w.0, brs)
+    }
+
+    thread_local! {
+        static OFFSETS: RefCell<HashMap<i32, u64>> = RefCell::default();
+    }
+
+    /// An AUX record of `cpu`, its ring offset following the previous record of that CPU.
+    fn aux(cpu: i32, time: u64, data: &[u8], flags: u64) -> (AuxRecord, Vec<u8>) {
+        let off = OFFSETS.with(|o| {
+            let mut o = o.borrow_mut();
+            let e = o.entry(cpu).or_insert(0x1000);
+            let off = *e;
+            *e += data.len() as u64;
+            off
+        });
+        (AuxRecord { cpu, flags: flags | PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, time, aux_offset: off, size: data.len() as u64 }, data.to_vec())
+    }
+
+    fn sample(cpu: i32, time: u64) -> PauseSample {
+        // Leaf right at the newest target's window; no code -> unverified but joined.
+        PauseSample { cpu, pid: 1, tid: 1, time, stack: vec![0xA000, 0x1234], branches: None }
+    }
+
+    enum E {
+        Aux(AuxRecord, Vec<u8>),
+        S(PauseSample),
+        Sb(Sideband),
+    }
+
+    fn feed(p: &mut Pipeline, evs: &[E]) {
+        for e in evs {
+            match e {
+                E::Aux(r, d) => p.push(SessionEvent::Aux { record: *r, data: d }),
+                E::S(s) => p.push(SessionEvent::Sample(s)),
+                E::Sb(s) => p.push(SessionEvent::Sideband(s)),
+            }
+        }
+        p.finish();
+    }
+
+    /// Per-pause AUX records on two CPUs, samples arriving after their AUX data: every sample
+    /// gets its own window's branches, and the profile and trie count them.
+    fn clean_session(n: u64) -> (Vec<E>, Vec<(i32, u64, Vec<BranchPair>)>) {
+        let mut evs = Vec::new();
+        let mut expect = Vec::new();
+        for k in 1..=n {
+            for c in 0..2 {
+                let (bytes, brs) = window(c, k);
+                let (r, d) = aux(c, 1000 * k + 500 + c as u64, &bytes, 0);
+                evs.push(E::Aux(r, d));
+                evs.push(E::S(sample(c, 1000 * k + 600 + c as u64)));
+                expect.push((c, 1000 * k + 600 + c as u64, brs));
+            }
+        }
+        (evs, expect)
+    }
+
+    /// A clean two-CPU session joins every sample with exactly its window's branches.
+    #[test]
+    fn clean_two_cpu_session() {
+        let (evs, mut expect) = clean_session(6);
+        let (mut p, got) = pipeline(&[0, 1]);
+        feed(&mut p, &evs);
+        let mut got = got.borrow().clone();
+        got.sort_by_key(|g| (g.0, g.1));
+        expect.sort_by_key(|g| (g.0, g.1));
+        assert_eq!(got, expect);
+        let st = p.stats();
+        assert_eq!((st.join.joined, st.join.rejected.total(), st.profiled), (12, 0, 12));
+        assert_eq!(p.profile().total_samples(), 12);
+        assert_eq!(p.trie().0.total_samples(), 12);
+        assert_eq!((st.decode_errors, st.aux_truncated, st.decoder_resets), (0, 0, 0));
+    }
+
+    /// Injected faults (flipped byte, truncated record, lost record, missing sync, split
+    /// records) are counted, and every other sample still joins with its own window.
+    #[test]
+    fn faults_are_counted_and_do_not_poison_others() {
+        let (mut evs, expect) = clean_session(8);
+        // evs index of window k on cpu c: 2 * (2 * (k-1) + c).
+        let idx = |c: usize, k: usize| 2 * (2 * (k - 1) + c);
+        // 1. Flip a byte (the opcode of the third branch) in window 2 of cpu 0.
+        if let E::Aux(_, d) = &mut evs[idx(0, 2)] {
+            d[2 + 1 + 9 + 2 * 17] = 0x77;
+        }
+        // 2. Truncate window 3 of cpu 1 in the middle of a branch, as the kernel reports it.
+        if let E::Aux(r, d) = &mut evs[idx(1, 3)] {
+            d.truncate(40);
+            r.size = 40;
+            r.flags |= PERF_AUX_FLAG_TRUNCATED;
+        }
+        // 3. Window 4 of cpu 0 has no sync marker.
+        if let E::Aux(_, d) = &mut evs[idx(0, 4)] {
+            d[0] = 0;
+            d[1] = 0;
+        }
+        // 5. Window 6 of cpu 0 is cut short without the kernel knowing (record shorter than announced).
+        if let E::Aux(r, d) = &mut evs[idx(0, 6)] {
+            r.size = d.len() as u64;
+            d.truncate(30);
+        }
+        // Ring offsets as the kernel would number these records.
+        let mut next = HashMap::new();
+        for e in evs.iter_mut() {
+            if let E::Aux(r, _) = e {
+                let o = next.entry(r.cpu).or_insert(0x1000u64);
+                r.aux_offset = *o;
+                *o += r.size;
+            }
+        }
+        // 4. Window 5 of cpu 1 is lost (its AUX record is missing; a LOST record says so).
+        evs[idx(1, 5)] = E::Sb(Sideband::Lost { id: 0, lost: 1, time: 5500, cpu: Some(1) });
+        let (mut p, got) = pipeline(&[0, 1]);
+        feed(&mut p, &evs);
+        let faulty = [(0, 2), (1, 3), (0, 4), (1, 5), (0, 6)];
+        let got = got.borrow().clone();
+        // Every sample of an intact window is joined, with its own branches.
+        for e in &expect {
+            let k = ((e.1 - 600) / 1000) as usize;
+            let is_faulty = faulty.contains(&(e.0 as usize, k));
+            let joined = got.iter().find(|g| g.0 == e.0 && g.1 == e.1);
+            if is_faulty {
+                assert!(joined.is_none(), "faulty window {:?} joined", (e.0, k));
+            } else {
+                assert_eq!(joined, Some(e), "intact window {:?}", (e.0, k));
+            }
+        }
+        let st = p.stats();
+        assert_eq!(st.join.joined, 16 - 5);
+        assert_eq!(st.join.rejected.total(), 5);
+        assert!(st.decode_errors >= 1, "{st:?}");
+        assert_eq!(st.aux_truncated, 1);
+        assert_eq!(st.aux_short, 1);
+        assert_eq!(st.lost_records, 1);
+        assert_eq!(st.aux_gaps, 1);
+        assert!(st.decode_nosync >= 1);
+        assert!(st.join.rejected.get(RejectReason::NoWindow) >= 1);
+    }
+
+    /// A window split across two AUX records (TRBE: no per-pause record) decodes as one, and a
+    /// sample that arrives before its window's data waits for it.
+    #[test]
+    fn split_records_and_early_samples() {
+        let (bytes, brs) = window(0, 1);
+        let (bytes2, brs2) = window(0, 2);
+        let (mut p, got) = pipeline(&[0]);
+        let (r1, d1) = aux(0, 1100, &bytes[..20], 0);
+        let (r2, d2) = aux(0, 1200, &bytes[20..], 0);
+        let (r3, d3) = aux(0, 2500, &bytes2, 0);
+        let evs = vec![E::S(sample(0, 1600)), E::Aux(r1, d1), E::Aux(r2, d2), E::S(sample(0, 2600)), E::Aux(r3, d3)];
+        feed(&mut p, &evs);
+        assert_eq!(*got.borrow(), vec![(0, 1600, brs), (0, 2600, brs2)]);
+    }
+
+    /// Samples carrying LBR records and stack-only samples (no ETM) reach the profile.
+    #[test]
+    fn lbr_and_stack_only() {
+        let (mut p, got) = pipeline(&[]);
+        let mut s = sample(0, 10);
+        s.branches = Some(vec![BranchPair { from: 0x10, to: 0x9000 }]);
+        let s2 = sample(1, 11);
+        feed(&mut p, &[E::S(s), E::S(s2)]);
+        assert_eq!(got.borrow().len(), 2);
+        let st = p.stats();
+        assert_eq!((st.lbr_samples, st.stack_only_samples, st.profiled), (1, 1, 2));
+    }
+
+    /// The A64 classifier recognises the branch classes the validation relies on.
+    #[test]
+    fn a64_classes() {
+        // Encodings from the Arm ARM (checked against `aarch64-linux-gnu-objdump`).
+        assert_eq!(a64_kind(0x9400_0010), InsnKind::Call); // bl
+        assert_eq!(a64_kind(0x1400_0010), InsnKind::Jump); // b
+        assert_eq!(a64_kind(0xD63F_0020), InsnKind::Call); // blr x1
+        assert_eq!(a64_kind(0xD61F_0020), InsnKind::Jump); // br x1
+        assert_eq!(a64_kind(0xD65F_03C0), InsnKind::Return); // ret
+        assert_eq!(a64_kind(0x5400_0040), InsnKind::CondBranch); // b.eq
+        assert_eq!(a64_kind(0xB400_0040), InsnKind::CondBranch); // cbz x0
+        assert_eq!(a64_kind(0x3600_0040), InsnKind::CondBranch); // tbz w0
+        assert_eq!(a64_kind(0xD400_0001), InsnKind::Flow); // svc #0
+        assert_eq!(a64_kind(0x8B02_0020), InsnKind::Other); // add x0, x1, x2
+        assert_eq!(a64_kind(0xD503_201F), InsnKind::Other); // nop
+    }
+}
