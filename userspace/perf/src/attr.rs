@@ -305,7 +305,10 @@ pub const GOLDEN: f64 = 0.618_033_988_749_895;
 pub fn free_running_periods(window: u64, period: u64) -> (u64, u64) {
     let p = (window.max(2) * 2) | 1;
     let target = ((p as f64) * GOLDEN).round() as u64;
-    let k = (period.max(p) / p).max(1);
+    let mut k = (period.max(p) / p).max(1);
+    if k * p + target < period {
+        k += 1;
+    }
     let mut r = k * p + target;
     while gcd(r, p) != 1 {
         r += 1;
@@ -528,4 +531,218 @@ pub fn build_group(
         }
     }
     Ok(GroupPlan { mode, events, trcconfigr, pause_in_group: mode != WindowMode::Strobe })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::tests::{fixture, fixture_copy};
+    use std::path::Path;
+
+    fn sys(name: &str) -> CsEtmSystem {
+        CsEtmSystem::discover(&fixture(name)).unwrap()
+    }
+
+    /// Every field lands at the offset the uapi documents (etm-interface.md §2: aux_action at
+    /// 116; config3 at 128 for PERF_ATTR_SIZE_VER8) and survives a round trip.
+    #[test]
+    fn byte_layout_documented_offsets() {
+        let a = PerfEventAttr {
+            ty: 0x11, size: 136, config: 0x22, sample_period: 0x33, sample_type: 0x44, read_format: 0x55, flags: 0x66,
+            wakeup_events: 0x77, bp_type: 0x88, config1: 0x99, config2: 0xaa, branch_sample_type: 0xbb,
+            sample_regs_user: 0xcc, sample_stack_user: 0xdd, clockid: -2, sample_regs_intr: 0xee, aux_watermark: 0xf1,
+            sample_max_stack: 0xf2, aux_sample_size: 0xf3, aux_action: 0x5, sig_data: 0xf4, config3: 0xf5,
+        };
+        let b = a.to_bytes();
+        assert_eq!(b.len(), 136);
+        assert_eq!(b[116], 0x5);
+        assert_eq!(b[128], 0xf5);
+        assert_eq!(b[8], 0x22);
+        assert_eq!(&b[92..96], &(-2i32).to_le_bytes());
+        assert_eq!(PerfEventAttr::from_bytes(&b), a);
+    }
+
+    /// Field offsets and bitfield positions agree with the C compiler's view of the system's
+    /// `<linux/perf_event.h>` (for every field that header has).
+    #[test]
+    fn layout_matches_system_header() {
+        let header = Path::new("/usr/include/linux/perf_event.h");
+        if !header.exists() {
+            eprintln!("SKIP: {} not installed (linux-libc-dev)", header.display());
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("etm-perf-attr-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("a.c");
+        let flags = [
+            ("disabled", flag::DISABLED), ("inherit", flag::INHERIT), ("exclude_user", flag::EXCLUDE_USER),
+            ("exclude_kernel", flag::EXCLUDE_KERNEL), ("exclude_hv", flag::EXCLUDE_HV), ("mmap", flag::MMAP),
+            ("comm", flag::COMM), ("freq", flag::FREQ), ("task", flag::TASK), ("watermark", flag::WATERMARK),
+            ("sample_id_all", flag::SAMPLE_ID_ALL), ("exclude_callchain_kernel", flag::EXCLUDE_CALLCHAIN_KERNEL),
+            ("mmap2", flag::MMAP2), ("comm_exec", flag::COMM_EXEC), ("use_clockid", flag::USE_CLOCKID),
+            ("context_switch", flag::CONTEXT_SWITCH), ("aux_output", flag::AUX_OUTPUT), ("build_id", flag::BUILD_ID),
+        ];
+        let offs = [
+            ("config", offset::CONFIG), ("sample_period", offset::SAMPLE_PERIOD), ("sample_type", offset::SAMPLE_TYPE),
+            ("wakeup_events", offset::WAKEUP_EVENTS), ("config1", offset::CONFIG1), ("config2", offset::CONFIG2),
+            ("branch_sample_type", offset::BRANCH_SAMPLE_TYPE), ("sample_stack_user", offset::SAMPLE_STACK_USER),
+            ("clockid", offset::CLOCKID), ("aux_watermark", offset::AUX_WATERMARK), ("sample_max_stack", offset::SAMPLE_MAX_STACK),
+            ("aux_sample_size", offset::AUX_SAMPLE_SIZE), ("__reserved_3", offset::AUX_ACTION), ("sig_data", offset::SIG_DATA),
+        ];
+        let mut c = String::from("#include <linux/perf_event.h>\n#include <stddef.h>\n#include <stdio.h>\n#include <string.h>\nint main(void){struct perf_event_attr a; unsigned long long w;\n");
+        for (n, _) in offs {
+            c += &format!("printf(\"{n} %zu\\n\", offsetof(struct perf_event_attr, {n}));\n");
+        }
+        for (n, _) in flags {
+            c += &format!("memset(&a,0,sizeof a); a.{n}=1; memcpy(&w,(char*)&a+40,8); printf(\"{n} %llu\\n\", w);\n");
+        }
+        c += "return 0;}\n";
+        std::fs::write(&src, c).unwrap();
+        let exe = dir.join("a");
+        match std::process::Command::new("cc").arg(&src).arg("-o").arg(&exe).status() {
+            Ok(s) if s.success() => {}
+            other => {
+                eprintln!("SKIP: cannot compile the layout probe with cc: {other:?}");
+                return;
+            }
+        }
+        let out = String::from_utf8(std::process::Command::new(&exe).output().unwrap().stdout).unwrap();
+        let got: std::collections::HashMap<&str, u64> =
+            out.lines().filter_map(|l| l.split_once(' ')).map(|(k, v)| (k, v.parse().unwrap())).collect();
+        for (n, o) in offs {
+            assert_eq!(got[n], o as u64, "offset of {n}");
+        }
+        for (n, f) in flags {
+            assert_eq!(got[n], f, "bit of {n}");
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// N1 free-running group: leader start-paused with timestamp bit 28, contextid2 bit 15 and
+    /// retstack bit 29 (documented positions), then resume and pause cycles events; TRCCONFIGR
+    /// carries TS(11), VMID+VMIDOPT(7,15) and RS(12) as perf's cs_etmv4_get_config would.
+    #[test]
+    fn n1_free_group() {
+        let s = sys("n1-etr");
+        let wp = WindowParams { window: 1000, period: 1_000_000, strobe_preset: 9 };
+        let g = build_group(&s, 2, WindowMode::Free, &wp, &EtmOptions { sink: Some("tmc_etr0".into()), ..Default::default() }).unwrap();
+        let roles: Vec<EventRole> = g.events.iter().map(|e| e.0).collect();
+        assert_eq!(roles, vec![EventRole::Etm, EventRole::Resume, EventRole::Pause]);
+        let etm = g.events[0].1;
+        assert_eq!(etm.ty, 11);
+        assert_eq!(etm.config, (1 << 28) | (1 << 15) | (1 << 29));
+        assert_eq!(etm.config2, 0xa4c5_f0b2);
+        assert_eq!(etm.aux_action, aux_action::START_PAUSED);
+        assert!(etm.flags & flag::DISABLED != 0 && etm.flags & flag::SAMPLE_ID_ALL != 0 && etm.flags & flag::EXCLUDE_KERNEL != 0);
+        assert_eq!(g.trcconfigr, (1 << 11) | (1 << 7) | (1 << 15) | (1 << 12));
+        let (resume, pause) = (g.events[1].1, g.events[2].1);
+        assert_eq!((resume.ty, resume.config, resume.aux_action), (10, 0x11, aux_action::RESUME));
+        assert_eq!((pause.ty, pause.config, pause.aux_action), (10, 0x11, aux_action::PAUSE));
+        assert_eq!((pause.sample_period, resume.sample_period), free_running_periods(1000, 1_000_000));
+        assert!(pause.sample_type & sample::CALLCHAIN != 0 && pause.flags & flag::EXCLUDE_CALLCHAIN_KERNEL != 0);
+        // All events agree on the trailer bits (one ring).
+        let t = |a: &PerfEventAttr| a.sample_format().trailer_len();
+        assert!(g.events.iter().all(|(_, a)| t(a) == t(&etm)));
+        assert!(matches!(
+            build_group(&s, 2, WindowMode::Free, &wp, &EtmOptions { sink: Some("nope".into()), ..Default::default() }),
+            Err(AttrError::NoSink(_))
+        ));
+    }
+
+    /// Free-running periods: P odd near 2W, R >= the requested period, R mod P within one of
+    /// 0.618 P, and gcd(R, P) = 1 so every phase is visited.
+    #[test]
+    fn free_running_period_properties() {
+        for (w, per) in [(1000u64, 1_000_000u64), (500, 10_000), (4000, 1_000_003), (1, 1)] {
+            let (p, r) = free_running_periods(w, per);
+            assert!(p % 2 == 1 && p >= 2 * w.max(2) && p <= 2 * w.max(2) + 1);
+            assert!(r >= per.max(p));
+            let ratio = (r % p) as f64 / p as f64;
+            assert!((ratio - GOLDEN).abs() * p as f64 <= p as f64 * 0.01 + 1.0, "{w} {per}: {ratio}");
+            assert_eq!(super::gcd(r, p), 1);
+        }
+    }
+
+    /// V2 (interval layout): timestamp goes to config:4-7 as the interval code, not bit 28;
+    /// contextid resolves to contextid1 (TRCCONFIGR bit 6).
+    #[test]
+    fn v2_interval_timestamps() {
+        let s = sys("v2-trbe");
+        let g = build_group(&s, 0, WindowMode::Free, &WindowParams::default(), &EtmOptions { timestamp_interval: Some(3), ..Default::default() }).unwrap();
+        let etm = g.events[0].1;
+        assert_eq!(etm.config & 0xf0, 3 << 4);
+        assert_eq!(etm.config & (1 << 28), 0);
+        assert_eq!(etm.config & (1 << 14), 1 << 14);
+        assert_eq!(g.trcconfigr, (1 << 11) | (1 << 6) | (1 << 12));
+    }
+
+    /// Hardware stagger on V2 with a pmu_pulse field: pause counts trcextout1 (0x4011) on the
+    /// core PMU with the short window period; the leader sets pmu_pulse.
+    #[test]
+    fn v2_hw_group() {
+        let root = fixture_copy("v2-trbe", "hw");
+        std::fs::write(root.join("bus/event_source/devices/cs_etm/format/pmu_pulse"), "config:9\n").unwrap();
+        let s = CsEtmSystem::discover(&root).unwrap();
+        let wp = WindowParams { window: 1000, period: 1_050_031, strobe_preset: 1 };
+        let g = build_group(&s, 1, WindowMode::Hw, &wp, &EtmOptions::default()).unwrap();
+        let (etm, resume, pause) = (g.events[0].1, g.events[1].1, g.events[2].1);
+        assert_eq!(etm.config & (1 << 9), 1 << 9);
+        assert_eq!((pause.ty, pause.config, pause.sample_period, pause.aux_action), (10, 0x4011, 1000, aux_action::PAUSE));
+        assert_eq!((resume.config, resume.sample_period, resume.aux_action), (0x11, 1_050_031, aux_action::RESUME));
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    /// Strobe: configid (autofdo hash) in config2[63:32], preset in config[3:0], no aux_action,
+    /// and the sampling event outside the group.
+    #[test]
+    fn strobe_group() {
+        let s = sys("n1-etr");
+        let wp = WindowParams { strobe_preset: 4, ..Default::default() };
+        let g = build_group(&s, 0, WindowMode::Strobe, &wp, &EtmOptions::default()).unwrap();
+        let etm = g.events[0].1;
+        assert_eq!(etm.config2 >> 32, 0xf4d0_e9a1);
+        assert_eq!(etm.config & 0xf, 4);
+        assert_eq!(etm.aux_action, 0);
+        assert!(!g.pause_in_group);
+        assert_eq!(g.events.len(), 2);
+        assert_eq!(g.events[1].1.aux_action, 0);
+    }
+
+    /// The mode decision over the fixtures and kernel versions, with its stated reason.
+    #[test]
+    fn window_mode_decisions() {
+        let n1 = sys("n1-etr");
+        let v2 = sys("v2-trbe");
+        let cpus = [0, 1, 2, 3];
+        let k = |s: &str| KernelVersion::parse(s).unwrap();
+        let pick = |s: &CsEtmSystem, kv: &str, probe, req| {
+            choose_window_mode(req, &ModeInputs { sys: s, cpus: &cpus, kernel: k(kv), pause_probe: probe })
+        };
+        let c = pick(&n1, "6.16.0", None, None).unwrap();
+        assert_eq!(c.mode, WindowMode::Free);
+        assert!(c.reason.contains("trcextout1"), "{}", c.reason);
+        let c = pick(&n1, "6.12.0", None, None).unwrap();
+        assert_eq!(c.mode, WindowMode::Strobe);
+        assert!(c.reason.contains("6.12.0"), "{}", c.reason);
+        assert_eq!(pick(&n1, "6.14.0", None, None).unwrap().mode, WindowMode::Strobe);
+        // A probe overrides the version guess both ways.
+        assert_eq!(pick(&n1, "6.14.0", Some(true), None).unwrap().mode, WindowMode::Free);
+        assert_eq!(pick(&n1, "6.18.0", Some(false), None).unwrap().mode, WindowMode::Strobe);
+        // V2 has trcextout1 but no pmu_pulse: free, and it says what is missing.
+        let c = pick(&v2, "7.0.0", None, None).unwrap();
+        assert_eq!(c.mode, WindowMode::Free);
+        assert!(c.reason.contains("pmu_pulse"), "{}", c.reason);
+        assert!(pick(&n1, "6.16.0", None, Some(WindowMode::Hw)).unwrap_err().contains("trcextout1"));
+        assert!(pick(&n1, "6.10.0", None, Some(WindowMode::Free)).is_err());
+        assert_eq!(pick(&n1, "6.10.0", None, Some(WindowMode::Strobe)).unwrap().mode, WindowMode::Strobe);
+        let root = fixture_copy("v2-trbe", "mode");
+        std::fs::write(root.join("bus/event_source/devices/cs_etm/format/pmu_pulse"), "config:9\n").unwrap();
+        let v2p = CsEtmSystem::discover(&root).unwrap();
+        assert_eq!(pick(&v2p, "7.0.0", None, None).unwrap().mode, WindowMode::Hw);
+        assert_eq!(pick(&v2p, "6.12.0", None, None).unwrap().mode, WindowMode::Strobe);
+        std::fs::remove_file(root.join("bus/event_source/devices/cs_etm/events/autofdo")).unwrap();
+        let v2q = CsEtmSystem::discover(&root).unwrap();
+        assert!(pick(&v2q, "6.12.0", None, None).is_err());
+        let _ = std::fs::remove_dir_all(root);
+    }
 }

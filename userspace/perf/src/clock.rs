@@ -98,3 +98,54 @@ pub fn read_clock(pg: &UserPage<'_>, max_tries: u32) -> Result<ClockConv, ClockE
     }
     Err(ClockError::Unstable(max_tries))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    /// The split quot/rem formula equals the exact 128-bit value time_zero + cyc*mult >> shift
+    /// over a spread of counter values, including ones where cyc*mult overflows 64 bits.
+    #[test]
+    fn matches_exact_arithmetic() {
+        // 25 MHz counter (40 ns/tick): mult/shift as sched_clock would pick, shift 24.
+        let c = ClockConv { time_zero: 1_000_000, time_mult: 40 << 24, time_shift: 24, ..Default::default() };
+        for cyc in [0u64, 1, 25_000_000, 1 << 40, (1 << 55) + 12345, u64::MAX / 3] {
+            let exact = 1_000_000u128 + ((u128::from(cyc) * u128::from(40u64 << 24)) >> 24);
+            assert_eq!(u128::from(c.to_perf_time(cyc)), exact % (1u128 << 64), "cyc {cyc}");
+        }
+        assert_eq!(c.to_perf_time(25_000_000), 1_000_000 + 1_000_000_000);
+        // Round trip within a tick.
+        let t = c.to_perf_time(987_654_321);
+        assert_eq!(c.to_counter(t), Some(987_654_321));
+    }
+
+    /// With cap_user_time_short, a 56-bit counter that wrapped is extended from time_cycles.
+    #[test]
+    fn short_counter() {
+        let mask = (1u64 << 56) - 1;
+        let c = ClockConv { time_zero: 0, time_mult: 1 << 20, time_shift: 20, time_cycles: mask - 10, time_mask: mask, short: true };
+        // 5 ticks after the wrap: extended value = time_cycles + 16.
+        assert_eq!(c.to_perf_time(5), mask - 10 + 16);
+    }
+
+    /// The seqlock reader returns the page's values, refuses a page without time_zero, and
+    /// gives up (bounded) on a lock stuck odd.
+    #[test]
+    fn seqlock_read() {
+        let words: Vec<AtomicU64> = (0..512).map(|_| AtomicU64::new(0)).collect();
+        let pg = UserPage::new(&words).unwrap();
+        let set = |off: usize, v: u64| words[off / 8].store(v, Ordering::Relaxed);
+        set(page::LOCK, 4);
+        set(page::TIME_SHIFT, (1000u64 << 32) | (10 << 16)); // shift 10 @50, mult 1000 @52
+        set(page::TIME_ZERO, 777);
+        set(page::CAPABILITIES, page::CAP_USER_TIME | page::CAP_USER_TIME_ZERO);
+        let c = read_clock(&pg, 10).unwrap();
+        assert_eq!((c.time_zero, c.time_mult, c.time_shift, c.short), (777, 1000, 10, false));
+        assert_eq!(c.to_perf_time(1024), 777 + 1000);
+        set(page::CAPABILITIES, page::CAP_USER_TIME);
+        assert_eq!(read_clock(&pg, 10), Err(ClockError::NoTimeZero));
+        set(page::LOCK, 5);
+        assert_eq!(read_clock(&pg, 10), Err(ClockError::Unstable(10)));
+    }
+}

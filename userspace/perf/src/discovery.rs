@@ -473,3 +473,156 @@ impl AuxPauseSupport {
         AuxPauseSupport { attr_bits: k >= AUX_ACTION_KERNEL, cs_etm: k >= CS_ETM_PAUSE_KERNEL }
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn fixture(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    }
+
+    /// A copy of a fixture tree in a fresh temp dir (for tests that add files).
+    pub(crate) fn fixture_copy(name: &str, tag: &str) -> PathBuf {
+        fn copy(src: &Path, dst: &Path) {
+            fs::create_dir_all(dst).unwrap();
+            for e in fs::read_dir(src).unwrap() {
+                let e = e.unwrap();
+                let (s, d) = (e.path(), dst.join(e.file_name()));
+                let ft = e.file_type().unwrap();
+                if ft.is_symlink() {
+                    std::os::unix::fs::symlink(fs::read_link(&s).unwrap(), &d).unwrap();
+                } else if ft.is_dir() {
+                    copy(&s, &d);
+                } else {
+                    fs::copy(&s, &d).unwrap();
+                }
+            }
+        }
+        let dst = std::env::temp_dir().join(format!("etm-perf-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dst);
+        copy(&fixture(name), &dst);
+        dst
+    }
+
+    /// The N1 tree: ETMv4.2 on 4 CPUs reached through cpuN symlinks, the one-bit timestamp
+    /// layout, ETR/ETF sinks, autofdo, a PMU without trcextout, legacy trace IDs.
+    #[test]
+    fn discovers_n1_etr() {
+        let s = CsEtmSystem::discover(&fixture("n1-etr")).unwrap();
+        assert_eq!(s.pmu_type, 11);
+        assert_eq!(s.cpus.iter().map(|c| c.cpu).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert!(s.cpus.iter().all(|c| c.arch == TraceArch::Etm4 { minor: 2 }));
+        assert!(s.cpus.iter().all(|c| c.has_retstack() && c.has_context_id() && c.ts_size_bits() == 64 && c.ns_trace_allowed()));
+        assert_eq!(s.cpus.iter().map(|c| c.trctraceid.unwrap()).collect::<Vec<_>>(), vec![0x10, 0x12, 0x14, 0x16]);
+        assert_eq!(s.timestamp_layout(), TimestampLayout::Bool);
+        assert_eq!(s.field("timestamp").unwrap().mask(), 1 << 28);
+        assert_eq!(s.sinks.get("tmc_etr0"), Some(&0xa4c5_f0b2));
+        assert_eq!(s.configs.get("autofdo"), Some(&0xf4d0_e9a1));
+        assert!(s.has_virtual_ts());
+        assert!(!s.all_ete());
+        assert_eq!(s.pmus.len(), 1);
+        assert_eq!(s.pmus[0].events.get("cpu_cycles"), Some(&0x11));
+        assert!(!s.trcextout1_on(&[0, 1, 2, 3]));
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+        assert_eq!(KernelVersion::read(&fixture("n1-etr/proc")).unwrap(), KernelVersion::new(6, 16, 0));
+    }
+
+    /// The V2 tree: ETE on every CPU, the 4-bit interval timestamp layout, per-CPU TRBE sinks,
+    /// and a PMU advertising trcextout0..3 = 0x4010..0x4013.
+    #[test]
+    fn discovers_v2_trbe() {
+        let s = CsEtmSystem::discover(&fixture("v2-trbe")).unwrap();
+        assert!(s.all_ete());
+        assert_eq!(s.cpus[0].arch, TraceArch::Ete { revision: 1 });
+        assert_eq!(s.timestamp_layout(), TimestampLayout::Interval);
+        assert_eq!(s.field("timestamp").unwrap().mask(), 0xf0);
+        assert_eq!(s.sinks.keys().cloned().collect::<Vec<_>>(), vec!["trbe0", "trbe1", "trbe2", "trbe3"]);
+        let p = s.pmu_for_cpu(2).unwrap();
+        assert_eq!((0..4).map(|n| p.trcextout(n).unwrap()).collect::<Vec<_>>(), vec![0x4010, 0x4011, 0x4012, 0x4013]);
+        assert!(s.trcextout1_on(&[0, 3]));
+        assert!(!s.trcextout1_on(&[4]), "cpu 4 is not covered by the PMU");
+        assert_eq!(KernelVersion::read(&fixture("v2-trbe/proc")).unwrap(), KernelVersion::new(7, 0, 0));
+    }
+
+    /// A root without cs_etm is reported as such; a CPU with a missing trcidr file becomes a
+    /// warning, not a failure of the whole discovery.
+    #[test]
+    fn missing_pieces() {
+        assert!(matches!(CsEtmSystem::discover(&fixture(".")), Err(DiscoveryError::NoCsEtm(_))));
+        let root = fixture_copy("v2-trbe", "missing");
+        fs::remove_file(root.join("bus/event_source/devices/cs_etm/cpu1/trcidr/trcidr2")).unwrap();
+        let s = CsEtmSystem::discover(&root).unwrap();
+        assert_eq!(s.cpus.iter().map(|c| c.cpu).collect::<Vec<_>>(), vec![0, 2, 3]);
+        assert_eq!(s.warnings.len(), 1);
+        fs::write(root.join("bus/event_source/devices/cs_etm/format/bogus"), "config7:1\n").unwrap();
+        assert!(matches!(CsEtmSystem::discover(&root), Err(DiscoveryError::Format { .. })));
+        let _ = fs::remove_dir_all(root);
+    }
+
+    /// ETE vs ETMv4 classification agrees with the device type OpenCSD's snapshot files
+    /// declare for real trace units (`type=ETE` / `type=ETM4`) in the shared test data.
+    #[test]
+    fn trace_arch_matches_opencsd_snapshots() {
+        let base = std::env::var_os("ETM_BPF_SHARED")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+            .join("testdata/etm");
+        let Ok(dirs) = fs::read_dir(&base) else {
+            eprintln!("SKIP: no shared test data at {}", base.display());
+            return;
+        };
+        let mut checked = 0;
+        let mut stack: Vec<PathBuf> = dirs.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+        while let Some(p) = stack.pop() {
+            if p.is_dir() {
+                stack.extend(fs::read_dir(&p).unwrap().filter_map(|e| e.ok()).map(|e| e.path()));
+                continue;
+            }
+            if p.extension().is_none_or(|e| e != "ini") {
+                continue;
+            }
+            let text = fs::read_to_string(&p).unwrap_or_default();
+            let get = |k: &str| {
+                text.lines().find_map(|l| {
+                    let (key, v) = l.split_once('=')?;
+                    let key = key.trim().split('(').next()?.trim();
+                    (key.eq_ignore_ascii_case(k)).then(|| parse_hex(v)).flatten()
+                })
+            };
+            let ty = text.lines().find_map(|l| l.trim().strip_prefix("type=")).unwrap_or("");
+            let Some(idr1) = get("TRCIDR1") else { continue };
+            let arch = trace_arch(get("TRCDEVARCH").map(|v| v as u32), idr1 as u32);
+            match ty {
+                "ETE" => assert!(matches!(arch, TraceArch::Ete { .. }), "{}: {arch:?}", p.display()),
+                "ETM4" => assert!(matches!(arch, TraceArch::Etm4 { .. }), "{}: {arch:?}", p.display()),
+                _ => continue,
+            }
+            checked += 1;
+        }
+        assert!(checked >= 20, "only {checked} snapshot devices checked");
+    }
+
+    /// Kernel releases as distributions spell them, and the AUX pause thresholds.
+    #[test]
+    fn kernel_versions() {
+        assert_eq!(KernelVersion::parse("6.1.0-27-cloud-arm64"), Some(KernelVersion::new(6, 1, 0)));
+        assert_eq!(KernelVersion::parse("6.16.0-rc3"), Some(KernelVersion::new(6, 16, 0)));
+        assert_eq!(KernelVersion::parse("6.18.44-fc-v857\n"), Some(KernelVersion::new(6, 18, 44)));
+        assert_eq!(KernelVersion::parse("6"), None);
+        let s = |v: &str| AuxPauseSupport::for_kernel(KernelVersion::parse(v).unwrap());
+        assert_eq!(s("6.12.9"), AuxPauseSupport { attr_bits: false, cs_etm: false });
+        assert_eq!(s("6.13.0"), AuxPauseSupport { attr_bits: true, cs_etm: false });
+        assert_eq!(s("6.16.1"), AuxPauseSupport { attr_bits: true, cs_etm: true });
+    }
+
+    /// CPU lists as sysfs prints them.
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(parse_cpu_list("5"), Some(vec![5]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_hex("configid=0x1f"), Some(0x1f));
+        assert_eq!(parse_hex("event=0x4011"), Some(0x4011));
+    }
+}

@@ -30,6 +30,7 @@ pub mod attr;
 pub mod clock;
 pub mod discovery;
 pub mod format;
+pub mod perf_data;
 pub mod records;
 pub mod ring;
 

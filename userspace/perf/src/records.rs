@@ -630,3 +630,135 @@ pub mod build {
         record(types::SAMPLE, misc::USER, &b, fmt, id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FMT: SampleFormat = SampleFormat {
+        sample_type: sample::IDENTIFIER | sample::IP | sample::TID | sample::TIME | sample::CPU | sample::PERIOD | sample::CALLCHAIN,
+        sample_id_all: true,
+        branch_hw_index: false,
+        regs_user_mask: 0,
+    };
+
+    fn le(parts: &[&[u8]]) -> Vec<u8> {
+        parts.concat()
+    }
+
+    /// A hand-assembled PERF_RECORD_AUX (uapi order: offset, size, flags, then the trailer
+    /// TID, TIME, CPU, IDENTIFIER) decodes field by field.
+    #[test]
+    fn aux_record_hand_assembled() {
+        let b = le(&[
+            &11u32.to_le_bytes(), &0u16.to_le_bytes(), &64u16.to_le_bytes(),
+            &0x1000u64.to_le_bytes(), &0x230u64.to_le_bytes(), &0x101u64.to_le_bytes(),
+            &7u32.to_le_bytes(), &8u32.to_le_bytes(), &123456789u64.to_le_bytes(),
+            &3u32.to_le_bytes(), &0u32.to_le_bytes(), &42u64.to_le_bytes(),
+        ]);
+        let r = parse_record(&b, &FMT).unwrap();
+        assert_eq!(r.kind, PerfRecord::Aux { aux_offset: 0x1000, aux_size: 0x230, flags: 0x101 });
+        assert_eq!(r.sample_id, SampleId { pid: Some(7), tid: Some(8), time: Some(123456789), id: Some(42), stream_id: None, cpu: Some(3) });
+    }
+
+    /// A SAMPLE with a callchain: the user part is the entries after PERF_CONTEXT_USER.
+    #[test]
+    fn sample_with_callchain() {
+        let chain = [context::KERNEL, 0xffff_8000_1000_0000, context::USER, 0x400100, 0x400200];
+        let mut body = le(&[
+            &9u64.to_le_bytes(), &0x400100u64.to_le_bytes(), &10u32.to_le_bytes(), &11u32.to_le_bytes(),
+            &555u64.to_le_bytes(), &1u32.to_le_bytes(), &0u32.to_le_bytes(), &1000u64.to_le_bytes(), &5u64.to_le_bytes(),
+        ]);
+        for c in chain {
+            body.extend_from_slice(&c.to_le_bytes());
+        }
+        let mut b = le(&[&9u32.to_le_bytes(), &2u16.to_le_bytes(), &((8 + body.len()) as u16).to_le_bytes()]);
+        b.extend_from_slice(&body);
+        let r = parse_record(&b, &FMT).unwrap();
+        let PerfRecord::Sample(s) = &r.kind else { panic!() };
+        assert_eq!((s.identifier, s.ip, s.pid, s.tid, s.time, s.cpu, s.period), (Some(9), Some(0x400100), Some(10), Some(11), Some(555), Some(1), Some(1000)));
+        assert_eq!(s.user_callchain().collect::<Vec<_>>(), vec![0x400100, 0x400200]);
+        assert_eq!(s.callchain().count(), 5);
+        assert_eq!(r.sample_id.id, Some(9));
+        // The builder used by the fake rings produces the same bytes.
+        let id = SampleId { pid: Some(10), tid: Some(11), time: Some(555), id: Some(9), stream_id: None, cpu: Some(1) };
+        assert_eq!(build::sample(&FMT, &id, 0x400100, 1000, &chain), b);
+    }
+
+    /// Truncated records of every kernel type are errors, never panics, at every cut length.
+    #[test]
+    fn truncation_never_panics() {
+        let id = SampleId { pid: Some(1), tid: Some(2), time: Some(3), id: Some(4), stream_id: None, cpu: Some(5) };
+        let recs = vec![
+            build::aux(1, 2, 3, &FMT, &id),
+            build::record(types::ITRACE_START, 0, &[1, 0, 0, 0, 2, 0, 0, 0], &FMT, &id),
+            build::record(types::AUX_OUTPUT_HW_ID, 0, &0x0100_0000_0000_1234u64.to_le_bytes(), &FMT, &id),
+            build::record(types::LOST, 0, &[0; 16], &FMT, &id),
+            build::record(types::FORK, 0, &[0; 24], &FMT, &id),
+            build::record(types::MMAP2, 0, &[0; 72], &FMT, &id),
+            build::sample(&FMT, &id, 1, 2, &[context::USER, 9]),
+        ];
+        assert!(parse_record(&[0xff; 40], &FMT).is_err());
+        for r in &recs {
+            assert!(parse_record(r, &FMT).is_ok());
+            for cut in 0..r.len() {
+                let mut t = r[..cut].to_vec();
+                // Also lie in the header: claim the shortened size.
+                if cut >= 8 {
+                    t[6..8].copy_from_slice(&(cut as u16).to_le_bytes());
+                }
+                let _ = parse_record(&t, &FMT);
+            }
+        }
+        // A header claiming more than is there is an overrun, a zero size a bad header.
+        let mut r = build::aux(1, 2, 3, &FMT, &id);
+        assert!(matches!(parse_record(&r[..30], &FMT), Err(RecordError::Overrun { .. })));
+        r[6] = 0;
+        r[7] = 0;
+        assert!(matches!(parse_record(&r, &FMT), Err(RecordError::BadHeader(0))));
+        // ITRACE_START whose size leaves no room for the body after the trailer.
+        let short = build::record(types::ITRACE_START, 0, &[], &FMT, &id);
+        assert!(matches!(parse_record(&short, &FMT), Err(RecordError::Truncated { ty: 12, .. })));
+    }
+
+    /// The hw_id layout of etm-interface.md §1.9: trace ID [7:0], sink [39:8], version [63:56].
+    #[test]
+    fn hw_id_decode() {
+        let v01 = (1u64 << 56) | (0xabcd_ef01 << 8) | 0x23;
+        assert_eq!(CsHwId::decode(v01), CsHwId { trace_id: 0x23, sink_id: Some(0xabcd_ef01), major: 0, minor: 1 });
+        assert_eq!(CsHwId::decode(0x11), CsHwId { trace_id: 0x11, sink_id: None, major: 0, minor: 0 });
+    }
+
+    /// MMAP2 with a build id (misc MMAP_BUILD_ID) exposes the id bytes, not inode fields.
+    #[test]
+    fn mmap2_build_id() {
+        let mut body = Vec::new();
+        for v in [5u32, 6] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [0x1000u64, 0x2000, 0] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        let mut u = [0u8; 24];
+        u[0] = 20;
+        for (i, b) in u[4..24].iter_mut().enumerate() {
+            *b = i as u8 + 1;
+        }
+        body.extend_from_slice(&u);
+        body.extend_from_slice(&5u32.to_le_bytes());
+        body.extend_from_slice(&2u32.to_le_bytes());
+        body.extend_from_slice(b"/bin/x\0\0");
+        let r = build::record(types::MMAP2, misc::MMAP_BUILD_ID, &body, &FMT, &SampleId::default());
+        let PerfRecord::Mmap2(m) = parse_record(&r, &FMT).unwrap().kind else { panic!() };
+        assert_eq!(m.file_id, Mmap2FileId::BuildId(&u[4..24]));
+        assert_eq!((m.addr, m.len, m.prot, m.filename), (0x1000, 0x2000, 5, &b"/bin/x"[..]));
+    }
+
+    /// SAMPLE with READ in sample_type is refused rather than misparsed.
+    #[test]
+    fn unsupported_sample_type() {
+        let fmt = SampleFormat { sample_type: sample::READ, ..FMT };
+        let r = build::record(types::SAMPLE, 0, &[0; 16], &fmt, &SampleId::default());
+        assert_eq!(parse_record(&r, &fmt), Err(RecordError::UnsupportedSampleType(sample::READ)));
+    }
+}
