@@ -266,7 +266,8 @@ mod tests {
 /// Options for [`list_buffer`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ListOptions {
-    /// Print the raw packet bytes (`[0x.. ]`) as `-decode`/`-pkt_mon` listings do.
+    /// Print the raw packet bytes (`[0x.. ]`) and every unsynchronised block, as
+    /// `-decode`/`-pkt_mon` listings do.
     pub raw_bytes: bool,
     /// Do not format lines at all (measure parsing only); `out` is not called for packets.
     pub no_print: bool,
@@ -328,6 +329,7 @@ pub fn list_buffer(
         let proto = if cfg.is_ete() { "ETE" } else { "ETMV4I" };
         out(&format!("Trace Packet Lister : Protocol printer {proto} on Trace ID 0x{id:x}"));
     }
+    demux.set_report_all_unsynced(opts.raw_bytes);
     let mut line = String::with_capacity(256);
     let mut print = |out: &mut dyn FnMut(&str), id: u8, idx: u64, p: &Packet, raw: &[u8]| {
         if opts.no_print {

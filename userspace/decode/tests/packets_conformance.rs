@@ -219,3 +219,70 @@ fn packets_match_opencsd_references() {
     eprintln!("{identical}/{} packet references identical", cases.len());
     assert!(failures.is_empty(), "regressed against the reference: {failures:?}");
 }
+
+/// Packet lines (with raw bytes) of a `-decode` listing: lines `Idx:..; ID:..; [0x..];...`.
+/// Library error messages are printed without a newline, so a packet line may follow one on
+/// the same line; we cut such a line at its first `Idx:` (on both sides).
+fn packet_lines_with_bytes(lines: impl Iterator<Item = String>) -> Vec<String> {
+    let mut v = Vec::new();
+    for l in lines {
+        let l = match l.find("Idx:") {
+            Some(i) => l[i..].to_string(),
+            None => continue,
+        };
+        // `Idx:N; ID:N; [` marks a packet line (element lines have no bytes)
+        let mut parts = l.splitn(3, "; ");
+        let (_, _, rest) = (parts.next(), parts.next(), parts.next().unwrap_or(""));
+        if rest.starts_with('[') {
+            v.push(norm(&l));
+        }
+    }
+    v
+}
+
+/// The packet lines inside the `-decode` references (raw bytes and every unsynchronised block
+/// shown, as OpenCSD's packet monitor prints them) match our listing with raw bytes.
+#[test]
+fn packet_lines_of_decode_listings_match() {
+    let etm = shared_dir().join("testdata/etm");
+    if !etm.is_dir() {
+        eprintln!("SKIP: {} not found (set ETM_BPF_SHARED)", etm.display());
+        return;
+    }
+    let mut n = 0;
+    let mut bad = Vec::new();
+    for c in cases(&etm) {
+        let dec = c.reference.to_string_lossy().replace(".pkt.ppl.xz", ".decode.ppl.xz");
+        let dec = PathBuf::from(dec);
+        if !dec.is_file() {
+            continue;
+        }
+        let files = DirFiles::new(&c.dir);
+        let snap = Snapshot::parse(&files).unwrap();
+        let buf = match &c.buffer {
+            Some(b) => snap.buffer(b).unwrap().clone(),
+            None => snap.first_buffer().unwrap().clone(),
+        };
+        let mut ours = Vec::new();
+        let opts = ListOptions { raw_bytes: true, ..Default::default() };
+        list_buffer(&snap, &files, &buf, opts, &mut |l| ours.push(l.to_string())).unwrap();
+        let ours = packet_lines_with_bytes(ours.into_iter());
+        let reference = packet_lines_with_bytes(xz_text(&dec).lines().map(str::to_string));
+        n += 1;
+        if ours != reference {
+            let i = reference.iter().zip(&ours).position(|(a, b)| a != b).unwrap_or(reference.len().min(ours.len()));
+            eprintln!(
+                "{}: decode-listing packet lines differ (ref {} ours {}) at {i}:\n  ref : {:?}\n  ours: {:?}",
+                c.label,
+                reference.len(),
+                ours.len(),
+                reference.get(i),
+                ours.get(i)
+            );
+            bad.push(c.label.clone());
+        }
+    }
+    eprintln!("{n} decode listings compared, {} differ", bad.len());
+    assert!(n > 0);
+    assert!(bad.is_empty(), "packet lines differ from the -decode references: {bad:?}");
+}

@@ -29,6 +29,13 @@ impl PacketDemux {
         self.parsers[(id & 0x7F) as usize] = Some(PacketParser::new(cfg));
     }
 
+    /// See [`PacketParser::set_report_all_unsynced`]; applies to every parser.
+    pub fn set_report_all_unsynced(&mut self, on: bool) {
+        for p in self.parsers.iter_mut().flatten() {
+            p.set_report_all_unsynced(on);
+        }
+    }
+
     /// Trace IDs with a parser, ascending.
     pub fn ids(&self) -> impl Iterator<Item = u8> + '_ {
         self.parsers.iter().enumerate().filter(|(_, p)| p.is_some()).map(|(i, _)| i as u8)

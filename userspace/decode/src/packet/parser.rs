@@ -83,6 +83,7 @@ pub struct PacketParser {
     is_sync: bool,
     first_trace_info: bool,
     sent_notsync: bool,
+    monitor_unsynced: bool,
     // per-handler scratch
     tinfo_flags: u8,
     tinfo_ctrl_bytes: u8,
@@ -143,6 +144,7 @@ impl PacketParser {
             is_sync: false,
             first_trace_info: false,
             sent_notsync: false,
+            monitor_unsynced: false,
             tinfo_flags: 0,
             tinfo_ctrl_bytes: 0,
             ts_done: false,
@@ -180,6 +182,13 @@ impl PacketParser {
         };
         p.build_table();
         p
+    }
+
+    /// Report every block of skipped unsynchronised bytes as a [`Packet::NotSync`] (with its
+    /// raw bytes), as OpenCSD's raw packet monitor (`-pkt_mon`, `-decode` listings) does.
+    /// By default only the first one is reported, like OpenCSD's packet sink.
+    pub fn set_report_all_unsynced(&mut self, on: bool) {
+        self.monitor_unsynced = on;
     }
 
     /// The configuration this parser was built with.
@@ -308,7 +317,7 @@ impl PacketParser {
     fn output_unsynced<F: FnMut(u64, &Packet, &[u8])>(&mut self, sink: &mut F) {
         let n = self.dump_unsynced.min(self.len);
         self.stats.unsynced_bytes += n as u64;
-        if !self.sent_notsync {
+        if !self.sent_notsync || self.monitor_unsynced {
             self.stats.packets += 1;
             // OpenCSD outputs the packet being built; while unsynced that is NOT_SYNC
             let pkt = if self.ty == PacketType::Async { Packet::Async } else { Packet::NotSync };
