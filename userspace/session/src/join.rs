@@ -50,7 +50,9 @@ pub enum InsnKind {
     Call,
     /// Return (RET).
     Return,
-    /// Anything else that always changes the flow (ERET, SVC, ...).
+    /// Exception-generating instruction (SVC, HVC, SMC): execution resumes after it.
+    Exception,
+    /// Anything else that always changes the flow (ERET, DRPS, ...).
     Flow,
 }
 
@@ -85,6 +87,10 @@ pub enum RejectReason {
     StaleWindow,
     /// The window decoded to no branches.
     EmptyWindow,
+    /// The window's trace at the pause was lost (corrupt, truncated, overflow).
+    BrokenWindow,
+    /// Code between two consecutive branches is not straight-line (inconsistent chain).
+    BrokenChain,
     /// The leaf IP lies before the newest branch target, or too far after it.
     LeafBeforeTarget,
     /// A taken-type branch lies between the newest branch target and the leaf IP.
@@ -101,11 +107,13 @@ pub enum RejectReason {
 
 impl RejectReason {
     /// All reasons, in display order.
-    pub const ALL: [RejectReason; 10] = [
+    pub const ALL: [RejectReason; 12] = [
         RejectReason::EmptyStack,
         RejectReason::NoWindow,
         RejectReason::StaleWindow,
         RejectReason::EmptyWindow,
+        RejectReason::BrokenWindow,
+        RejectReason::BrokenChain,
         RejectReason::LeafBeforeTarget,
         RejectReason::LeafNotReachable,
         RejectReason::ReturnMismatch,
@@ -121,6 +129,8 @@ impl RejectReason {
             RejectReason::NoWindow => "no-window",
             RejectReason::StaleWindow => "stale-window",
             RejectReason::EmptyWindow => "empty-window",
+            RejectReason::BrokenWindow => "broken-window",
+            RejectReason::BrokenChain => "broken-chain",
             RejectReason::LeafBeforeTarget => "leaf-before-target",
             RejectReason::LeafNotReachable => "leaf-not-reachable",
             RejectReason::ReturnMismatch => "return-mismatch",
@@ -169,8 +179,8 @@ pub struct JoinConfig {
     /// Accept a stack that lacks the newest open call's return address (frame-pointer
     /// unwinding in a leaf function that has not stored its frame record).
     pub allow_missing_leaf_frame: bool,
-    /// Pending windows per CPU kept for samples that have not arrived yet.
-    pub max_pending_windows: usize,
+    /// Pending segments per CPU kept for samples that have not arrived yet.
+    pub max_pending_segments: usize,
 }
 
 impl Default for JoinConfig {
@@ -182,7 +192,7 @@ impl Default for JoinConfig {
             max_window_age: None,
             max_pending_samples: 4096,
             allow_missing_leaf_frame: true,
-            max_pending_windows: 256,
+            max_pending_segments: 1024,
         }
     }
 }
@@ -190,12 +200,14 @@ impl Default for JoinConfig {
 /// Join counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct JoinStats {
-    /// Windows begun.
-    pub windows: u64,
-    /// Windows that never matched a sample (dropped when superseded or at the end).
-    pub windows_unmatched: u64,
-    /// Windows dropped because too many were pending.
-    pub windows_overflow: u64,
+    /// Trace segments begun (trace-on to trace-on; a window has one or more).
+    pub segments: u64,
+    /// Segments no pause claimed (before a pause's window, or left at the end).
+    pub segments_unmatched: u64,
+    /// Segments dropped because too many were pending.
+    pub segments_overflow: u64,
+    /// Joined samples whose branch chain stopped at a broken segment (fewer than N branches).
+    pub partial: u64,
     /// Samples received.
     pub samples: u64,
     /// Samples joined and validated.
@@ -236,8 +248,10 @@ struct PendingSample {
     stack: Vec<u64>,
 }
 
+/// A trace segment: from one trace-on to the next (a window is one or more segments: trace
+/// restarts inside a window after exceptions filtered out of the trace).
 #[derive(Debug)]
-struct Window {
+struct Segment {
     /// Time: first timestamp, else the AUX record time (see the module docs).
     time: u64,
     /// Whether `time` came from a trace timestamp (a later timestamp does not move it).
@@ -245,10 +259,11 @@ struct Window {
     /// Ring of the newest `depth` branches (oldest to newest, starting at `head`).
     ring: Vec<BranchPair>,
     head: usize,
-    used: bool,
+    /// Data of this segment was lost: its branches are gone and the chain breaks here.
+    broken: bool,
 }
 
-impl Window {
+impl Segment {
     fn push(&mut self, b: BranchPair, depth: usize) {
         if self.ring.len() < depth {
             self.ring.push(b);
@@ -266,12 +281,12 @@ impl Window {
 
 #[derive(Debug, Default)]
 struct CpuJoin {
-    /// Completed and open windows, oldest first; the last may still be open.
-    windows: VecDeque<Window>,
+    /// Segments not yet attached to a pause, oldest first; the last may still be open.
+    segs: VecDeque<Segment>,
     open: bool,
     samples: VecDeque<PendingSample>,
     last_sample_time: Option<u64>,
-    /// Time of the previous resolved sample (window must begin after it).
+    /// Time of the previous resolved sample (its window's segments are gone).
     prev_resolved: Option<u64>,
 }
 
@@ -311,10 +326,10 @@ impl Joiner {
         &self.cfg
     }
 
-    /// A new window begins on `cpu` (trace on after sync). `time` is its time if known from a
+    /// Trace (re)started on `cpu`: a new segment begins. `time` is its time if known from a
     /// trace timestamp (`ts_known`), else an upper bound such as the AUX record time.
-    /// Samples waiting for a window earlier than this one are resolved through `oracle`/`out`.
-    pub fn begin_window(
+    /// Samples older than this segment are now certain and resolved through `oracle`/`out`.
+    pub fn begin_segment(
         &mut self,
         cpu: i32,
         time: u64,
@@ -322,72 +337,71 @@ impl Joiner {
         oracle: &dyn CodeOracle,
         out: &mut dyn FnMut(&Joined<'_>),
     ) {
-        self.stats.windows += 1;
+        self.stats.segments += 1;
         let ring = self.pool_rings.pop().unwrap_or_default();
         let c = self.cpus.entry(cpu).or_default();
         c.open = true;
-        c.windows.push_back(Window { time, ts_known, ring, head: 0, used: false });
-        if c.windows.len() > self.cfg.max_pending_windows {
-            // Keep the newest; the oldest cannot match anything useful anymore.
-            if let Some(w) = c.windows.pop_front() {
-                if !w.used {
-                    self.stats.windows_overflow += 1;
-                }
-                recycle(&mut self.pool_rings, w.ring);
-            }
+        c.segs.push_back(Segment { time, ts_known, ring, head: 0, broken: false });
+        if c.segs.len() > self.cfg.max_pending_segments
+            && let Some(g) = c.segs.pop_front()
+        {
+            // Keep the newest; nothing claimed the oldest in time.
+            self.stats.segments_overflow += 1;
+            recycle(&mut self.pool_rings, g.ring);
         }
-        self.resolve(cpu, Some(time), oracle, out);
+        self.resolve(cpu, oracle, out);
     }
 
-    /// A trace timestamp (perf clock) inside the open window of `cpu`: the first one dates the
-    /// window if the window had no timestamp yet.
-    pub fn window_time(&mut self, cpu: i32, time: u64) {
+    /// A trace timestamp (perf clock) inside the open segment of `cpu`: the first one dates
+    /// the segment if it had no timestamp yet.
+    pub fn segment_time(&mut self, cpu: i32, time: u64) {
         if let Some(c) = self.cpus.get_mut(&cpu)
             && c.open
-            && let Some(w) = c.windows.back_mut()
-            && !w.ts_known
+            && let Some(g) = c.segs.back_mut()
+            && !g.ts_known
         {
-            w.time = time;
-            w.ts_known = true;
+            g.time = time;
+            g.ts_known = true;
         }
     }
 
-    /// A taken branch in the open window of `cpu` (in execution order).
+    /// A taken branch in the open segment of `cpu` (in execution order).
     #[inline]
     pub fn branch(&mut self, cpu: i32, b: BranchPair) {
         let depth = self.cfg.depth;
         if let Some(c) = self.cpus.get_mut(&cpu)
             && c.open
-            && let Some(w) = c.windows.back_mut()
+            && let Some(g) = c.segs.back_mut()
         {
-            w.push(b, depth);
+            g.push(b, depth);
         }
     }
 
-    /// The branch chain of `cpu`'s open window broke (overflow, decode error, lost sync): the
-    /// window is closed and its branches are not trusted; branches until the next
-    /// [`Joiner::begin_window`] are ignored.
+    /// The open segment of `cpu` lost data (overflow, decode error, lost sync): it is closed
+    /// and marked broken, so no branch chain runs through it; branches until the next
+    /// [`Joiner::begin_segment`] are ignored.
     pub fn discontinuity(&mut self, cpu: i32) {
         if let Some(c) = self.cpus.get_mut(&cpu)
             && c.open
         {
             c.open = false;
-            if let Some(w) = c.windows.back_mut() {
-                // Keep the window as a time marker (it consumes its pause) but without branches.
-                w.ring.clear();
-                w.head = 0;
+            if let Some(g) = c.segs.back_mut() {
+                g.ring.clear();
+                g.head = 0;
+                g.broken = true;
             }
         }
     }
 
-    /// The open window of `cpu` ended (the trace stopped at a pause).
-    pub fn end_window(&mut self, cpu: i32) {
+    /// The open segment of `cpu` ended cleanly (its data ended at a pause).
+    pub fn end_segment(&mut self, cpu: i32) {
         if let Some(c) = self.cpus.get_mut(&cpu) {
             c.open = false;
         }
     }
 
     /// A pause sample. It is joined (and `out` called) once its window is certain.
+    #[allow(clippy::too_many_arguments)]
     pub fn sample(
         &mut self,
         cpu: i32,
@@ -413,13 +427,12 @@ impl Joiner {
         s.clear();
         s.extend_from_slice(stack);
         c.samples.push_back(PendingSample { pid, tid, time, stack: s });
-        let over = c.samples.len() > self.cfg.max_pending_samples;
-        if over {
+        if c.samples.len() > self.cfg.max_pending_samples {
             self.stats.forced += 1;
             self.resolve_front(cpu, oracle, out);
         }
-        // A window that already began after this sample makes it certain.
-        self.resolve(cpu, None, oracle, out);
+        // A segment that already began after this sample makes it certain.
+        self.resolve(cpu, oracle, out);
     }
 
     /// Resolve every pending sample of every CPU with what is known (end of stream).
@@ -431,75 +444,74 @@ impl Joiner {
                 self.resolve_front(cpu, oracle, out);
             }
             if let Some(c) = self.cpus.get_mut(&cpu) {
-                for w in c.windows.drain(..) {
-                    if !w.used {
-                        self.stats.windows_unmatched += 1;
-                    }
-                    recycle(&mut self.pool_rings, w.ring);
-                }
                 c.open = false;
+                for g in c.segs.drain(..) {
+                    self.stats.segments_unmatched += 1;
+                    recycle(&mut self.pool_rings, g.ring);
+                }
             }
         }
     }
 
-    /// Resolve the samples of `cpu` that are certain: those older than the newest window's
-    /// time (or than `new_window_time`).
-    fn resolve(
-        &mut self,
-        cpu: i32,
-        new_window_time: Option<u64>,
-        oracle: &dyn CodeOracle,
-        out: &mut dyn FnMut(&Joined<'_>),
-    ) {
+    /// Resolve the samples of `cpu` that are certain: older than the newest segment.
+    fn resolve(&mut self, cpu: i32, oracle: &dyn CodeOracle, out: &mut dyn FnMut(&Joined<'_>)) {
         loop {
             let Some(c) = self.cpus.get(&cpu) else { return };
             let Some(s) = c.samples.front() else { return };
-            // The newest window (the one just begun, if any) started after the sample.
-            let newest = new_window_time.or_else(|| c.windows.back().map(|w| w.time));
-            match newest {
-                Some(t) if t > s.time => self.resolve_front(cpu, oracle, out),
+            match c.segs.back() {
+                Some(g) if g.time > s.time => self.resolve_front(cpu, oracle, out),
                 _ => return,
             }
         }
     }
 
-    /// Resolve the oldest pending sample of `cpu` against the windows known now.
+    /// Resolve the oldest pending sample of `cpu` against the segments known now.
     fn resolve_front(&mut self, cpu: i32, oracle: &dyn CodeOracle, out: &mut dyn FnMut(&Joined<'_>)) {
         let Some(c) = self.cpus.get_mut(&cpu) else { return };
         let Some(s) = c.samples.pop_front() else { return };
         let prev = c.prev_resolved.replace(s.time);
-        // Newest window with time <= sample time.
-        let idx = c.windows.iter().rposition(|w| w.time <= s.time);
-        // Windows older than the candidate can no longer match (samples come in time order).
-        let drop_n = idx.unwrap_or(0);
-        for _ in 0..drop_n {
-            if let Some(w) = c.windows.pop_front() {
-                if !w.used {
-                    self.stats.windows_unmatched += 1;
-                }
-                recycle(&mut self.pool_rings, w.ring);
-            }
+        // Segments that began before the previous pause belong to no later pause.
+        while c.segs.front().is_some_and(|g| prev.is_some_and(|p| g.time <= p)) {
+            let g = c.segs.pop_front().expect("checked");
+            self.stats.segments_unmatched += 1;
+            recycle(&mut self.pool_rings, g.ring);
         }
-        let verdict = match idx {
-            None => Err(RejectReason::NoWindow),
-            Some(_) => {
-                let w = &mut c.windows[0];
-                if w.used || prev.is_some_and(|p| w.time <= p) {
-                    Err(RejectReason::NoWindow)
-                } else if self.cfg.max_window_age.is_some_and(|a| s.time - w.time > a) {
-                    Err(RejectReason::StaleWindow)
-                } else {
-                    w.used = true;
-                    if w.ring.is_empty() {
-                        Err(RejectReason::EmptyWindow)
-                    } else {
-                        self.scratch.clear();
-                        self.scratch.extend(w.oldest_first().rev());
-                        Ok(())
-                    }
+        // This pause's window: the segments that began before it (after the previous pause).
+        let n = c.segs.iter().take_while(|g| g.time <= s.time).count();
+        let verdict = if n == 0 {
+            Err(RejectReason::NoWindow)
+        } else if self.cfg.max_window_age.is_some_and(|a| s.time - c.segs[n - 1].time > a) {
+            Err(RejectReason::StaleWindow)
+        } else {
+            // Newest N branches, newest segment first; the chain stops at a broken segment.
+            self.scratch.clear();
+            let mut broken = false;
+            for g in c.segs.range(..n).rev() {
+                if g.broken {
+                    broken = true;
+                    break;
                 }
+                let room = self.cfg.depth - self.scratch.len().min(self.cfg.depth);
+                self.scratch.extend(g.oldest_first().rev().take(room));
+                if self.scratch.len() >= self.cfg.depth {
+                    break;
+                }
+            }
+            if self.scratch.is_empty() {
+                Err(if broken { RejectReason::BrokenWindow } else { RejectReason::EmptyWindow })
+            } else {
+                if broken {
+                    self.stats.partial += 1;
+                }
+                Ok(())
             }
         };
+        // Whatever happened, these segments belonged to this pause.
+        for _ in 0..n {
+            if let Some(g) = c.segs.pop_front() {
+                recycle(&mut self.pool_rings, g.ring);
+            }
+        }
         let verdict = verdict.and_then(|()| {
             if self.cfg.validate {
                 validate(&s.stack, &self.scratch, s.pid, oracle, &self.cfg, &mut self.shadow)
@@ -510,20 +522,9 @@ impl Joiner {
         match verdict {
             Ok(check) => {
                 self.stats.joined += 1;
-                if check.unverified {
-                    self.stats.unverified += 1;
-                }
-                if check.leaf_frame_missing {
-                    self.stats.leaf_frame_missing += 1;
-                }
-                out(&Joined {
-                    cpu,
-                    pid: s.pid,
-                    tid: s.tid,
-                    time: s.time,
-                    stack: &s.stack,
-                    branches: &self.scratch,
-                });
+                self.stats.unverified += u64::from(check.unverified);
+                self.stats.leaf_frame_missing += u64::from(check.leaf_frame_missing);
+                out(&Joined { cpu, pid: s.pid, tid: s.tid, time: s.time, stack: &s.stack, branches: &self.scratch });
             }
             Err(r) => self.stats.rejected.bump(r),
         }
@@ -574,6 +575,25 @@ struct Check {
     leaf_frame_missing: bool,
 }
 
+/// Walk `[from, to)` and require straight-line code (no instruction that always changes the
+/// flow). `Ok(false)` if some code was unknown.
+fn straight_line(pid: u32, from: u64, to: u64, oracle: &dyn CodeOracle, max: u64) -> Result<bool, ()> {
+    if to < from || to - from > max {
+        return Err(());
+    }
+    let step = oracle.insn_size().max(1);
+    let mut a = from;
+    while a < to {
+        match oracle.insn_kind(pid, a) {
+            None => return Ok(false),
+            Some(InsnKind::Other | InsnKind::CondBranch | InsnKind::Exception) => {}
+            Some(_) => return Err(()),
+        }
+        a += step;
+    }
+    Ok(true)
+}
+
 /// Validate a hybrid sample; `branches` newest first.
 fn validate(
     stack: &[u64],
@@ -589,20 +609,22 @@ fn validate(
     if leaf < target || leaf - target > cfg.max_straight_line {
         return Err(RejectReason::LeafBeforeTarget);
     }
-    let step = oracle.insn_size().max(1);
-    let mut a = target;
-    while a < leaf {
-        match oracle.insn_kind(pid, a) {
-            None => {
-                check.unverified = true;
-                break;
-            }
-            Some(InsnKind::Other | InsnKind::CondBranch) => {}
-            Some(_) => return Err(RejectReason::LeafNotReachable),
+    match straight_line(pid, target, leaf, oracle, cfg.max_straight_line) {
+        Ok(true) => {}
+        Ok(false) => check.unverified = true,
+        Err(()) => return Err(RejectReason::LeafNotReachable),
+    }
+    // The chain: between consecutive branches (older.to .. newer.from) only straight code.
+    for w in branches.windows(2) {
+        let (newer, older) = (w[0], w[1]);
+        match straight_line(pid, older.to, newer.from, oracle, cfg.max_straight_line) {
+            Ok(true) => {}
+            Ok(false) => check.unverified = true,
+            Err(()) => return Err(RejectReason::BrokenChain),
         }
-        a += step;
     }
     // Calls and returns, oldest first.
+    let step = oracle.insn_size().max(1);
     shadow.clear();
     for b in branches.iter().rev() {
         match oracle.insn_kind(pid, b.from) {
@@ -696,11 +718,11 @@ mod tests {
         for e in events {
             match e {
                 Ev::Win(cpu, t, brs) => {
-                    j.begin_window(*cpu, *t, true, &oracle, &mut out);
+                    j.begin_segment(*cpu, *t, true, &oracle, &mut out);
                     for b in brs {
                         j.branch(*cpu, *b);
                     }
-                    j.end_window(*cpu);
+                    j.end_segment(*cpu);
                 }
                 Ev::Sample(cpu, t, stack) => j.sample(*cpu, 1, 1, *t, stack, &oracle, &mut out),
             }
@@ -811,7 +833,7 @@ mod tests {
             // A jump (0x2030 is taken-type) between target 0x2024 and leaf 0x2034.
             (vec![0x2034, 0x1014], w[..5].to_vec(), Some(RejectReason::LeafNotReachable)),
             // Return from g to the wrong place.
-            (vec![0x2044, 0x1014], { let mut v = w.clone(); v[4] = bp(0x3008, 0x2028); v.push(bp(0x2030, 0x2040)); v }, Some(RejectReason::ReturnMismatch)),
+            (vec![0x2044, 0x1014], { let mut v = w.clone(); v[4] = bp(0x3008, 0x2028); v }, Some(RejectReason::ReturnMismatch)),
             // Wrong caller in the stack (two open calls: f's return 0x1014, g's 0x2024).
             (vec![0x3004, 0x2024, 0x1018], vec![bp(0x1010, 0x2000), bp(0x2020, 0x3000)], Some(RejectReason::StackMismatch)),
             (vec![0x3004, 0x2024, 0x1014, 0x9999], vec![bp(0x1010, 0x2000), bp(0x2020, 0x3000)], None),
@@ -821,6 +843,8 @@ mod tests {
             (vec![0x1020], vec![bp(0x2050, 0x1018)], Some(RejectReason::ReturnNotAfterCall)),
             // Return out of the window after the call at 0x1010.
             (vec![0x1020], vec![bp(0x2050, 0x1014)], None),
+            // A chain with a call (0x2020) between two consecutive branches is inconsistent.
+            (vec![0x2044, 0x1014], vec![bp(0x1010, 0x2000), bp(0x2030, 0x2040)], Some(RejectReason::BrokenChain)),
         ];
         // Strict mode: the leaf frame must be present.
         let strict = JoinConfig { allow_missing_leaf_frame: false, ..Default::default() };
@@ -846,7 +870,7 @@ mod tests {
         let mut j = Joiner::new(JoinConfig::default());
         let mut n = 0;
         let mut out = |_: &Joined<'_>| n += 1;
-        j.begin_window(0, 1, true, &oracle, &mut out);
+        j.begin_segment(0, 1, true, &oracle, &mut out);
         j.branch(0, bp(0x1010, 0x2000));
         j.discontinuity(0);
         j.branch(0, bp(0x2010, 0x2000)); // ignored: no new window yet
@@ -856,7 +880,7 @@ mod tests {
         j.flush(&oracle, &mut out);
         assert_eq!(n, 0);
         let st = j.stats();
-        assert_eq!(st.rejected.get(RejectReason::EmptyWindow), 1);
+        assert_eq!(st.rejected.get(RejectReason::BrokenWindow), 1);
         assert_eq!(st.rejected.get(RejectReason::EmptyStack), 1);
         assert_eq!(st.rejected.get(RejectReason::OutOfOrder), 1);
     }
@@ -869,18 +893,53 @@ mod tests {
         let mut j = Joiner::new(JoinConfig { max_pending_samples: 2, ..Default::default() });
         let times = std::cell::RefCell::new(Vec::new());
         let mut out = |s: &Joined<'_>| times.borrow_mut().push(s.time);
-        j.begin_window(0, 10, true, &oracle, &mut out);
+        j.begin_segment(0, 10, true, &oracle, &mut out);
         for b in window_path() {
             j.branch(0, b);
         }
         j.sample(0, 1, 1, 20, &[0x2044, 0x1014], &oracle, &mut out);
         assert!(times.borrow().is_empty(), "window 10 could still be followed by one before 20");
-        j.begin_window(0, 30, true, &oracle, &mut out);
+        j.begin_segment(0, 30, true, &oracle, &mut out);
         assert_eq!(*times.borrow(), vec![20]);
         for t in [40, 50, 60] {
             j.sample(0, 1, 1, t, &[0x2044, 0x1014], &oracle, &mut out);
         }
         assert_eq!(j.stats().forced, 1);
+    }
+
+    /// A window made of several segments (trace restarted after an exception) joins as one
+    /// chain; a broken older segment stops the chain there (partial), a broken newest one
+    /// rejects the sample.
+    #[test]
+    fn segments_concatenate_and_break() {
+        let oracle = toy();
+        let w = window_path();
+        let run_segs = |segs: &[(u64, &[BranchPair], bool)]| {
+            let mut j = Joiner::new(JoinConfig::default());
+            let got = std::cell::RefCell::new(Vec::new());
+            let mut out = |s: &Joined<'_>| got.borrow_mut().push(s.branches.to_vec());
+            for &(t, brs, broken) in segs {
+                j.begin_segment(0, t, true, &oracle, &mut out);
+                for b in brs {
+                    j.branch(0, *b);
+                }
+                if broken {
+                    j.discontinuity(0);
+                }
+            }
+            j.sample(0, 1, 1, 100, &[0x2044, 0x1014], &oracle, &mut out);
+            j.flush(&oracle, &mut out);
+            (got.into_inner(), *j.stats())
+        };
+        let (got, st) = run_segs(&[(10, &w[..3], false), (20, &w[3..], false)]);
+        assert_eq!(got, vec![newest_first(&w)]);
+        assert_eq!(st.partial, 0);
+        let (got, st) = run_segs(&[(10, &w[..3], true), (20, &w[3..], false)]);
+        assert_eq!(got, vec![newest_first(&w[3..])]);
+        assert_eq!(st.partial, 1);
+        let (got, st) = run_segs(&[(10, &w[..3], false), (20, &w[3..], true)]);
+        assert!(got.is_empty());
+        assert_eq!(st.rejected.get(RejectReason::BrokenWindow), 1);
     }
 
     /// Without code the checks are skipped and the sample counted as unverified.
@@ -889,7 +948,7 @@ mod tests {
         let mut j = Joiner::new(JoinConfig::default());
         let mut n = 0;
         let mut out = |_: &Joined<'_>| n += 1;
-        j.begin_window(0, 1, true, &NoCode, &mut out);
+        j.begin_segment(0, 1, true, &NoCode, &mut out);
         j.branch(0, bp(0x10, 0x20));
         j.sample(0, 1, 1, 2, &[0x24], &NoCode, &mut out);
         j.flush(&NoCode, &mut out);

@@ -274,7 +274,8 @@ pub fn a64_kind(inst: u32) -> InsnKind {
         };
     }
     if inst & 0xFF00_0000 == 0xD400_0000 {
-        return InsnKind::Flow; // SVC/HVC/SMC/BRK/HLT
+        // SVC/HVC/SMC (opc 000) return after themselves; BRK/HLT/DCPS do not.
+        return if (inst >> 21) & 7 == 0 { InsnKind::Exception } else { InsnKind::Flow };
     }
     InsnKind::Other
 }
@@ -537,7 +538,7 @@ impl Pipeline {
             if broken {
                 self.joiner.discontinuity(c);
             } else {
-                self.joiner.end_window(c);
+                self.joiner.end_segment(c);
             }
             self.pending_begin.insert(c, false);
         }
@@ -724,15 +725,17 @@ impl WinSink<'_, '_> {
         self.pending_begin.insert(cpu, false);
         self.touched.retain(|&c| c != cpu);
         let (code, out) = (self.out.code, &mut *self.out);
-        self.joiner.begin_window(cpu, time, ts_known, code, &mut |j| out.accept(j));
+        self.joiner.begin_segment(cpu, time, ts_known, code, &mut |j| out.accept(j));
     }
 }
 
 impl WindowSink for WinSink<'_, '_> {
     fn trace_on(&mut self, trace_id: Option<u8>) {
+        // A trace-on begins a segment; a pause's window is every segment since the previous
+        // pause (trace restarts inside a window after filtered-out exceptions).
         let Some(cpu) = self.cpu(trace_id) else { return };
         self.out.stats.trace_on += 1;
-        self.joiner.end_window(cpu);
+        self.joiner.end_segment(cpu);
         self.pending_begin.insert(cpu, true);
     }
 
@@ -745,7 +748,7 @@ impl WindowSink for WinSink<'_, '_> {
         if self.pending_begin.get(&cpu).copied().unwrap_or(false) {
             self.begin(cpu, t, true);
         } else {
-            self.joiner.window_time(cpu, t);
+            self.joiner.segment_time(cpu, t);
         }
     }
 
@@ -775,7 +778,7 @@ impl WindowSink for WinSink<'_, '_> {
         } else {
             // Trouble before any branch of this record: the open window's data all came from
             // earlier records, so it ended there (a per-pause record ends at its pause).
-            self.joiner.end_window(cpu);
+            self.joiner.end_segment(cpu);
         }
         self.pending_begin.insert(cpu, false);
     }
@@ -806,13 +809,18 @@ mod tests {
         (p, got)
     }
 
-    /// Window k on CPU c: trace on at time 1000k+c, branches distinct per (c, k).
+    fn base(c: i32, k: u64) -> u64 {
+        0x10_0000 * (c as u64 + 1) + 0x1000 * k
+    }
+
+    /// Window k on CPU c: trace on at time 1000k+c, a consistent chain of 5 branches distinct
+    /// per (c, k), ending at base + 0x50.
     fn window(c: i32, k: u64) -> (Vec<u8>, Vec<BranchPair>) {
         let mut w = ToyWriter::default();
         w.sync().trace_on().ts(1000 * k + c as u64);
         let mut brs = Vec::new();
         for i in 0..5u64 {
-            let b = BranchPair { from: 0x1000 * (c as u64 + 1) + 0x100 * k + 8 * i, to: 0x9000 + 0x10 * k + i };
+            let b = BranchPair { from: base(c, k) + 0x10 * i + 8, to: base(c, k) + 0x10 * (i + 1) };
             w.branch(b.from, b.to);
             brs.push(b);
         }
@@ -836,9 +844,11 @@ mod tests {
         (AuxRecord { cpu, flags: flags | PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, time, aux_offset: off, size: data.len() as u64 }, data.to_vec())
     }
 
+    /// The pause sample after window `time / 1000` of `cpu`: leaf just after its newest
+    /// target (no code images: the code checks are skipped, counted as unverified).
     fn sample(cpu: i32, time: u64) -> PauseSample {
-        // Leaf right at the newest target's window; no code -> unverified but joined.
-        PauseSample { cpu, pid: 1, tid: 1, time, stack: vec![0xA000, 0x1234], branches: None }
+        let leaf = base(cpu, time / 1000) + 0x54;
+        PauseSample { cpu, pid: 1, tid: 1, time, stack: vec![leaf, 0x1234], branches: None }
     }
 
     enum E {
@@ -977,7 +987,7 @@ mod tests {
     fn lbr_and_stack_only() {
         let (mut p, got) = pipeline(&[]);
         let mut s = sample(0, 10);
-        s.branches = Some(vec![BranchPair { from: 0x10, to: 0x9000 }]);
+        s.branches = Some(vec![BranchPair { from: 0x10, to: base(0, 0) }]);
         let s2 = sample(1, 11);
         feed(&mut p, &[E::S(s), E::S(s2)]);
         assert_eq!(got.borrow().len(), 2);
@@ -997,7 +1007,8 @@ mod tests {
         assert_eq!(a64_kind(0x5400_0040), InsnKind::CondBranch); // b.eq
         assert_eq!(a64_kind(0xB400_0040), InsnKind::CondBranch); // cbz x0
         assert_eq!(a64_kind(0x3600_0040), InsnKind::CondBranch); // tbz w0
-        assert_eq!(a64_kind(0xD400_0001), InsnKind::Flow); // svc #0
+        assert_eq!(a64_kind(0xD400_0001), InsnKind::Exception); // svc #0
+        assert_eq!(a64_kind(0xD420_0000), InsnKind::Flow); // brk #0
         assert_eq!(a64_kind(0x8B02_0020), InsnKind::Other); // add x0, x1, x2
         assert_eq!(a64_kind(0xD503_201F), InsnKind::Other); // nop
     }
