@@ -24,7 +24,15 @@
 //! assert_eq!(n, 2); // A-sync, Trace On
 //! ```
 
+pub mod branches;
+pub mod cache;
+pub mod decoder;
+pub mod elements;
 pub mod frame;
+pub mod image;
+pub mod insn;
 pub mod listing;
 pub mod packet;
+pub mod pipeline;
 pub mod snapshot;
+pub mod walk;

@@ -1,0 +1,220 @@
+//! Last-branch records synthesised from the element stream, with perf's rules
+//! (`tools/perf/util/cs-etm.c`: `cs_etm__update_last_branch_rb`, `cs_etm__exception`,
+//! `cs_etm__flush`): when an instruction range follows a range whose last instruction was a
+//! taken branch, record `{from: last instruction of the previous range, to: first instruction
+//! of the new range}`. An exception (or exception return) marks the previous range as ending in
+//! a taken branch, so the interrupted-at -> handler edge is recorded. A discontinuity
+//! (`TRACE_ON`, `NO_SYNC`, `EO_TRACE`, which also covers overflow) breaks the chain and empties
+//! the ring. Records are kept in a fixed-depth ring, newest first (LBR order).
+
+use crate::elements::{Element, ElementKind, InstrRange};
+use crate::insn::InstrType;
+
+/// One taken branch: `from` is the branch instruction, `to` its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct BranchRecord {
+    /// Address of the branch instruction.
+    pub from: u64,
+    /// Address of the first instruction executed after it.
+    pub to: u64,
+}
+
+/// Fixed-depth ring of the most recent branch records.
+#[derive(Debug, Clone)]
+pub struct BranchRing {
+    buf: Vec<BranchRecord>,
+    /// index of the newest record
+    pos: usize,
+    len: usize,
+}
+
+impl BranchRing {
+    /// A ring holding up to `depth` records (at least 1).
+    pub fn new(depth: usize) -> Self {
+        let depth = depth.max(1);
+        BranchRing { buf: vec![BranchRecord::default(); depth], pos: 0, len: 0 }
+    }
+
+    /// Capacity.
+    pub fn depth(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Records held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No records.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Adds the newest record (the oldest falls out when full).
+    pub fn push(&mut self, r: BranchRecord) {
+        self.pos = if self.pos == 0 { self.buf.len() - 1 } else { self.pos - 1 };
+        self.buf[self.pos] = r;
+        if self.len < self.buf.len() {
+            self.len += 1;
+        }
+    }
+
+    /// Empties the ring.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Records, newest first.
+    pub fn iter(&self) -> impl Iterator<Item = &BranchRecord> + '_ {
+        let n = self.buf.len();
+        (0..self.len).map(move |i| &self.buf[(self.pos + i) % n])
+    }
+
+    /// Copies the records newest first into `out`; returns how many were written.
+    pub fn copy_to(&self, out: &mut [BranchRecord]) -> usize {
+        let mut k = 0;
+        for (o, r) in out.iter_mut().zip(self.iter()) {
+            *o = *r;
+            k += 1;
+        }
+        k
+    }
+}
+
+/// Turns the elements of one trace source into branch records (perf's rules) and keeps the
+/// last-branch ring up to date.
+#[derive(Debug, Clone)]
+pub struct BranchBuilder {
+    prev: Option<InstrRange>,
+    prev_taken: bool,
+    ring: BranchRing,
+    /// Records produced.
+    pub records: u64,
+    /// Chain breaks (discontinuities).
+    pub breaks: u64,
+}
+
+impl BranchBuilder {
+    /// A builder with a ring of `depth` records.
+    pub fn new(depth: usize) -> Self {
+        BranchBuilder { prev: None, prev_taken: false, ring: BranchRing::new(depth), records: 0, breaks: 0 }
+    }
+
+    /// The ring (newest first).
+    pub fn ring(&self) -> &BranchRing {
+        &self.ring
+    }
+
+    /// The last range seen since the last discontinuity, and whether it ended in a taken branch.
+    pub fn last_range(&self) -> Option<(InstrRange, bool)> {
+        self.prev.map(|r| (r, self.prev_taken))
+    }
+
+    /// Feeds one element; returns the branch record it completed, if any.
+    pub fn element(&mut self, e: &Element) -> Option<BranchRecord> {
+        match e.kind {
+            ElementKind::InstrRange(r) => {
+                let rec = match self.prev {
+                    Some(p) if self.prev_taken => Some(BranchRecord { from: p.last_instr_addr(), to: r.start }),
+                    _ => None,
+                };
+                self.prev = Some(r);
+                self.prev_taken = r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect);
+                if let Some(rec) = rec {
+                    self.ring.push(rec);
+                    self.records += 1;
+                }
+                rec
+            }
+            ElementKind::Exception { .. } | ElementKind::ExceptionRet => {
+                if self.prev.is_some() {
+                    self.prev_taken = true;
+                }
+                None
+            }
+            ElementKind::TraceOn(_) | ElementKind::NoSync(_) | ElementKind::EoTrace(_) => {
+                self.prev = None;
+                self.prev_taken = false;
+                self.ring.clear();
+                self.breaks += 1;
+                None
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::elements::{TraceOnReason, UnsyncReason};
+    use crate::insn::{InstrSubtype, Isa};
+
+    fn range(start: u64, end: u64, ty: InstrType, executed: bool) -> Element {
+        Element {
+            index: 0,
+            trace_id: 1,
+            kind: ElementKind::InstrRange(InstrRange {
+                start,
+                end,
+                num_instr: ((end - start) / 4) as u32,
+                isa: Isa::A64,
+                last_size: 4,
+                executed,
+                last_type: ty,
+                last_subtype: InstrSubtype::None,
+                last_cond: false,
+            }),
+        }
+    }
+
+    /// A taken branch links the previous range's last instruction to the next range's start;
+    /// a not-taken one does not.
+    #[test]
+    fn taken_and_not_taken() {
+        let mut b = BranchBuilder::new(4);
+        assert_eq!(b.element(&range(0x1000, 0x1008, InstrType::Br, true)), None);
+        assert_eq!(
+            b.element(&range(0x2000, 0x2010, InstrType::Br, false)),
+            Some(BranchRecord { from: 0x1004, to: 0x2000 })
+        );
+        assert_eq!(b.element(&range(0x2010, 0x2014, InstrType::BrIndirect, true)), None);
+        assert_eq!(
+            b.element(&range(0x3000, 0x3004, InstrType::Other, true)),
+            Some(BranchRecord { from: 0x2010, to: 0x3000 })
+        );
+        let v: Vec<_> = b.ring().iter().copied().collect();
+        assert_eq!(v, vec![BranchRecord { from: 0x2010, to: 0x3000 }, BranchRecord { from: 0x1004, to: 0x2000 }]);
+    }
+
+    /// A discontinuity empties the ring and breaks the chain; an exception forces a record.
+    #[test]
+    fn discontinuity_and_exception() {
+        let mut b = BranchBuilder::new(4);
+        b.element(&range(0x1000, 0x1008, InstrType::Br, true));
+        b.element(&Element { index: 0, trace_id: 1, kind: ElementKind::TraceOn(TraceOnReason::Normal) });
+        assert!(b.ring().is_empty());
+        assert_eq!(b.element(&range(0x2000, 0x2008, InstrType::Other, true)), None);
+        b.element(&Element {
+            index: 0,
+            trace_id: 1,
+            kind: ElementKind::Exception { ret_addr: 0x2008, ret_addr_valid: true, ret_addr_br_tgt: false, m_tail_chain: false, number: 14 },
+        });
+        assert_eq!(b.element(&range(0x8000, 0x8004, InstrType::Other, true)), Some(BranchRecord { from: 0x2004, to: 0x8000 }));
+        b.element(&Element { index: 0, trace_id: 1, kind: ElementKind::NoSync(UnsyncReason::Overflow) });
+        assert_eq!(b.ring().len(), 0);
+    }
+
+    /// The ring keeps only the newest `depth` records, newest first.
+    #[test]
+    fn ring_wraps() {
+        let mut r = BranchRing::new(3);
+        for i in 0..5u64 {
+            r.push(BranchRecord { from: i, to: i + 100 });
+        }
+        let v: Vec<u64> = r.iter().map(|x| x.from).collect();
+        assert_eq!(v, vec![4, 3, 2]);
+        let mut out = [BranchRecord::default(); 8];
+        assert_eq!(r.copy_to(&mut out), 3);
+    }
+}

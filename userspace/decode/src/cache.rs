@@ -1,0 +1,95 @@
+//! Per-image decode cache: start address -> walked block (the run of instructions up to and
+//! including the next waypoint). Hot code is then walked once; later atoms on the same block
+//! cost one table lookup instead of one instruction decode per instruction.
+//!
+//! Direct-mapped, fixed size (bounded memory, no allocation after construction). Entries are
+//! tagged with the memory space and context ID that selected the code, so different processes
+//! mapping different code at the same address do not collide.
+
+use crate::insn::InstrInfo;
+
+/// A walked block: `[start, end)` holds `num_instr` instructions ending in a waypoint.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Block {
+    /// Address after the waypoint instruction.
+    pub end: u64,
+    /// Instructions in the block (including the waypoint).
+    pub num_instr: u32,
+    /// The waypoint instruction's classification.
+    pub last: InstrInfo,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Entry {
+    start: u64,
+    tag: u64,
+    valid: bool,
+    block: Block,
+}
+
+/// The cache.
+pub struct BlockCache {
+    entries: Box<[Entry]>,
+    mask: usize,
+    /// Lookups that hit.
+    pub hits: u64,
+    /// Lookups that missed.
+    pub misses: u64,
+}
+
+impl BlockCache {
+    /// A cache with `2^bits` entries.
+    pub fn new(bits: u32) -> Self {
+        let n = 1usize << bits.min(24);
+        BlockCache { entries: vec![Entry::default(); n].into_boxed_slice(), mask: n - 1, hits: 0, misses: 0 }
+    }
+
+    #[inline]
+    fn slot(&self, start: u64) -> usize {
+        let h = (start >> 2).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (h >> 40) as usize & self.mask
+    }
+
+    /// Looks up the block starting at `start` under `tag`.
+    #[inline]
+    pub fn get(&mut self, start: u64, tag: u64) -> Option<Block> {
+        let e = &self.entries[self.slot(start)];
+        if e.valid && e.start == start && e.tag == tag {
+            self.hits += 1;
+            Some(e.block)
+        } else {
+            self.misses += 1;
+            None
+        }
+    }
+
+    /// Stores a block.
+    #[inline]
+    pub fn put(&mut self, start: u64, tag: u64, block: Block) {
+        let i = self.slot(start);
+        self.entries[i] = Entry { start, tag, valid: true, block };
+    }
+
+    /// Forgets everything (e.g. the code image changed).
+    pub fn clear(&mut self) {
+        self.entries.iter_mut().for_each(|e| e.valid = false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stored block is found only under the same start address and tag.
+    #[test]
+    fn get_put() {
+        let mut c = BlockCache::new(4);
+        let b = Block { end: 0x1010, num_instr: 4, last: InstrInfo::default() };
+        c.put(0x1000, 7, b);
+        assert_eq!(c.get(0x1000, 7).map(|b| b.end), Some(0x1010));
+        assert!(c.get(0x1000, 8).is_none());
+        assert!(c.get(0x1004, 7).is_none());
+        c.clear();
+        assert!(c.get(0x1000, 7).is_none());
+    }
+}

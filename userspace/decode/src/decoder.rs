@@ -1,0 +1,1240 @@
+//! Instruction-level ETMv4/ETE decoder: consumes the packet stream of one trace source and the
+//! program image, and emits generic trace [`Element`]s.
+//!
+//! This follows the "P0 element" model of IHI 0064 chapter 6 (section 6.2 "Speculation" /
+//! 6.4.2 "P0 elements": atoms, exceptions, Q elements, ETE source addresses and transaction
+//! starts are speculative until committed; Commit, Cancel, Mispredict and Discard packets
+//! resolve them, and anything beyond TRCIDR8.MAXSPEC is implicitly committed) and OpenCSD's
+//! `TrcPktDecodeEtmV4I` (v1.8.0) state machine, so that the output matches OpenCSD line for
+//! line:
+//!
+//! * packets become P0 stack entries (newest at the back here);
+//! * committed atoms walk the image from the current address to the next waypoint
+//!   ([`crate::walk`]), applying E/N to the waypoint: direct branch targets are computed,
+//!   indirect targets come from the next address packet or, with return-stack compression
+//!   (TRCCONFIGR.RS, IHI 0064 section 6.4.12 "Return stack"), from a 16-entry return stack;
+//! * exceptions (IHI 0064 section 6.4.6) output the range up to the preferred return address,
+//!   then an `EXCEPTION` element; ETE has no exception-return packet, so an E atom on an ERET
+//!   emits `EXCEPTION_RET` (DDI 0608);
+//! * Q elements (section 6.4.13) output `I_RANGE_NOPATH` unless the path is unambiguous;
+//! * ETE source-address packets (DDI 0608 "Source address packets") give the last executed
+//!   instruction of a range directly.
+//!
+//! Corrupt or inconsistent input resets to "not synchronised" (counted in [`DecodeStats`]) and
+//! the decoder resynchronises at the next A-sync + Trace Info, exactly as OpenCSD does. Nothing
+//! is allocated per packet or element: the P0 stack and output buffer are reused and bounded.
+
+use std::collections::VecDeque;
+use std::ops::ControlFlow;
+
+use crate::cache::BlockCache;
+use crate::elements::{
+    Element, ElementKind, InstrRange, MemTrans, PeContext, Security, TraceOnReason, UnsyncReason,
+};
+use crate::image::{MemSpace, MemoryAccess};
+use crate::insn::{ArchVersion, DecodeConfig, InstrSubtype, InstrType, Isa};
+use crate::packet::{Context, Packet};
+use crate::snapshot::{CoreProfile, EtmConfig};
+use crate::walk::{self, RawRange, WalkState, WpRes};
+
+/// Receives decoded elements; return `ControlFlow::Break(())` to stop decoding early.
+pub trait ElementSink {
+    /// Called for every element, in trace order.
+    fn element(&mut self, e: &Element) -> ControlFlow<()>;
+}
+
+impl<F: FnMut(&Element) -> ControlFlow<()>> ElementSink for F {
+    fn element(&mut self, e: &Element) -> ControlFlow<()> {
+        self(e)
+    }
+}
+
+/// Static decoder configuration, derived from the trace unit's registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecoderConfig {
+    /// Trace ID printed in element lines.
+    pub trace_id: u8,
+    /// ETE (version 5.x) rather than ETMv4.
+    pub ete: bool,
+    /// TRCIDR8.MAXSPEC.
+    pub max_spec_depth: u32,
+    /// TRCCONFIGR.RS.
+    pub ret_stack: bool,
+    /// TRCCONFIGR.CCI (timestamps carry a cycle count).
+    pub cycle_count: bool,
+    /// TSTART is a P0 element (TRCIDR0.COMMTRANS == 0).
+    pub comm_trans_p0: bool,
+    /// ETE timestamp markers implemented: timestamps are only reported after the first marker.
+    pub ts_marker: bool,
+    /// M-profile core.
+    pub m_profile: bool,
+    /// Instruction classification options.
+    pub insn: DecodeConfig,
+}
+
+impl DecoderConfig {
+    /// From a snapshot/perf trace-unit configuration and the core's architecture.
+    pub fn new(etm: &EtmConfig, arch: ArchVersion) -> Self {
+        DecoderConfig {
+            trace_id: etm.trace_id(),
+            ete: etm.major_version() >= 5,
+            max_spec_depth: etm.max_spec_depth(),
+            ret_stack: etm.ret_stack_enabled(),
+            cycle_count: etm.cycle_count_enabled(),
+            comm_trans_p0: etm.comm_trans_p0(),
+            ts_marker: etm.has_ts_marker(),
+            m_profile: etm.core_profile == CoreProfile::M,
+            insn: DecodeConfig { arch, wfi_wfe_branch: etm.wfi_wfe_branch(), dsb_dmb_waypoints: false },
+        }
+    }
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodeStats {
+    /// Packets processed.
+    pub packets: u64,
+    /// Elements emitted.
+    pub elements: u64,
+    /// Instruction ranges emitted.
+    pub ranges: u64,
+    /// Instructions in those ranges.
+    pub instructions: u64,
+    /// Bad/reserved packets seen by the decoder.
+    pub bad_packets: u64,
+    /// Packet-sequence errors (commit overrun, missing address, return-stack underflow, ...).
+    pub sequence_errors: u64,
+    /// `ADDR_NACC` elements (code not in the image).
+    pub nacc: u64,
+    /// Resets because the P0 stack exceeded its bound.
+    pub stack_overflows: u64,
+    /// Decode-cache hits.
+    pub cache_hits: u64,
+    /// Decode-cache misses.
+    pub cache_misses: u64,
+}
+
+impl DecodeStats {
+    /// All errors.
+    pub fn errors(&self) -> u64 {
+        self.bad_packets + self.sequence_errors + self.stack_overflows
+    }
+}
+
+/// Bound on stacked (uncommitted) P0 entries; beyond it the decoder resynchronises.
+const MAX_P0_STACK: usize = 1 << 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    NoSync,
+    WaitSync,
+    WaitTinfo,
+    Decode,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum P0Kind {
+    Atom { bits: u32, num: u8 },
+    Addr { addr: u64, is: u8 },
+    SrcAddr { addr: u64, is: u8 },
+    Ctxt { ctx: Context, is: u8 },
+    TrcOn,
+    Excep { num: u16, prev_same: bool, pe_reset: bool },
+    ExcepRet,
+    FuncRet,
+    Event(u16),
+    Ts { ts: u64, cc: Option<u32> },
+    Cc(u32),
+    Marker,
+    Q { count: u32, addr: Option<(u64, u8)> },
+    TransStart,
+    TransCommit,
+    TransFail,
+    TransTraceInit,
+    Ite { el: u8, value: u64 },
+    Unseen,
+    TInfo,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct P0 {
+    kind: P0Kind,
+    is_p0: bool,
+    index: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct ElemRes {
+    commit: i64,
+    cancel: i64,
+    mispredict: bool,
+    discard: bool,
+}
+
+impl ElemRes {
+    fn any(&self) -> bool {
+        self.commit != 0 || self.cancel != 0 || self.mispredict || self.discard
+    }
+}
+
+/// 16-entry return stack (OpenCSD `TrcAddrReturnStack`).
+#[derive(Debug, Clone, Default)]
+struct RetStack {
+    active: bool,
+    pop_pending: bool,
+    tinfo_wait_addr: bool,
+    head: usize,
+    entries: i32,
+    stack: [(u64, Isa); 16],
+}
+
+impl RetStack {
+    fn push(&mut self, addr: u64, isa: Isa) {
+        if self.active && !self.tinfo_wait_addr {
+            self.head = (self.head + 1) & 15;
+            self.stack[self.head] = (addr, isa);
+            if self.entries < 16 {
+                self.entries += 1;
+            }
+        }
+    }
+    fn pop(&mut self) -> (u64, Isa) {
+        let mut r = (u64::MAX, Isa::A64);
+        if self.active {
+            if self.entries > 0 {
+                r = self.stack[self.head];
+                self.entries -= 1;
+                self.head = (self.head + 15) & 15;
+            } else {
+                self.entries = -1;
+            }
+        }
+        r
+    }
+    fn flush(&mut self) {
+        self.head = 15;
+        self.entries = 0;
+        self.pop_pending = false;
+    }
+    fn overflow(&self) -> bool {
+        self.entries < 0
+    }
+    fn set_pop_pending(&mut self) {
+        if self.active {
+            self.pop_pending = true;
+        }
+    }
+}
+
+#[derive(Debug)]
+struct DecodeErr;
+
+/// The decoder for one trace source.
+pub struct Decoder {
+    cfg: DecoderConfig,
+    state: State,
+    unsync: UnsyncReason,
+    p0: VecDeque<P0>,
+    res: ElemRes,
+    need_ctxt: bool,
+    need_addr: bool,
+    elem_pending_addr: bool,
+    prev_overflow: bool,
+    is_secure: bool,
+    is_64bit: bool,
+    last_is: u8,
+    spec_depth: i64,
+    ete_first_ts_marker: bool,
+    walk: WalkState,
+    ret: RetStack,
+    ctx: PeContext,
+    out: Vec<Element>,
+    cur_index: u64,
+    cache: BlockCache,
+    scratch: Vec<P0>,
+    stopped: bool,
+    stats: DecodeStats,
+}
+
+impl Decoder {
+    /// A decoder in the "not synchronised" state.
+    pub fn new(cfg: DecoderConfig) -> Self {
+        let mut d = Decoder {
+            cfg,
+            state: State::NoSync,
+            unsync: UnsyncReason::InitDecoder,
+            p0: VecDeque::with_capacity(64),
+            res: ElemRes::default(),
+            need_ctxt: true,
+            need_addr: true,
+            elem_pending_addr: false,
+            prev_overflow: false,
+            is_secure: true,
+            is_64bit: false,
+            last_is: 0,
+            spec_depth: 0,
+            ete_first_ts_marker: false,
+            walk: WalkState::default(),
+            ret: RetStack { active: cfg.ret_stack, ..Default::default() },
+            ctx: PeContext::default(),
+            out: Vec::with_capacity(64),
+            cur_index: 0,
+            cache: BlockCache::new(14),
+            scratch: Vec::new(),
+            stopped: false,
+            stats: DecodeStats::default(),
+        };
+        d.ret.flush();
+        d
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DecoderConfig {
+        &self.cfg
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> DecodeStats {
+        let mut s = self.stats;
+        s.cache_hits = self.cache.hits;
+        s.cache_misses = self.cache.misses;
+        s
+    }
+
+    /// Forgets cached code blocks (call when the code image changes).
+    pub fn invalidate_cache(&mut self) {
+        self.cache.clear();
+    }
+
+    /// Resets to the unsynchronised state (e.g. at a trace-buffer boundary or FSYNC barrier).
+    pub fn reset(&mut self) {
+        self.unsync = UnsyncReason::ResetDecoder;
+        self.reset_decoder();
+    }
+
+    fn reset_decoder(&mut self) {
+        self.state = State::NoSync;
+        self.is_secure = true;
+        self.is_64bit = false;
+        self.spec_depth = 0;
+        self.need_ctxt = true;
+        self.need_addr = true;
+        self.elem_pending_addr = false;
+        self.prev_overflow = false;
+        self.p0.clear();
+        self.out.clear();
+        self.res = ElemRes::default();
+        self.ete_first_ts_marker = false;
+    }
+
+    /// Processes one packet that started at trace index `index`.
+    /// Returns `Break` if the sink asked to stop.
+    pub fn packet<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        index: u64,
+        pkt: &Packet,
+        mem: &M,
+        sink: &mut S,
+    ) -> ControlFlow<()> {
+        self.cur_index = index;
+        self.stats.packets += 1;
+        self.stopped = false;
+        loop {
+            match self.state {
+                State::NoSync => {
+                    self.out.clear();
+                    self.add(index, ElementKind::NoSync(self.unsync));
+                    self.flush(sink);
+                    self.state = State::WaitSync;
+                }
+                State::WaitSync => {
+                    if matches!(pkt, Packet::Async) {
+                        self.state = State::WaitTinfo;
+                    }
+                    break;
+                }
+                State::WaitTinfo => {
+                    self.need_ctxt = true;
+                    self.need_addr = true;
+                    if let Packet::TraceInfo(ti) = pkt {
+                        self.spec_depth = ti.spec_depth as i64;
+                        for _ in 0..ti.spec_depth.min(MAX_P0_STACK as u32) {
+                            self.push(P0Kind::Unseen, true, index);
+                        }
+                        self.push(P0Kind::TInfo, false, index);
+                        if ti.in_transaction() {
+                            self.push(P0Kind::TransTraceInit, false, index);
+                        }
+                        self.state = State::Decode;
+                        self.ret.flush();
+                    } else if self.cfg.ete && matches!(pkt, Packet::Event(_)) {
+                        let _ = self.decode_packet(index, pkt);
+                        if self.res.any() {
+                            self.resolve(mem, sink);
+                        }
+                    }
+                    break;
+                }
+                State::Decode => {
+                    if self.decode_packet(index, pkt).is_err() {
+                        break;
+                    }
+                    if self.p0.len() > MAX_P0_STACK {
+                        self.stats.stack_overflows += 1;
+                        self.unsync = UnsyncReason::BadPacket;
+                        self.reset_decoder();
+                        break;
+                    }
+                    if self.res.any() {
+                        self.resolve(mem, sink);
+                        if self.state == State::NoSync && !self.stopped {
+                            // a resolution error: report NO_SYNC at this packet and re-check it
+                            continue;
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        if self.stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+    }
+
+    /// End of trace: flushes what can be flushed and emits `EO_TRACE`.
+    pub fn finish<S: ElementSink + ?Sized>(&mut self, sink: &mut S) -> ControlFlow<()> {
+        self.stopped = false;
+        while let Some(e) = self.p0.front().copied() {
+            match e.kind {
+                P0Kind::Atom { .. }
+                | P0Kind::TrcOn
+                | P0Kind::Excep { .. }
+                | P0Kind::ExcepRet
+                | P0Kind::Q { .. }
+                | P0Kind::Unseen => {
+                    self.p0.clear();
+                    break;
+                }
+                P0Kind::TransStart if self.cfg.comm_trans_p0 => {
+                    self.p0.clear();
+                    break;
+                }
+                P0Kind::TransFail | P0Kind::TransCommit => {
+                    if self.cfg.max_spec_depth == 0 || self.spec_depth == 0 {
+                        self.trans_elem(&e);
+                    }
+                }
+                P0Kind::Event(_) | P0Kind::Ts { .. } | P0Kind::Cc(_) => self.ts_cc_event(&e),
+                P0Kind::Marker => self.marker(&e),
+                P0Kind::Ite { .. } => self.ite(&e),
+                _ => {}
+            }
+            self.p0.pop_front();
+        }
+        let reason = if self.prev_overflow { UnsyncReason::Overflow } else { UnsyncReason::EndOfTrace };
+        self.add(self.cur_index, ElementKind::EoTrace(reason));
+        self.flush(sink);
+        if self.stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+    }
+
+    // ---------------------------------------------------------------- output
+
+    #[inline]
+    fn add(&mut self, index: u64, kind: ElementKind) {
+        self.out.push(Element { index, trace_id: self.cfg.trace_id, kind });
+    }
+
+    fn flush<S: ElementSink + ?Sized>(&mut self, sink: &mut S) {
+        for e in self.out.drain(..) {
+            self.stats.elements += 1;
+            if let ElementKind::InstrRange(r) = e.kind {
+                self.stats.ranges += 1;
+                self.stats.instructions += r.num_instr as u64;
+            } else if let ElementKind::AddrNacc { .. } = e.kind {
+                self.stats.nacc += 1;
+            }
+            if !self.stopped && sink.element(&e).is_break() {
+                self.stopped = true;
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- packets -> P0 stack
+
+    #[inline]
+    fn push(&mut self, kind: P0Kind, is_p0: bool, index: u64) {
+        self.p0.push_back(P0 { kind, is_p0, index });
+    }
+
+    fn decode_packet(&mut self, index: u64, pkt: &Packet) -> Result<(), DecodeErr> {
+        let mut is_addr = false;
+        match *pkt {
+            Packet::Async | Packet::Ignore | Packet::NotSync => {}
+            Packet::TraceInfo(_) => self.push(P0Kind::TInfo, false, index),
+            Packet::TraceOn => self.push(P0Kind::TrcOn, false, index),
+            Packet::Atom { atoms, .. } => {
+                self.push(P0Kind::Atom { bits: atoms.bits, num: atoms.count }, true, index);
+                self.spec_depth += atoms.count as i64;
+            }
+            Packet::Context(ctx) => {
+                let is = self.last_is;
+                self.push(P0Kind::Ctxt { ctx, is }, false, index);
+            }
+            Packet::Address { addr, context, source } => {
+                self.last_is = addr.is;
+                if source {
+                    self.push(P0Kind::SrcAddr { addr: addr.addr, is: addr.is }, true, index);
+                    self.spec_depth += 1;
+                } else {
+                    self.push(P0Kind::Addr { addr: addr.addr, is: addr.is }, false, index);
+                    is_addr = true;
+                    if let Some(ctx) = context {
+                        self.push(P0Kind::Ctxt { ctx, is: addr.is }, false, index);
+                    }
+                }
+            }
+            Packet::Exception(ex) => {
+                self.push(
+                    P0Kind::Excep { num: ex.exc_type, prev_same: ex.addr_interp == 2, pe_reset: false },
+                    true,
+                    index,
+                );
+                self.elem_pending_addr = true;
+            }
+            Packet::PeReset(ex) => {
+                self.push(P0Kind::Excep { num: ex.exc_type, prev_same: false, pe_reset: true }, true, index);
+            }
+            Packet::TransFail(_) => self.push(P0Kind::TransFail, false, index),
+            Packet::ExceptionReturn => {
+                let v7m = self.cfg.m_profile && self.cfg.insn.arch == ArchVersion::V7;
+                self.push(P0Kind::ExcepRet, v7m, index);
+                if v7m {
+                    self.spec_depth += 1;
+                }
+            }
+            Packet::FuncRet => {
+                if self.cfg.m_profile && self.cfg.insn.arch >= ArchVersion::V8 {
+                    self.push(P0Kind::FuncRet, true, index);
+                    self.spec_depth += 1;
+                }
+            }
+            Packet::Event(ev) => self.push(P0Kind::Event(ev as u16), false, index),
+            Packet::CycleCount { count, commit, .. } => {
+                self.push(P0Kind::Cc(count), false, index);
+                self.res.commit = commit.unwrap_or(0) as i64;
+            }
+            Packet::Timestamp { value, cycle_count, .. } => {
+                let cc = if self.cfg.cycle_count { Some(cycle_count.unwrap_or(0)) } else { None };
+                self.push(P0Kind::Ts { ts: value, cc }, false, index);
+            }
+            Packet::TsMarker => self.push(P0Kind::Marker, false, index),
+            Packet::BadSequence(_) | Packet::Reserved(_) | Packet::ReservedCfg(..) | Packet::IncompleteEot(_) => {
+                self.stats.bad_packets += 1;
+                self.unsync = UnsyncReason::BadPacket;
+                self.reset_decoder();
+                return Err(DecodeErr);
+            }
+            Packet::Mispredict(atoms) => {
+                self.res.mispredict = true;
+                if atoms.count > 0 {
+                    self.push(P0Kind::Atom { bits: atoms.bits, num: atoms.count }, true, index);
+                    self.spec_depth += atoms.count as i64;
+                }
+                self.res.cancel = 0;
+            }
+            Packet::Cancel { format, count, mispredict, atoms } => {
+                if format != 1 || mispredict {
+                    self.res.mispredict = true;
+                    if atoms.count > 0 {
+                        self.push(P0Kind::Atom { bits: atoms.bits, num: atoms.count }, true, index);
+                        self.spec_depth += atoms.count as i64;
+                    }
+                }
+                self.res.cancel = count as i64;
+            }
+            Packet::Commit(n) => self.res.commit = n as i64,
+            Packet::Overflow => {
+                self.prev_overflow = true;
+                self.spec_depth = 0;
+                self.res.discard = true;
+            }
+            Packet::Discard => {
+                self.spec_depth = 0;
+                self.res.discard = true;
+            }
+            Packet::Q(q) => {
+                let addr = q.addr.map(|a| (a.addr, a.is));
+                self.push(P0Kind::Q { count: q.count.unwrap_or(0), addr }, true, index);
+                if addr.is_some() {
+                    self.spec_depth += 1;
+                } else {
+                    self.elem_pending_addr = true;
+                }
+            }
+            Packet::TransStart => {
+                let p0 = self.cfg.comm_trans_p0;
+                self.push(P0Kind::TransStart, p0, index);
+                if p0 {
+                    self.spec_depth += 1;
+                }
+            }
+            Packet::TransCommit => self.push(P0Kind::TransCommit, false, index),
+            Packet::Ite { el, value } => self.push(P0Kind::Ite { el, value }, false, index),
+            Packet::Conditional(_) | Packet::DataSyncMarker { .. } => {
+                // data-trace related: unsupported, as in OpenCSD
+                self.stats.sequence_errors += 1;
+                self.unsync = UnsyncReason::BadPacket;
+                self.reset_decoder();
+                return Err(DecodeErr);
+            }
+        }
+        if is_addr && self.elem_pending_addr {
+            self.spec_depth += 1;
+            self.elem_pending_addr = false;
+        }
+        if self.spec_depth > self.cfg.max_spec_depth as i64 {
+            self.res.commit = self.spec_depth - self.cfg.max_spec_depth as i64;
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- resolution
+
+    fn seq_error(&mut self) -> DecodeErr {
+        self.stats.sequence_errors += 1;
+        self.unsync = UnsyncReason::BadPacket;
+        self.reset_decoder();
+        DecodeErr
+    }
+
+    fn resolve<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(&mut self, mem: &M, sink: &mut S) {
+        loop {
+            if !self.out.is_empty() {
+                self.flush(sink);
+            } else if self.res.any() {
+                let mut r = Ok(());
+                if self.res.commit != 0 {
+                    r = self.commit(mem);
+                }
+                if r.is_ok() && self.res.commit == 0 {
+                    if self.res.cancel != 0 {
+                        r = self.cancel();
+                    }
+                    if r.is_ok() && self.res.mispredict {
+                        r = self.mispredict();
+                    }
+                    if r.is_ok() && self.res.discard {
+                        self.discard();
+                    }
+                }
+                let _ = r;
+            }
+            if self.out.is_empty() && !self.res.any() {
+                break;
+            }
+        }
+    }
+
+    fn commit<M: MemoryAccess + ?Sized>(&mut self, mem: &M) -> Result<(), DecodeErr> {
+        let requested = self.res.commit;
+        let mut context_flush = false;
+        let mut result = Ok(());
+        while self.res.commit > 0 && !context_flush {
+            let Some(e) = self.p0.front().copied() else {
+                self.res.commit = 0;
+                return Err(self.seq_error());
+            };
+            let mut pop = true;
+            let r: Result<(), DecodeErr> = match e.kind {
+                P0Kind::TrcOn => {
+                    let reason = if self.prev_overflow { TraceOnReason::Overflow } else { TraceOnReason::Normal };
+                    self.add(e.index, ElementKind::TraceOn(reason));
+                    self.prev_overflow = false;
+                    self.ret.flush();
+                    Ok(())
+                }
+                P0Kind::Addr { addr, is } => {
+                    self.ret.pop_pending = false;
+                    self.ret.tinfo_wait_addr = false;
+                    self.set_addr_isa(addr, is);
+                    self.need_addr = false;
+                    Ok(())
+                }
+                P0Kind::Ctxt { ctx, is } => {
+                    if ctx.updated {
+                        self.update_context(&ctx, is, e.index);
+                        context_flush = true;
+                    }
+                    Ok(())
+                }
+                P0Kind::Event(_) | P0Kind::Ts { .. } | P0Kind::Cc(_) => {
+                    self.ts_cc_event(&e);
+                    Ok(())
+                }
+                P0Kind::Marker => {
+                    self.marker(&e);
+                    Ok(())
+                }
+                P0Kind::Atom { .. } => {
+                    let mut r = Ok(());
+                    while self.res.commit > 0 {
+                        let front = self.p0.front_mut().unwrap();
+                        let P0Kind::Atom { bits, num } = &mut front.kind else { unreachable!() };
+                        if *num == 0 {
+                            break;
+                        }
+                        let taken = *bits & 1 != 0;
+                        *bits >>= 1;
+                        *num -= 1;
+                        if let Err(x) = self.return_stack_pop() {
+                            r = Err(x);
+                            break;
+                        }
+                        if !self.need_ctxt && !self.need_addr {
+                            if let Err(x) = self.process_atom(taken, e.index, mem) {
+                                r = Err(x);
+                                break;
+                            }
+                        }
+                        self.res.commit -= 1;
+                    }
+                    if r.is_ok() {
+                        if let Some(P0 { kind: P0Kind::Atom { num, .. }, .. }) = self.p0.front() {
+                            if *num != 0 {
+                                pop = false;
+                            }
+                        }
+                    }
+                    r
+                }
+                P0Kind::Excep { .. } => {
+                    self.return_stack_pop()?;
+                    self.process_exception(mem)?;
+                    self.res.commit -= 1;
+                    Ok(())
+                }
+                P0Kind::ExcepRet => {
+                    self.add(e.index, ElementKind::ExceptionRet);
+                    if e.is_p0 {
+                        self.res.commit -= 1;
+                    }
+                    Ok(())
+                }
+                P0Kind::FuncRet => {
+                    if e.is_p0 {
+                        self.res.commit -= 1;
+                    }
+                    Ok(())
+                }
+                P0Kind::SrcAddr { addr, is } => {
+                    self.process_source_address(addr, is, e.index, mem)?;
+                    self.res.commit -= 1;
+                    Ok(())
+                }
+                P0Kind::Q { .. } => {
+                    self.process_q(mem)?;
+                    self.res.commit -= 1;
+                    Ok(())
+                }
+                P0Kind::TransStart | P0Kind::TransCommit | P0Kind::TransFail | P0Kind::TransTraceInit => {
+                    if matches!(e.kind, P0Kind::TransStart) && self.cfg.comm_trans_p0 {
+                        self.res.commit -= 1;
+                    }
+                    self.trans_elem(&e);
+                    Ok(())
+                }
+                P0Kind::Ite { .. } => {
+                    self.ite(&e);
+                    Ok(())
+                }
+                P0Kind::Unseen => {
+                    self.res.commit -= 1;
+                    Ok(())
+                }
+                P0Kind::TInfo => {
+                    self.ret.tinfo_wait_addr = true;
+                    self.ret.flush();
+                    Ok(())
+                }
+            };
+            if r.is_err() {
+                // the decoder has been reset: nothing left to pop or account
+                return r;
+            }
+            if pop {
+                self.p0.pop_front();
+            }
+            result = r;
+        }
+        self.spec_depth -= requested - self.res.commit;
+        result
+    }
+
+    fn return_stack_pop(&mut self) -> Result<(), DecodeErr> {
+        if self.ret.pop_pending {
+            let (addr, isa) = self.ret.pop();
+            if self.ret.overflow() {
+                return Err(self.seq_error());
+            }
+            self.walk.addr = addr;
+            self.walk.isa = isa;
+            self.need_addr = false;
+        }
+        Ok(())
+    }
+
+    fn cancel(&mut self) -> Result<(), DecodeErr> {
+        let requested = self.res.cancel;
+        let mut saved = std::mem::take(&mut self.scratch);
+        saved.clear();
+        while self.res.cancel > 0 {
+            let Some(back) = self.p0.back_mut() else {
+                self.res.cancel = 0;
+                self.restore(saved);
+                return Err(self.seq_error());
+            };
+            if back.is_p0 {
+                if let P0Kind::Atom { num, .. } = &mut back.kind {
+                    let n = (self.res.cancel).min(*num as i64);
+                    *num -= n as u8;
+                    self.res.cancel -= n;
+                    if *num == 0 {
+                        self.p0.pop_back();
+                    }
+                } else {
+                    self.res.cancel -= 1;
+                    self.p0.pop_back();
+                }
+            } else {
+                let e = self.p0.pop_back().unwrap();
+                if matches!(
+                    e.kind,
+                    P0Kind::Event(_) | P0Kind::Ts { .. } | P0Kind::Cc(_) | P0Kind::Marker | P0Kind::Ite { .. }
+                ) {
+                    saved.push(e);
+                }
+            }
+        }
+        self.restore(saved);
+        self.spec_depth -= requested - self.res.cancel;
+        Ok(())
+    }
+
+    fn restore(&mut self, mut saved: Vec<P0>) {
+        for e in saved.drain(..).rev() {
+            self.p0.push_back(e);
+        }
+        self.scratch = saved;
+    }
+
+    fn mispredict(&mut self) -> Result<(), DecodeErr> {
+        let mut found = false;
+        let mut i = self.p0.len();
+        while i > 0 {
+            i -= 1;
+            match &mut self.p0[i].kind {
+                P0Kind::Atom { bits, num } => {
+                    if *num > 0 {
+                        *bits ^= 1 << (*num - 1);
+                    }
+                    found = true;
+                    break;
+                }
+                P0Kind::Addr { .. } => {
+                    self.p0.remove(i);
+                }
+                P0Kind::Unseen => {
+                    found = true;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        self.res.mispredict = false;
+        if !found {
+            return Err(self.seq_error());
+        }
+        Ok(())
+    }
+
+    fn discard(&mut self) {
+        while let Some(e) = self.p0.pop_front() {
+            match e.kind {
+                P0Kind::Marker => self.marker(&e),
+                P0Kind::Ite { .. } => self.ite(&e),
+                _ => self.ts_cc_event(&e),
+            }
+        }
+        self.res = ElemRes::default();
+        self.spec_depth = 0;
+        self.state = State::NoSync;
+        self.unsync = if self.prev_overflow { UnsyncReason::Overflow } else { UnsyncReason::Discard };
+        self.need_ctxt = true;
+        self.need_addr = true;
+        self.elem_pending_addr = false;
+    }
+
+    // ---------------------------------------------------------------- element processing
+
+    fn ts_cc_event(&mut self, e: &P0) {
+        let permit_ts = !self.cfg.ts_marker || self.ete_first_ts_marker;
+        match e.kind {
+            P0Kind::Event(n) => self.add(e.index, ElementKind::Event(n)),
+            P0Kind::Ts { ts, cc } if permit_ts => self.add(e.index, ElementKind::Timestamp { ts, cc }),
+            P0Kind::Cc(c) => self.add(e.index, ElementKind::CycleCount(c)),
+            _ => {}
+        }
+    }
+
+    fn marker(&mut self, e: &P0) {
+        if self.cfg.ts_marker {
+            self.ete_first_ts_marker = true;
+        }
+        self.add(e.index, ElementKind::SyncMarker(0));
+    }
+
+    fn trans_elem(&mut self, e: &P0) {
+        let t = match e.kind {
+            P0Kind::TransStart => MemTrans::Start,
+            P0Kind::TransCommit => MemTrans::Commit,
+            P0Kind::TransFail => MemTrans::Fail,
+            _ => MemTrans::TraceInit,
+        };
+        self.add(e.index, ElementKind::MemTrans(t));
+    }
+
+    fn ite(&mut self, e: &P0) {
+        if let P0Kind::Ite { el, value } = e.kind {
+            self.add(e.index, ElementKind::Instrumentation { el, value });
+        }
+    }
+
+    #[inline]
+    fn calc_isa(&self, is: u8) -> Isa {
+        if self.is_64bit {
+            Isa::A64
+        } else if is == 0 {
+            Isa::Arm
+        } else {
+            Isa::Thumb2
+        }
+    }
+
+    #[inline]
+    fn set_addr_isa(&mut self, addr: u64, is: u8) {
+        self.walk.addr = addr;
+        self.walk.isa = self.calc_isa(is);
+    }
+
+    fn update_context(&mut self, c: &Context, is: u8, index: u64) {
+        self.is_64bit = c.sf;
+        self.is_secure = !c.ns;
+        self.ctx.bits64 = c.sf;
+        self.ctx.security = match (c.nse, c.ns) {
+            (true, true) => Security::Realm,
+            (true, false) => Security::Root,
+            (false, true) => Security::NonSecure,
+            (false, false) => Security::Secure,
+        };
+        self.ctx.el = c.el;
+        self.ctx.el_valid = true;
+        if let Some(id) = c.context_id {
+            self.ctx.context_id = Some(id);
+        }
+        if let Some(v) = c.vmid {
+            self.ctx.vmid = Some(v);
+        }
+        let isa = self.calc_isa(is);
+        self.walk.isa = isa;
+        self.need_ctxt = false;
+        self.add(index, ElementKind::PeContext { isa, ctx: self.ctx });
+    }
+
+    /// Memory space for code reads (OpenCSD `getCurrMemSpace`).
+    fn mem_space(&self) -> MemSpace {
+        if !self.ctx.el_valid {
+            return if self.is_secure { MemSpace::S } else { MemSpace::N };
+        }
+        let el = self.ctx.el & 3;
+        match self.ctx.security {
+            Security::Root => MemSpace::ROOT,
+            Security::Realm => [MemSpace::EL1R, MemSpace::EL1R, MemSpace::EL2R, MemSpace::ROOT][el as usize],
+            Security::NonSecure => [MemSpace::EL1N, MemSpace::EL1N, MemSpace::EL2, MemSpace::EL3][el as usize],
+            Security::Secure => [MemSpace::EL1S, MemSpace::EL1S, MemSpace::EL2S, MemSpace::EL3][el as usize],
+        }
+    }
+
+    fn cache_tag(&self, space: MemSpace) -> u64 {
+        ((self.ctx.context_id.unwrap_or(0) as u64) << 8) | space.0 as u64
+    }
+
+    fn walk_wp<M: MemoryAccess + ?Sized>(&mut self, mem: &M, target: Option<u64>) -> (RawRange, WpRes) {
+        let space = self.mem_space();
+        let tag = self.cache_tag(space);
+        let cfg = self.cfg.insn;
+        walk::walk(&mut self.walk, mem, space, &cfg, target, Some((&mut self.cache, tag)))
+    }
+
+    /// Builds a range element from the last walked instruction (OpenCSD `setElemTraceRange`).
+    fn range_elem(&mut self, r: RawRange, executed: bool, index: u64) {
+        let last = self.walk.last;
+        self.add(
+            index,
+            ElementKind::InstrRange(InstrRange {
+                start: r.start,
+                end: r.end,
+                num_instr: r.num,
+                isa: self.walk.isa,
+                last_size: last.size,
+                executed,
+                last_type: last.ty,
+                last_subtype: last.subtype,
+                last_cond: last.is_cond,
+            }),
+        );
+        if executed {
+            self.walk.isa = last.next_isa;
+        }
+    }
+
+    fn nacc(&mut self, addr: u64, index: u64) {
+        let space = self.mem_space();
+        self.add(index, ElementKind::AddrNacc { addr, space });
+    }
+
+    fn process_atom<M: MemoryAccess + ?Sized>(&mut self, taken: bool, index: u64, mem: &M) -> Result<(), DecodeErr> {
+        let (r, res) = self.walk_wp(mem, None);
+        if res == WpRes::Found {
+            let next = self.walk.addr;
+            let last = self.walk.last;
+            let mut eret = false;
+            match last.ty {
+                InstrType::Br if taken => {
+                    self.walk.addr = last.branch_addr;
+                    if last.is_link {
+                        self.ret.push(next, self.walk.isa);
+                    }
+                    self.walk.it.remaining = 0;
+                }
+                InstrType::BrIndirect if taken => {
+                    self.need_addr = true;
+                    if last.is_link {
+                        self.ret.push(next, self.walk.isa);
+                    }
+                    self.walk.it.remaining = 0;
+                    self.ret.set_pop_pending();
+                    eret = self.cfg.ete && last.subtype == InstrSubtype::V8Eret;
+                }
+                _ => {}
+            }
+            self.range_elem(r, taken, index);
+            if eret {
+                self.add(index, ElementKind::ExceptionRet);
+            }
+        } else {
+            self.need_addr = true;
+            if r.start != r.end {
+                self.range_elem(r, true, index);
+            }
+            if res == WpRes::Nacc {
+                self.nacc(self.walk.addr, index);
+            }
+        }
+        Ok(())
+    }
+
+    fn process_exception<M: MemoryAccess + ?Sized>(&mut self, mem: &M) -> Result<(), DecodeErr> {
+        let ex = *self.p0.front().unwrap();
+        let P0Kind::Excep { num, prev_same, pe_reset } = ex.kind else { unreachable!() };
+        let index = ex.index;
+        let mut ctxt: Option<(Context, u8, u64)> = None;
+        let mut ret_addr = 0u64;
+        // entries [1..=used] after the exception are consumed here
+        let mut used = 0usize;
+        if !pe_reset {
+            let mut i = 1;
+            if let Some(P0 { kind: P0Kind::Ctxt { ctx, is }, index: ci, .. }) = self.p0.get(i) {
+                ctxt = Some((*ctx, *is, *ci));
+                i += 1;
+            }
+            let Some(P0 { kind: P0Kind::Addr { addr, is }, .. }) = self.p0.get(i).copied() else {
+                return Err(self.seq_error());
+            };
+            used = i;
+            ret_addr = addr;
+            if prev_same {
+                let b64 = match ctxt {
+                    Some((c, _, _)) => c.sf,
+                    None => self.walk.isa == Isa::A64,
+                };
+                self.walk.addr = addr;
+                self.walk.isa = if is == 0 {
+                    if b64 { Isa::A64 } else { Isa::Arm }
+                } else {
+                    Isa::Thumb2
+                };
+                self.need_addr = false;
+            }
+        }
+        if let Some((c, is, _)) = ctxt {
+            // OpenCSD outputs the context taken with the exception even if unchanged
+            self.update_context(&c, is, index);
+        }
+        let mut wp = WpRes::NotFound;
+        if !pe_reset {
+            let m_tail = self.cfg.m_profile && ret_addr == 0xFFFF_FFFE;
+            if self.walk.addr < ret_addr && !m_tail {
+                let (r, res) = self.walk_wp(mem, Some(ret_addr));
+                wp = res;
+                if res == WpRes::Found {
+                    self.range_elem(r, true, index);
+                } else {
+                    self.need_addr = true;
+                    if r.start != r.end {
+                        self.range_elem(r, true, index);
+                    }
+                }
+            }
+            if wp == WpRes::Nacc {
+                self.nacc(self.walk.addr, index);
+            }
+        }
+        let m_tail = !pe_reset && self.cfg.m_profile && ret_addr == 0xFFFF_FFFE;
+        self.add(
+            index,
+            ElementKind::Exception {
+                ret_addr,
+                ret_addr_valid: !m_tail,
+                ret_addr_br_tgt: prev_same,
+                m_tail_chain: m_tail,
+                number: num,
+            },
+        );
+        self.walk.it.remaining = 0;
+        // remove the consumed context/address entries (the exception itself is popped by commit)
+        for _ in 0..used {
+            self.p0.remove(1);
+        }
+        Ok(())
+    }
+
+    fn process_q<M: MemoryAccess + ?Sized>(&mut self, mem: &M) -> Result<(), DecodeErr> {
+        let q = *self.p0.front().unwrap();
+        let P0Kind::Q { count, addr } = q.kind else { unreachable!() };
+        let (qaddr, qis) = match addr {
+            Some(a) => a,
+            None => {
+                let mut i = 1;
+                let mut ctxt = None;
+                if let Some(e @ P0 { kind: P0Kind::Ctxt { .. }, .. }) = self.p0.get(i) {
+                    ctxt = Some(*e);
+                    i += 1;
+                }
+                let Some(P0 { kind: P0Kind::Addr { addr, is }, .. }) = self.p0.get(i).copied() else {
+                    return Err(self.seq_error());
+                };
+                for _ in 0..i {
+                    self.p0.remove(1);
+                }
+                if let Some(c) = ctxt {
+                    self.p0.insert(1, c);
+                }
+                (addr, is)
+            }
+        };
+        let start = self.walk.addr;
+        let space = self.mem_space();
+        let cfg = self.cfg.insn;
+        let mut n = 0u32;
+        let mut is_branch = false;
+        for _ in 0..count {
+            if !walk::step(&mut self.walk, mem, space, &cfg) {
+                break;
+            }
+            n += 1;
+            is_branch = matches!(self.walk.last.ty, InstrType::Br | InstrType::BrIndirect);
+            if is_branch {
+                break;
+            }
+        }
+        let mut incomplete = true;
+        if count > 0 && n == count && (self.walk.addr == qaddr || is_branch) {
+            incomplete = false;
+            let r = RawRange { start, end: self.walk.addr, num: n };
+            self.range_elem(r, true, q.index);
+        }
+        if incomplete {
+            let isa = self.calc_isa(qis);
+            self.add(q.index, ElementKind::IRangeNoPath { start, next: qaddr, num_instr: count, isa });
+        }
+        self.set_addr_isa(qaddr, qis);
+        self.need_addr = false;
+        Ok(())
+    }
+
+    fn process_source_address<M: MemoryAccess + ?Sized>(
+        &mut self,
+        src: u64,
+        _is: u8,
+        index: u64,
+        mem: &M,
+    ) -> Result<(), DecodeErr> {
+        let space = self.mem_space();
+        let cfg = self.cfg.insn;
+        let curr = self.walk.addr;
+        let (n, _) = walk::read_opcode(mem, src, space);
+        if n != 4 {
+            self.add(index, ElementKind::AddrNacc { addr: src, space });
+            return Ok(());
+        }
+        self.walk.addr = src;
+        if !walk::step(&mut self.walk, mem, space, &cfg) {
+            self.add(index, ElementKind::AddrNacc { addr: src, space });
+            return Ok(());
+        }
+        let last = self.walk.last;
+        let mut r = RawRange { start: 0, end: self.walk.addr, num: 1 };
+        if self.need_addr || curr > src {
+            self.need_addr = false;
+            r.start = src;
+        } else {
+            r.start = curr;
+        }
+        if r.end - r.start > last.size as u64 {
+            if self.walk.isa != Isa::Thumb2 {
+                r.num = ((r.end - r.start) / 4) as u32;
+            } else {
+                // count T32 instructions of mixed sizes
+                let mut tmp = WalkState { addr: r.start, isa: self.walk.isa, ..WalkState::default() };
+                r.num = 0;
+                while tmp.addr < r.end {
+                    if !walk::step(&mut tmp, mem, space, &cfg) {
+                        self.add(index, ElementKind::AddrNacc { addr: src, space });
+                        r.num = 1;
+                        r.start = src;
+                        break;
+                    }
+                    r.num += 1;
+                }
+            }
+        }
+        match last.ty {
+            InstrType::Br => {
+                if last.is_link {
+                    self.ret.push(self.walk.addr, self.walk.isa);
+                }
+                self.walk.addr = last.branch_addr;
+            }
+            InstrType::BrIndirect => {
+                self.need_addr = true;
+                if last.is_link {
+                    self.ret.push(self.walk.addr, self.walk.isa);
+                }
+                self.ret.set_pop_pending();
+            }
+            _ => {}
+        }
+        // OpenCSD switches the ISA before building the element; range_elem then re-applies it.
+        self.walk.isa = last.next_isa;
+        self.range_elem(r, true, index);
+        Ok(())
+    }
+}

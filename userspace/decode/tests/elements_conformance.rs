@@ -1,0 +1,251 @@
+//! Element-level conformance against OpenCSD 1.8.0 reference decodes.
+//!
+//! For every snapshot under `$ETM_BPF_SHARED/testdata/etm` (default `<repo>/../shared`) and
+//! every full-decode reference `<name>[.<BUFFER>].decode.ppl.xz` in it, we decode the buffer
+//! with our deformatter + packet parser + instruction-level decoder over the snapshot's memory
+//! image and compare our `OCSD_GEN_TRC_ELEM_*` lines with the reference's element lines,
+//! normalising only whitespace (packet lines, header and OpenCSD's error messages are not
+//! element lines). The references were produced by `trc_pkt_lister -ss_dir <name> -decode
+//! -no_time_print` (see the test-data README), so they are independent of our code.
+//!
+//! Snapshots listed in `MUST_MATCH` must stay 100% identical; the test fails otherwise.
+//! Set `ETM_ELEMENTS_DUMP=<dir>` to write `<label>.ours` / `<label>.ref` for diffing.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+use etm_decode::pipeline::decode_snapshot_buffer;
+use etm_decode::snapshot::{DirFiles, Snapshot};
+
+/// Snapshot references whose element lines we reproduce exactly.
+const MUST_MATCH: &[&str] = &[
+    "002-ack_test_scr",
+    "a55-test-tpiu",
+    "a57_single_step",
+    "armv8_1m_branches",
+    "bugfix-exact-match",
+    "ete-bc-instr",
+    "ete-ite-instr",
+    "ete-wfet",
+    "ete_ip",
+    "ete_mem",
+    "ete_spec_1",
+    "ete_spec_2",
+    "ete_spec_3",
+    "event_test",
+    "feat_cmpbr",
+    "infrastructure",
+    "init-short-addr",
+    "juno-ret-stck",
+    "juno-uname-001",
+    "juno_r1_1",
+    "maxspec0_commopt1",
+    "maxspec78_commopt0",
+    "pauth_lr",
+    "pauth_lr_Rm",
+    "perf_etm.AUX_CPU7",
+    "perf_kernel.AUX_CPU0",
+    "perf_kernel.AUX_CPU6",
+    "perf_with_unformatted_trace.AUX_CPU0",
+    "q_elem",
+    "rme_test",
+    "s_9001",
+    "src_addr",
+    "ss_ib_el1ns",
+    "texit-poe2",
+    "tme_simple",
+    "tme_tcancel",
+    "tme_test",
+    "trace_file_cid_vmid",
+    "trace_file_vmid",
+    "ts_bit64_set",
+    "ts_marker",
+];
+
+fn shared_dir() -> PathBuf {
+    match std::env::var_os("ETM_BPF_SHARED") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
+    }
+}
+
+fn xz_text(path: &Path) -> String {
+    let data = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let mut out = Vec::new();
+    lzma_rs::xz_decompress(&mut &data[..], &mut out).unwrap_or_else(|e| panic!("xz {}: {e:?}", path.display()));
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn norm(l: &str) -> String {
+    l.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Element lines of a reference listing. OpenCSD error messages have no trailing newline, so
+/// an element line may be glued to one: keep the text from the last `Idx:` before the element.
+fn reference_elements(text: &str) -> Vec<String> {
+    let mut v = Vec::new();
+    for l in text.lines() {
+        if let Some(p) = l.find("OCSD_GEN_TRC_ELEM_") {
+            let start = l[..p].rfind("Idx:").unwrap_or(0);
+            v.push(norm(&l[start..]));
+        }
+    }
+    v
+}
+
+/// Number of lines matched by a greedy alignment that resynchronises within a window.
+fn matched_lines(a: &[String], b: &[String]) -> usize {
+    let (mut i, mut j, mut m) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        if a[i] == b[j] {
+            m += 1;
+            i += 1;
+            j += 1;
+            continue;
+        }
+        let mut found = None;
+        'w: for d in 1..64 {
+            for (di, dj) in [(d, 0), (0, d), (d, d)] {
+                if i + di < a.len() && j + dj < b.len() && a[i + di] == b[j + dj] {
+                    found = Some((di, dj));
+                    break 'w;
+                }
+            }
+        }
+        match found {
+            Some((di, dj)) => {
+                i += di;
+                j += dj;
+            }
+            None => {
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    m
+}
+
+struct Case {
+    label: String,
+    dir: PathBuf,
+    reference: PathBuf,
+    buffer: Option<String>,
+}
+
+fn cases(etm: &Path) -> Vec<Case> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for e in std::fs::read_dir(etm).unwrap().flatten() {
+        let p = e.path();
+        if p.join("snapshot.ini").is_file() {
+            dirs.push(p.clone());
+        }
+        if p.is_dir() {
+            for e2 in std::fs::read_dir(&p).unwrap().flatten() {
+                if e2.path().join("snapshot.ini").is_file() {
+                    dirs.push(e2.path());
+                }
+            }
+        }
+    }
+    dirs.sort();
+    let mut v = Vec::new();
+    for d in dirs {
+        let dname = d.file_name().unwrap().to_string_lossy().into_owned();
+        let stem = dname.trim_end_matches(".snapshot").to_string();
+        let mut refs: Vec<PathBuf> = std::fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                let f = p.file_name().unwrap().to_string_lossy().into_owned();
+                // only the plain `-decode` references (not -src_addr_n, -multi_session, env variants)
+                f.ends_with(".decode.ppl.xz") && {
+                    let mid = f.trim_end_matches(".decode.ppl.xz");
+                    mid == stem || (mid.starts_with(&format!("{stem}.AUX_CPU")))
+                }
+            })
+            .collect();
+        refs.sort();
+        for r in refs {
+            let fname = r.file_name().unwrap().to_string_lossy().into_owned();
+            let mid = fname.trim_end_matches(".decode.ppl.xz");
+            let buffer = mid.strip_prefix(&format!("{stem}.")).map(str::to_string);
+            v.push(Case { label: mid.to_string(), dir: d.clone(), reference: r, buffer });
+        }
+    }
+    v
+}
+
+/// Every decode reference is compared; the per-snapshot identical-line percentage is printed
+/// and the snapshots in `MUST_MATCH` must be identical.
+#[test]
+fn elements_match_opencsd_references() {
+    let etm = shared_dir().join("testdata/etm");
+    if !etm.is_dir() {
+        eprintln!("SKIP: {} not found (set ETM_BPF_SHARED)", etm.display());
+        return;
+    }
+    let only = std::env::var("ETM_ELEMENTS_ONLY").ok();
+    let dump = std::env::var_os("ETM_ELEMENTS_DUMP").map(PathBuf::from);
+    let cases = cases(&etm);
+    assert!(!cases.is_empty(), "no .decode.ppl.xz references under {}", etm.display());
+    let mut failures = Vec::new();
+    let mut identical = Vec::new();
+    for c in &cases {
+        if let Some(o) = &only {
+            if !o.split(',').any(|x| x == c.label) {
+                continue;
+            }
+        }
+        let files = DirFiles::new(&c.dir);
+        let snap = Snapshot::parse(&files).unwrap_or_else(|e| panic!("{}: {e}", c.label));
+        let buf = match &c.buffer {
+            Some(b) => snap.buffer(b).unwrap_or_else(|| panic!("{}: no buffer {b}", c.label)).clone(),
+            None => snap.first_buffer().unwrap().clone(),
+        };
+        let mut ours = Vec::new();
+        decode_snapshot_buffer(&snap, &files, &buf, &mut |e| {
+            ours.push(norm(&e.to_string()));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        let reference = reference_elements(&xz_text(&c.reference));
+        if let Some(d) = &dump {
+            let _ = std::fs::create_dir_all(d);
+            let _ = std::fs::write(d.join(format!("{}.ours", c.label)), ours.join("\n") + "\n");
+            let _ = std::fs::write(d.join(format!("{}.ref", c.label)), reference.join("\n") + "\n");
+        }
+        let m = matched_lines(&reference, &ours);
+        let total = reference.len().max(ours.len());
+        let pct = 100.0 * m as f64 / total.max(1) as f64;
+        let same = reference == ours;
+        if same {
+            identical.push(c.label.clone());
+        }
+        let first_diff = reference.iter().zip(&ours).position(|(a, b)| a != b);
+        eprintln!(
+            "{:<45} ref {:>8} ours {:>8} identical {:>7.3}%{}",
+            c.label,
+            reference.len(),
+            ours.len(),
+            pct,
+            match first_diff {
+                Some(i) => format!("\n    first diff line {i}:\n    ref : {}\n    ours: {}", reference[i], ours[i]),
+                None if !same => "  (length differs)".to_string(),
+                None => String::new(),
+            }
+        );
+        if MUST_MATCH.contains(&c.label.as_str()) && !same {
+            failures.push(c.label.clone());
+        }
+    }
+    eprintln!("{}/{} element references identical: {identical:?}", identical.len(), cases.len());
+    if only.is_none() {
+        // every MUST_MATCH label must have been found and compared (a missing file is a failure)
+        for l in MUST_MATCH {
+            assert!(cases.iter().any(|c| c.label == *l), "reference for {l} not found");
+        }
+    }
+    assert!(failures.is_empty(), "regressed against the reference: {failures:?}");
+}
