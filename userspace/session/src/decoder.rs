@@ -2,15 +2,175 @@
 //! [`toy::ToyDecoder`], a test double with a trivial byte format used to test the pipeline's
 //! fault handling independently of the ETM decoder.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use crate::pipeline::DecoderFactory;
-#[cfg(doc)]
-use crate::pipeline::WindowDecoder;
+use etm_decode::branches::BranchBuilder;
+use etm_decode::decoder::ElementSink;
+use etm_decode::elements::{Element, ElementKind, TraceOnReason, UnsyncReason};
+use etm_decode::frame::StreamFormat;
+use etm_decode::image::{MemSpace, MemoryAccess};
+use etm_decode::insn::ArchVersion;
+use etm_decode::pipeline::BufferDecoder;
+use etm_decode::snapshot::{CoreProfile, EtmConfig, Protocol};
 
-/// The default decoder factory (`etm_decode`), if this build has one.
+use crate::pipeline::{CodeMap, DecoderFactory, Discontinuity, WindowDecoder, WindowSink};
+use crate::session::{CpuTraceConfig, TraceArch};
+
+/// The default decoder factory: [`EtmFactory`].
 pub fn default_factory() -> Option<Arc<dyn DecoderFactory>> {
-    None
+    Some(Arc::new(EtmFactory))
+}
+
+/// The `etm_decode` decoder configuration of a CPU's trace unit (perf AUXTRACE_INFO values).
+pub fn etm_config(c: &CpuTraceConfig) -> EtmConfig {
+    let mut idr = [0u32; 14];
+    idr[0] = c.trcidr0;
+    idr[1] = c.trcidr1;
+    idr[2] = c.trcidr2;
+    idr[8] = c.trcidr8;
+    let protocol = match c.arch {
+        TraceArch::Ete => Protocol::Ete,
+        TraceArch::Etmv4 => Protocol::Etmv4,
+    };
+    let devarch = match (c.trcdevarch, protocol) {
+        (0, Protocol::Ete) => 0x4770_5A13,
+        (v, _) => v,
+    };
+    EtmConfig {
+        protocol,
+        core_profile: CoreProfile::A,
+        configr: c.trcconfigr,
+        traceidr: u32::from(c.trace_id),
+        idr,
+        authstatus: c.trcauthstatus,
+        devarch,
+    }
+}
+
+/// Creates [`EtmWindowDecoder`]s.
+#[derive(Debug, Default)]
+pub struct EtmFactory;
+
+impl DecoderFactory for EtmFactory {
+    fn create(&self, aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool) -> Box<dyn WindowDecoder> {
+        Box::new(EtmWindowDecoder::new(aux_cpu, cpus, raw))
+    }
+}
+
+/// The real decoder for one AUX buffer: `etm_decode`'s deformatter, packet parser and element
+/// decoder, with branch records built from the elements by perf's rules
+/// (`etm_decode::branches::BranchBuilder`).
+pub struct EtmWindowDecoder {
+    format: StreamFormat,
+    sources: Vec<(u8, EtmConfig, ArchVersion)>,
+    buf: BufferDecoder,
+    /// Per trace ID (index), the branch builder.
+    builders: Vec<Option<BranchBuilder>>,
+    raw: bool,
+}
+
+impl EtmWindowDecoder {
+    /// A decoder for the buffer of `aux_cpu`. Raw data belongs to that CPU's trace unit
+    /// (TRBE); formatted data is demultiplexed by trace ID.
+    pub fn new(aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool) -> Self {
+        let sources: Vec<(u8, EtmConfig, ArchVersion)> = if raw {
+            cpus.iter()
+                .find(|c| c.cpu == aux_cpu)
+                .or(cpus.first())
+                .map(|c| vec![(c.trace_id, etm_config(c), ArchVersion::Aa64)])
+                .unwrap_or_default()
+        } else {
+            cpus.iter().map(|c| (c.trace_id, etm_config(c), ArchVersion::Aa64)).collect()
+        };
+        let format = match (raw, sources.first()) {
+            (true, Some(s)) => StreamFormat::Raw { trace_id: s.0 },
+            (true, None) => StreamFormat::Raw { trace_id: 0x10 },
+            (false, _) => StreamFormat::Coresight,
+        };
+        let buf = BufferDecoder::new(format, &sources);
+        let mut builders: Vec<Option<BranchBuilder>> = (0..128).map(|_| None).collect();
+        for s in &sources {
+            builders[(s.0 & 0x7f) as usize] = Some(BranchBuilder::new(1));
+        }
+        EtmWindowDecoder { format, sources, buf, builders, raw }
+    }
+}
+
+/// Bridges the code map to the decoder's memory interface (the target process's code).
+struct Mem<'a>(&'a CodeMap);
+
+impl MemoryAccess for Mem<'_> {
+    fn read(&self, addr: u64, _space: MemSpace, buf: &mut [u8]) -> usize {
+        match self.0.slice(None, addr) {
+            Some(s) => {
+                let n = s.len().min(buf.len());
+                buf[..n].copy_from_slice(&s[..n]);
+                n
+            }
+            None => 0,
+        }
+    }
+    fn slice_at(&self, addr: u64, _space: MemSpace) -> Option<&[u8]> {
+        self.0.slice(None, addr)
+    }
+}
+
+struct Elems<'a> {
+    builders: &'a mut [Option<BranchBuilder>],
+    sink: &'a mut dyn WindowSink,
+    raw: bool,
+}
+
+impl ElementSink for Elems<'_> {
+    fn element(&mut self, e: &Element) -> ControlFlow<()> {
+        let id = if self.raw { None } else { Some(e.trace_id) };
+        match e.kind {
+            ElementKind::TraceOn(r) => {
+                if r == TraceOnReason::Overflow {
+                    self.sink.discontinuity(id, Discontinuity::Overflow);
+                }
+                self.sink.trace_on(id);
+            }
+            ElementKind::NoSync(r) => {
+                let why = match r {
+                    UnsyncReason::Overflow => Discontinuity::Overflow,
+                    UnsyncReason::BadPacket => Discontinuity::Error,
+                    UnsyncReason::BadImage => Discontinuity::Error,
+                    _ => Discontinuity::NoSync,
+                };
+                self.sink.discontinuity(id, why);
+            }
+            ElementKind::AddrNacc { .. } => self.sink.discontinuity(id, Discontinuity::NoCode),
+            ElementKind::Timestamp { ts, .. } => self.sink.timestamp(id, ts),
+            _ => {}
+        }
+        if let Some(b) = self.builders.get_mut((e.trace_id & 0x7f) as usize).and_then(|b| b.as_mut())
+            && let Some(r) = b.element(e)
+        {
+            self.sink.branch(id, r.from, r.to);
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+impl WindowDecoder for EtmWindowDecoder {
+    fn feed(&mut self, data: &[u8], code: &CodeMap, sink: &mut dyn WindowSink) {
+        let mut es = Elems { builders: &mut self.builders, sink, raw: self.raw };
+        let _ = self.buf.push(data, &Mem(code), &mut es);
+    }
+
+    fn reset(&mut self) {
+        self.buf = BufferDecoder::new(self.format, &self.sources);
+        for b in self.builders.iter_mut().flatten() {
+            *b = BranchBuilder::new(1);
+        }
+    }
+
+    fn finish(&mut self, code: &CodeMap, sink: &mut dyn WindowSink) {
+        let mut es = Elems { builders: &mut self.builders, sink, raw: self.raw };
+        let _ = self.buf.finish(&Mem(code), &mut es);
+    }
 }
 
 pub mod toy {

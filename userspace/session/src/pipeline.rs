@@ -63,6 +63,8 @@ pub trait WindowDecoder {
     fn feed(&mut self, data: &[u8], code: &CodeMap, sink: &mut dyn WindowSink);
     /// Forget all state: the next bytes follow a gap and must be synchronised afresh.
     fn reset(&mut self);
+    /// End of the stream: emit what is still buffered.
+    fn finish(&mut self, _code: &CodeMap, _sink: &mut dyn WindowSink) {}
 }
 
 /// Creates the decoder of an AUX buffer.
@@ -199,6 +201,8 @@ pub struct CodeMap {
     /// Mappings of processes not seen in any MMAP2 (static images placed at their link-time
     /// addresses: synthetic sessions without sideband).
     any: Vec<Mapping>,
+    /// The process the decoder reads code of (first process with an MMAP2 of a known image).
+    target: Option<u32>,
 }
 
 impl CodeMap {
@@ -217,18 +221,24 @@ impl CodeMap {
         }
     }
 
-    /// `len` bytes of code at runtime address `addr` of `pid` (`None` if unmapped or out of
-    /// the file).
-    pub fn read(&self, pid: Option<u32>, addr: u64, len: usize) -> Option<&[u8]> {
-        let maps = match pid {
+    /// The code bytes from runtime address `addr` of `pid` to the end of its mapping (`None`:
+    /// unmapped). `pid` `None` means the target process (the first process with mappings).
+    pub fn slice(&self, pid: Option<u32>, addr: u64) -> Option<&[u8]> {
+        let maps = match pid.or(self.target) {
             Some(p) => self.mappings(p),
-            None => self.by_pid.values().find(|m| !m.is_empty()).map(|v| v.as_slice()).unwrap_or(&self.any),
+            None => &self.any,
         };
         let i = maps.partition_point(|m| m.end <= addr);
         let m = maps.get(i).filter(|m| m.start <= addr && addr < m.end)?;
         let off = (addr - m.start).checked_add(m.pgoff)? as usize;
-        let data = &self.images[m.image].data;
-        data.get(off..off.checked_add(len)?)
+        let end = ((m.end - m.start).checked_add(m.pgoff)? as usize).min(self.images[m.image].data.len());
+        self.images[m.image].data.get(off..end).filter(|s| !s.is_empty())
+    }
+
+    /// `len` bytes of code at runtime address `addr` of `pid` (`None` if unmapped or out of
+    /// the file).
+    pub fn read(&self, pid: Option<u32>, addr: u64, len: usize) -> Option<&[u8]> {
+        self.slice(pid, addr)?.get(..len)
     }
 
     /// The 32-bit little-endian word at `addr` (one A64 instruction).
@@ -339,6 +349,7 @@ impl AddressResolver for Resolver {
 /// Per-AUX-buffer decoder state.
 struct AuxState {
     decoder: Box<dyn WindowDecoder>,
+    raw: bool,
 }
 
 /// The pipeline.
@@ -458,10 +469,27 @@ impl Pipeline {
         }
     }
 
-    /// End of stream: resolve every pending sample.
+    /// End of stream: flush the decoders and resolve every pending sample.
     pub fn finish(&mut self) {
-        let Pipeline { joiner, code, profile, resolver, trie, frames, frame_cache, namer, stats, scratch_branches, scratch_frames, observer, .. } = self;
+        let Pipeline { aux, joiner, code, profile, resolver, trie, frames, frame_cache, namer, stats, trace_cpu, pending_begin, cfg, scratch_branches, scratch_frames, observer, .. } = self;
         let mut sink = Sink { profile, resolver, trie, frames, frame_cache, namer: namer.as_mut(), code, stats, scratch_branches, scratch_frames, observer };
+        let mut cpus: Vec<i32> = aux.keys().copied().collect();
+        cpus.sort_unstable();
+        for c in cpus {
+            let st = aux.get_mut(&c).expect("key from the map");
+            let mut ws = WinSink {
+                aux_cpu: c,
+                aux_time: u64::MAX,
+                raw: st.raw,
+                trace_cpu,
+                pending_begin,
+                clock: cfg.clock,
+                joiner,
+                out: &mut sink,
+                touched: Vec::new(),
+            };
+            st.decoder.finish(code, &mut ws);
+        }
         joiner.flush(code, &mut |j| sink.accept(j));
     }
 
@@ -496,7 +524,7 @@ impl Pipeline {
         };
         let raw = rec.flags & PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW != 0;
         let cpus = &self.cfg.cpus;
-        let st = self.aux.entry(rec.cpu).or_insert_with(|| AuxState { decoder: factory.create(rec.cpu, cpus, raw) });
+        let st = self.aux.entry(rec.cpu).or_insert_with(|| AuxState { decoder: factory.create(rec.cpu, cpus, raw), raw });
         if truncated || overwrite || gap {
             // Data was lost before this record (a gap, the ETR barrier) or it is a fresh
             // snapshot: decode afresh. The window open at the end of the previous record ended
@@ -598,6 +626,7 @@ impl Pipeline {
         let Some(img) = self.code.image_for(filename) else { return };
         let m = Mapping { start: addr, end: addr.saturating_add(len), pgoff, image: img };
         CodeMap::insert(self.code.by_pid.entry(pid).or_default(), m);
+        self.code.target.get_or_insert(pid);
         // Place the binary's exec segments for the resolver (runtime -> link-time bias).
         if let Some(bi) = self.resolver.binaries.iter().position(|(i, _)| *i == img) {
             let info = &self.resolver.binaries[bi].1;
