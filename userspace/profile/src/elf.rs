@@ -51,3 +51,121 @@ impl BinaryInfo {
         })
     }
 }
+
+/// Code facts llvm-profgen derives by disassembling the binary, needed to reproduce its
+/// context-insensitive counters exactly: the prolog/epilog addresses (first two instructions
+/// of each function, each return and the instruction before it) and the addresses of direct
+/// unconditional jumps (a fall-through range crossing one is bogus). x86-64 (iced-x86) and
+/// AArch64 (fixed width) are decoded; other architectures give empty sets.
+#[derive(Clone, Debug, Default)]
+pub struct ElfCodeFacts {
+    prolog_epilog: Vec<u64>,
+    uncond_branches: Vec<u64>,
+}
+
+impl ElfCodeFacts {
+    /// Disassemble the function symbols of an ELF image.
+    pub fn from_elf(data: &[u8]) -> Result<Self, ElfError> {
+        use object::{ObjectSymbol, SymbolKind};
+        let file = object::File::parse(data)?;
+        let arch = file.architecture();
+        let mut out = ElfCodeFacts::default();
+        let mut func_starts: Vec<u64> = Vec::new();
+        for sec in file.sections().filter(|s| s.kind() == SectionKind::Text) {
+            let Ok(bytes) = sec.data() else { continue };
+            let (lo, hi) = (sec.address(), sec.address() + bytes.len() as u64);
+            let mut starts: Vec<u64> = file
+                .symbols()
+                .filter(|s| s.kind() == SymbolKind::Text && s.address() >= lo && s.address() < hi)
+                .map(|s| s.address())
+                .collect();
+            starts.sort_unstable();
+            starts.dedup();
+            for (i, &start) in starts.iter().enumerate() {
+                let end = starts.get(i + 1).copied().unwrap_or(hi);
+                let code = &bytes[(start - lo) as usize..(end - lo) as usize];
+                let mut insts: Vec<(u64, Kind)> = Vec::new();
+                decode(arch, start, code, &mut insts);
+                func_starts.push(start);
+                if let Some(&(a, _)) = insts.first() {
+                    out.prolog_epilog.push(a);
+                }
+                if let Some(&(a, _)) = insts.get(1) {
+                    out.prolog_epilog.push(a);
+                }
+                for (j, &(a, k)) in insts.iter().enumerate() {
+                    match k {
+                        Kind::Ret => {
+                            out.prolog_epilog.push(a);
+                            if j > 0 {
+                                out.prolog_epilog.push(insts[j - 1].0);
+                            }
+                        }
+                        Kind::UncondBranch => out.uncond_branches.push(a),
+                        Kind::Other => {}
+                    }
+                }
+            }
+        }
+        out.prolog_epilog.sort_unstable();
+        out.prolog_epilog.dedup();
+        out.uncond_branches.sort_unstable();
+        out.uncond_branches.dedup();
+        Ok(out)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Ret,
+    UncondBranch,
+    Other,
+}
+
+fn decode(arch: object::Architecture, start: u64, code: &[u8], out: &mut Vec<(u64, Kind)>) {
+    match arch {
+        object::Architecture::X86_64 => {
+            use iced_x86::{Code, Decoder, DecoderOptions, FlowControl};
+            let mut d = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
+            while d.can_decode() {
+                let ins = d.decode();
+                if ins.code() == Code::INVALID {
+                    continue;
+                }
+                let k = match ins.flow_control() {
+                    FlowControl::Return => Kind::Ret,
+                    FlowControl::UnconditionalBranch => Kind::UncondBranch,
+                    _ => Kind::Other,
+                };
+                out.push((ins.ip(), k));
+            }
+        }
+        object::Architecture::Aarch64 => {
+            for (i, w) in code.chunks_exact(4).enumerate() {
+                let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                let k = if w & 0xffff_fc1f == 0xd65f_0000 {
+                    Kind::Ret
+                } else if w & 0xfc00_0000 == 0x1400_0000 {
+                    Kind::UncondBranch
+                } else {
+                    Kind::Other
+                };
+                out.push((start + 4 * i as u64, k));
+            }
+        }
+        _ => {}
+    }
+}
+
+impl crate::write::CodeFacts for ElfCodeFacts {
+    fn in_prolog_epilog(&self, addr: u64) -> bool {
+        self.prolog_epilog.binary_search(&addr).is_ok()
+    }
+    fn range_crosses_uncond_branch(&self, start: u64, end: u64) -> bool {
+        if start >= end {
+            return false;
+        }
+        let i = self.uncond_branches.partition_point(|&a| a < start);
+        self.uncond_branches.get(i).is_some_and(|&a| a < end)
+    }
+}
