@@ -3,6 +3,11 @@
 //! Each subcommand lives in its own module under `cmd/` with its own `clap::Args` struct.
 
 mod cmd;
+mod dump;
+mod live;
+mod logging;
+mod symbolize;
+mod tui;
 
 use clap::{Parser, Subcommand};
 

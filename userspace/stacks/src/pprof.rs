@@ -230,7 +230,7 @@ pub fn build_profile(
 }
 
 /// Writes `profile` gzip-compressed (the on-disk pprof format).
-pub fn write_pprof_gz(profile: &Profile, w: &mut impl Write) -> io::Result<()> {
+pub fn write_pprof_gz<W: Write + ?Sized>(profile: &Profile, w: &mut W) -> io::Result<()> {
     let mut gz = flate2::write::GzEncoder::new(w, flate2::Compression::default());
     gz.write_all(&profile.encode_to_vec())?;
     gz.finish()?;

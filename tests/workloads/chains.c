@@ -1,0 +1,64 @@
+/* Workload with known hot call chains for the end-to-end test of `etm-bpf run`.
+ *
+ * Main thread, per iteration: a() calls hot1() twice, b() calls hot2() once; hot1/hot2 run
+ * the same loop of UNIT iterations, so main->a->hot1 gets ~2/3 and main->b->hot2 ~1/3 of the
+ * main thread's CPU time. On SIGUSR1 the workload starts a new thread running
+ * worker->c->hot3 forever (a thread created after profiling started).
+ * Prints "ready <pid>" once running. Stops after argv[1] seconds (default: never).
+ * Build: clang -O1 -g -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer -pthread
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#define UNIT 100000UL
+volatile unsigned long sink;
+
+__attribute__((noinline)) void hot1(void) {
+  for (unsigned long i = 0; i < UNIT; i++) sink += i * 3;
+}
+__attribute__((noinline)) void hot2(void) {
+  for (unsigned long i = 0; i < UNIT; i++) sink += i * 5;
+}
+__attribute__((noinline)) void hot3(void) {
+  for (unsigned long i = 0; i < UNIT; i++) sink += i * 7;
+}
+__attribute__((noinline)) void a(void) { hot1(); hot1(); }
+__attribute__((noinline)) void b(void) { hot2(); }
+__attribute__((noinline)) void c(void) { hot3(); }
+
+__attribute__((noinline)) void *worker(void *arg) {
+  (void)arg;
+  for (;;) c();
+  return NULL;
+}
+
+static volatile sig_atomic_t spawn;
+static void on_usr1(int sig) { (void)sig; spawn = 1; }
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv) {
+  double secs = argc > 1 ? atof(argv[1]) : 1e12;
+  signal(SIGUSR1, on_usr1);
+  printf("ready %d\n", (int)getpid());
+  fflush(stdout);
+  double end = now() + secs;
+  while (now() < end) {
+    a();
+    b();
+    if (spawn == 1) {
+      pthread_t t;
+      spawn = 2;
+      pthread_create(&t, NULL, worker, NULL);
+    }
+  }
+  return 0;
+}

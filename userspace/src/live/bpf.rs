@@ -1,0 +1,144 @@
+//! Loading the etm-bpf eBPF object and attaching its sampling program to perf events.
+//!
+//! [`SampleBpf::load`] loads the object built by `build.rs`, configures the target tgid and
+//! flags, and loads the `perf_event` program. [`SampleBpf::attach_perf_fd`] attaches it to any
+//! perf event fd the caller opened (cpu-clock/cycles sampling here, the ETM *pause* event in
+//! the live-ETM path) with `PERF_EVENT_IOC_SET_BPF` + `PERF_EVENT_IOC_ENABLE`; the fd is kept
+//! open for the life of the `SampleBpf` (closing it detaches the program).
+
+use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
+
+use anyhow::{Context as _, anyhow};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, MapData, PerCpuArray, RingBuf},
+    programs::PerfEvent,
+};
+use etm_bpf_common::{
+    CONFIG_FLAGS, CONFIG_MAP, CONFIG_TGID, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR,
+    COUNTER_ENTRIES, COUNTER_FILTERED, COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR,
+    COUNTERS_MAP, PROGRAM_NAME, SAMPLES_MAP,
+};
+
+/// The eBPF object built from `ebpf/` by `build.rs`.
+pub static OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/etm-bpf"));
+
+const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
+
+/// Kernel-side counters, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BpfCounters {
+    /// Samples written to the ring buffer.
+    pub samples: u64,
+    /// Samples dropped: ring buffer full.
+    pub ring_full: u64,
+    /// Samples dropped: `bpf_get_stack` failed.
+    pub stack_err: u64,
+    /// `bpf_read_branch_records` failed (sample kept).
+    pub branch_err: u64,
+    /// `bpf_read_branch_records` returned -ENOENT (no branch stack).
+    pub branch_enoent: u64,
+    /// Samples of other processes skipped by the tgid filter.
+    pub filtered: u64,
+}
+
+impl BpfCounters {
+    /// Samples the kernel side had to drop.
+    pub fn dropped(&self) -> u64 {
+        self.ring_full + self.stack_err
+    }
+}
+
+/// The loaded sampler: object, program, maps and the perf fds it is attached to.
+pub struct SampleBpf {
+    ebpf: Ebpf,
+    attached: Vec<OwnedFd>,
+}
+
+impl SampleBpf {
+    /// Loads the object and the program; keeps samples of process `tgid` only (0: all) and
+    /// sets the `FLAG_*` bits in `flags`.
+    pub fn load(tgid: u32, flags: u32) -> anyhow::Result<SampleBpf> {
+        raise_memlock_limit();
+        let mut ebpf = EbpfLoader::new()
+            .load(OBJ)
+            .context("cannot load the eBPF object (is BPF available to this process?)")?;
+        {
+            let mut config: Array<&mut MapData, u32> = Array::try_from(
+                ebpf.map_mut(CONFIG_MAP).ok_or_else(|| anyhow!("map {CONFIG_MAP} missing"))?,
+            )?;
+            config.set(CONFIG_TGID, tgid, 0).context("set target tgid")?;
+            config.set(CONFIG_FLAGS, flags, 0).context("set flags")?;
+        }
+        let prog: &mut PerfEvent = ebpf
+            .program_mut(PROGRAM_NAME)
+            .ok_or_else(|| anyhow!("program {PROGRAM_NAME} missing"))?
+            .try_into()?;
+        prog.load().context("the kernel rejected the eBPF sampling program")?;
+        Ok(SampleBpf { ebpf, attached: Vec::new() })
+    }
+
+    /// Attaches the program to the perf event `fd` and enables the event. The fd is kept open
+    /// (and the program attached) until `self` is dropped.
+    pub fn attach_perf_fd(&mut self, fd: OwnedFd) -> anyhow::Result<()> {
+        let prog: &PerfEvent = self
+            .ebpf
+            .program(PROGRAM_NAME)
+            .ok_or_else(|| anyhow!("program {PROGRAM_NAME} missing"))?
+            .try_into()?;
+        let prog_fd = prog.fd()?.as_fd().as_raw_fd();
+        // SAFETY: ioctl on a perf fd we own with an int argument (the program fd).
+        if unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, prog_fd) } < 0 {
+            return Err(std::io::Error::last_os_error()).context("PERF_EVENT_IOC_SET_BPF");
+        }
+        super::perf_event::enable(&fd).context("PERF_EVENT_IOC_ENABLE")?;
+        self.attached.push(fd);
+        Ok(())
+    }
+
+    /// Stops sampling on every attached event (the fds stay open until drop).
+    pub fn disable_all(&self) {
+        for fd in &self.attached {
+            let _ = super::perf_event::disable(fd);
+        }
+    }
+
+    /// Takes the sample ring buffer (once).
+    pub fn take_ring(&mut self) -> anyhow::Result<RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(SAMPLES_MAP)
+            .ok_or_else(|| anyhow!("map {SAMPLES_MAP} missing or already taken"))?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// Reads the kernel-side counters (summed over CPUs).
+    pub fn counters(&self) -> anyhow::Result<BpfCounters> {
+        let map = self
+            .ebpf
+            .map(COUNTERS_MAP)
+            .ok_or_else(|| anyhow!("map {COUNTERS_MAP} missing"))?;
+        let arr: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
+        let mut v = [0u64; COUNTER_ENTRIES as usize];
+        for (i, slot) in v.iter_mut().enumerate() {
+            *slot = arr.get(&(i as u32), 0)?.iter().sum();
+        }
+        Ok(BpfCounters {
+            samples: v[COUNTER_SAMPLES as usize],
+            ring_full: v[COUNTER_RING_FULL as usize],
+            stack_err: v[COUNTER_STACK_ERR as usize],
+            branch_err: v[COUNTER_BRANCH_ERR as usize],
+            branch_enoent: v[COUNTER_BRANCH_ENOENT as usize],
+            filtered: v[COUNTER_FILTERED as usize],
+        })
+    }
+}
+
+/// Lifts RLIMIT_MEMLOCK for kernels that still charge BPF maps against it (< 5.11).
+fn raise_memlock_limit() {
+    let rlim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: plain setrlimit with a valid struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) } != 0 {
+        log::debug!("setrlimit(RLIMIT_MEMLOCK) failed: {}", std::io::Error::last_os_error());
+    }
+}
