@@ -1,0 +1,139 @@
+//! The executed path of an AArch64 program, from `qemu-aarch64 -singlestep -d exec,nochain`.
+//!
+//! With `-singlestep` every translation block holds one instruction, and with `nochain` every
+//! execution of a block goes through the main loop and is logged, so the log is the exact
+//! sequence of executed guest PCs (`../shared/docs/ground-truth.md`). Log line (QEMU 7.2):
+//!
+//! ```text
+//! Trace 0: 0x7f9920000100 [0000000001009331/00000000004005c0/00000001/00000201] _start
+//!          host code       cs_base          /guest PC        /flags   /cflags  symbol
+//! ```
+//!
+//! The program runs with an empty environment (`env -i`), stdin from `/dev/null`, stdout and
+//! stderr to files, so its path depends only on its arguments and its path name.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::SynthError;
+
+/// The emulator binary.
+pub const QEMU: &str = "qemu-aarch64";
+
+/// Result of one emulated run.
+#[derive(Debug, Clone)]
+pub struct QemuRun {
+    /// Executed guest PCs in order, one per instruction.
+    pub pcs: Vec<u64>,
+    /// Exit code of the program (`None` if killed by a signal).
+    pub exit_code: Option<i32>,
+    /// What the program wrote to stdout.
+    pub stdout: Vec<u8>,
+    /// Log lines that were not instruction lines (counted, skipped).
+    pub other_lines: u64,
+}
+
+/// Options of a run.
+#[derive(Debug, Clone)]
+pub struct QemuOptions {
+    /// Emulator to run (default [`QEMU`]).
+    pub qemu: PathBuf,
+    /// Stop parsing after this many instructions (bounded memory; 8 bytes each).
+    pub max_insns: u64,
+}
+
+impl Default for QemuOptions {
+    fn default() -> Self {
+        QemuOptions { qemu: PathBuf::from(QEMU), max_insns: 200_000_000 }
+    }
+}
+
+/// Run `prog args...` under qemu-user and return its exact executed path.
+pub fn run(prog: &Path, args: &[String], opts: &QemuOptions) -> Result<QemuRun, SynthError> {
+    let tmp = tempfile::tempdir().map_err(|source| SynthError::Io { path: std::env::temp_dir(), source })?;
+    let log = tmp.path().join("exec.log");
+    let out = tmp.path().join("stdout");
+    let err = tmp.path().join("stderr");
+    let mk = |p: &Path| File::create(p).map_err(|source| SynthError::Io { path: p.to_path_buf(), source });
+    let status = Command::new(&opts.qemu)
+        .env_clear()
+        .arg("-singlestep")
+        .arg("-d")
+        .arg("exec,nochain")
+        .arg("-D")
+        .arg(&log)
+        .arg(prog)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(mk(&out)?)
+        .stderr(mk(&err)?)
+        .status()
+        .map_err(|source| SynthError::Spawn { program: opts.qemu.clone(), source })?;
+    let f = File::open(&log).map_err(|source| SynthError::Io { path: log.clone(), source })?;
+    let (pcs, other_lines) = parse_log(BufReader::with_capacity(1 << 20, f), opts.max_insns)
+        .map_err(|source| SynthError::Io { path: log.clone(), source })?;
+    if pcs.is_empty() {
+        let stderr = std::fs::read_to_string(&err).unwrap_or_default();
+        return Err(SynthError::EmptyTrace { program: prog.to_path_buf(), stderr });
+    }
+    let stdout = std::fs::read(&out).unwrap_or_default();
+    Ok(QemuRun { pcs, exit_code: status.code(), stdout, other_lines })
+}
+
+/// Parse a `-d exec` log: the guest PC of every `Trace` line, up to `max` of them.
+/// Returns the PCs and the number of other (skipped) lines.
+pub fn parse_log(mut r: impl BufRead, max: u64) -> std::io::Result<(Vec<u64>, u64)> {
+    let mut pcs = Vec::new();
+    let mut other = 0u64;
+    let mut line = Vec::with_capacity(160);
+    loop {
+        line.clear();
+        if r.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        match parse_line(&line) {
+            Some(pc) => {
+                if pcs.len() as u64 >= max {
+                    break;
+                }
+                pcs.push(pc)
+            }
+            None => other += 1,
+        }
+    }
+    Ok((pcs, other))
+}
+
+/// The guest PC of one `Trace N: host [cs_base/pc/flags/cflags] sym` line.
+fn parse_line(line: &[u8]) -> Option<u64> {
+    if !line.starts_with(b"Trace ") {
+        return None;
+    }
+    let open = line.iter().position(|&b| b == b'[')?;
+    let rest = &line[open + 1..];
+    let slash = rest.iter().position(|&b| b == b'/')?;
+    let rest = &rest[slash + 1..];
+    let end = rest.iter().position(|&b| b == b'/')?;
+    let hex = std::str::from_utf8(&rest[..end]).ok()?;
+    u64::from_str_radix(hex, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The guest PC is the second field in brackets; other lines are counted, not parsed.
+    #[test]
+    fn parses_qemu_72_exec_lines() {
+        let log = b"Trace 0: 0x7f9920000100 [0000000001009331/00000000004005c0/00000001/00000201] _start\n\
+            Linking TBs 0x1 [00400000] index 0 -> 0x2 [00400010]\n\
+            Trace 0: 0x7f9920000200 [0000000001009331/0000ffff004005c4/00000001/00000201] \n";
+        let (pcs, other) = parse_log(&log[..], 100).unwrap();
+        assert_eq!(pcs, vec![0x4005c0, 0xffff_0040_05c4]);
+        assert_eq!(other, 1);
+        let (pcs, _) = parse_log(&log[..], 1).unwrap();
+        assert_eq!(pcs.len(), 1);
+    }
+}
