@@ -13,7 +13,7 @@ static struct node pool[4096];
 static int used;
 
 __attribute__((noinline)) static struct node *build(int depth, int v) {
-    if (depth == 0 || used >= 4096)
+    if (depth <= 0 || used >= 4096)
         return 0;
     struct node *n = &pool[used++];
     n->v = v;

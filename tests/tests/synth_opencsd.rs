@@ -125,6 +125,28 @@ fn check_program(
                 first_diff.and_then(|i| want.get(i)),
             ));
         }
+        // Branches: consecutive OpenCSD ranges where the first ends with a taken waypoint give
+        // {from = its last instruction, to = the next range's start}; they must be the ground
+        // truth's branches (oldest first), all but possibly the window's last one (whose
+        // target starts no range before the pause).
+        let derived: Vec<(u64, u64)> = got
+            .windows(2)
+            .zip(want.iter())
+            .filter(|(pair, t)| pair[0].taken && t.last == RangeEnd::E)
+            .map(|(pair, _)| (pair[0].end - 4, pair[1].start))
+            .collect();
+        let truth: Vec<(u64, u64)> = w.branches.iter().rev().map(|b| (b.from, b.to)).collect();
+        if truth.len() < derived.len()
+            || truth.len() - derived.len() > 1
+            || truth[..derived.len()] != derived[..]
+        {
+            return Err(format!(
+                "{} window {k}: branches from OpenCSD ranges ({}) differ from the ground truth ({})",
+                bin.display(),
+                derived.len(),
+                truth.len()
+            ));
+        }
         checked += got.len();
     }
     Ok((gt.windows.len(), checked))
@@ -132,14 +154,18 @@ fn check_program(
 
 /// For every test program (loops, function-pointer calls, recursion, jump table, two modules)
 /// built with gcc and clang, OpenCSD decodes the generated ETE trace to exactly the ground
-/// truth's instruction ranges in every window, with and without return-stack compression.
+/// truth's instruction ranges in every window, and the taken branches between those ranges
+/// are the ground truth's branches, with and without return-stack compression.
 #[test]
 fn opencsd_decodes_generated_trace_to_ground_truth_ranges() {
     if let Err(e) = testprogs::qemu_available() {
         eprintln!("SKIP: {e}");
         return;
     }
-    if Command::new("trc_pkt_lister").arg("-help").output().is_err() {
+    // Look the tool up on PATH (running it, even with -help, writes a log into the cwd).
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("trc_pkt_lister").is_file()));
+    if !on_path {
         eprintln!("SKIP: trc_pkt_lister (libopencsd-bin) not installed; see scripts/setup.sh");
         return;
     }
