@@ -1,9 +1,9 @@
 /* Workload with known hot call chains for the end-to-end test of `etm-bpf run`.
  *
- * Main thread, per iteration: a() calls hot1() twice, b() calls hot2() once; hot1/hot2 run
- * the same loop of UNIT iterations, so main->a->hot1 gets ~2/3 and main->b->hot2 ~1/3 of the
- * main thread's CPU time. On SIGUSR1 the workload starts a new thread running
- * worker->c->hot3 forever (a thread created after profiling started).
+ * Main thread, per iteration: a() calls hot1() twice, b() calls hot2() once; each hot call
+ * runs spin() (one loop of UNIT iterations, the same code for all), so main->a->hot1->spin
+ * gets ~2/3 and main->b->hot2->spin ~1/3 of the main thread's CPU time. On SIGUSR1 the workload starts a new thread running
+ * worker->c->hot3->spin forever (a thread created after profiling started).
  * Prints "ready <pid>" once running. Stops after argv[1] seconds (default: never).
  * Build: clang -O1 -g -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer -pthread
  */
@@ -17,15 +17,14 @@
 #define UNIT 100000UL
 volatile unsigned long sink;
 
-__attribute__((noinline)) void hot1(void) {
+/* One loop shared by all hot paths: the same machine code, so CPU time is proportional to
+ * the number of calls. */
+__attribute__((noinline)) void spin(void) {
   for (unsigned long i = 0; i < UNIT; i++) sink += i * 3;
 }
-__attribute__((noinline)) void hot2(void) {
-  for (unsigned long i = 0; i < UNIT; i++) sink += i * 5;
-}
-__attribute__((noinline)) void hot3(void) {
-  for (unsigned long i = 0; i < UNIT; i++) sink += i * 7;
-}
+__attribute__((noinline)) void hot1(void) { spin(); }
+__attribute__((noinline)) void hot2(void) { spin(); }
+__attribute__((noinline)) void hot3(void) { spin(); }
 __attribute__((noinline)) void a(void) { hot1(); hot1(); }
 __attribute__((noinline)) void b(void) { hot2(); }
 __attribute__((noinline)) void c(void) { hot3(); }

@@ -138,7 +138,6 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     if !args.headless && !std::io::stdout().is_terminal() {
         bail!("the live view needs a terminal on stdout; use --headless");
     }
-    check_privileges()?;
     let pid = args.pid;
     if pid == 0 || !alive(pid) {
         bail!("no such process: {pid}");
@@ -146,6 +145,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(d) = &args.dump_dir {
         check_writable_dir(d)?;
     }
+    check_privileges()?;
     if args.headless {
         crate::logging::init_stderr();
     } else {

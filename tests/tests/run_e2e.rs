@@ -1,0 +1,193 @@
+//! End-to-end: `etm-bpf run --headless --duration` on a workload with known hot call chains
+//! (tests/workloads/chains.c). Needs root (BPF + perf events); skips with a reason otherwise.
+//!
+//! Truth (from the workload's code): per iteration the main thread runs the same `spin` loop
+//! twice via main->a->hot1->spin and once via main->b->hot2->spin, so hot1 : hot2 = 2 : 1; a
+//! thread started after profiling began (SIGUSR1) runs worker->c->hot3->spin.
+//! Tolerances: hot1 / (hot1 + hot2) = 0.667 +- 0.06 (binomial sd at 300 samples is 0.027);
+//! >= 97% of the samples in each hot path carry the full chain (a sample on a function's first
+//! instruction, before `push rbp`, legitimately skips its caller in a frame-pointer walk).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use etm_bpf_tests::{
+    build_workload, etm_bpf_bin, is_root, parse_folded, pprof_wire::read_pprof_gz, send_signal,
+    spawn_ready, wait_timeout,
+};
+
+fn skip_unless_root() -> bool {
+    if !is_root() {
+        eprintln!("SKIP: needs root (CAP_BPF + CAP_PERFMON) to load eBPF and open perf events");
+        return true;
+    }
+    false
+}
+
+/// Sum of counts of stacks whose last frames are `suffix`.
+fn ending_with(m: &BTreeMap<Vec<String>, u64>, suffix: &[&str]) -> u64 {
+    m.iter()
+        .filter(|(p, _)| p.len() >= suffix.len() && p[p.len() - suffix.len()..] == *suffix)
+        .map(|(_, c)| c)
+        .sum()
+}
+
+/// Profiles the workload and checks contexts, proportions, the pprof file and the manifest.
+#[test]
+fn run_profiles_known_call_chains() {
+    if skip_unless_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_workload("chains", dir.path()) else { return };
+    let (_workload, ready) = spawn_ready(&exe, &["60"]);
+    let pid: u32 = ready.trim().strip_prefix("ready ").and_then(|p| p.parse().ok()).expect("ready PID");
+    let dump = dir.path().join("dump");
+    let mut run = Command::new(etm_bpf_bin())
+        .args(["run", "--pid", &pid.to_string(), "--headless", "--duration", "4", "--dump-every", "1"])
+        .arg("--dump-dir")
+        .arg(&dump)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start etm-bpf");
+    // After the first per-second line profiling is live: start the late thread.
+    let mut out = BufReader::new(run.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(first.starts_with("etm-bpf:"), "unexpected first line {first:?}");
+    send_signal(pid, "USR1");
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut out, &mut s).unwrap();
+        s
+    });
+    let st = wait_timeout(&mut run, Duration::from_secs(60));
+    let stdout = first + &rest.join().unwrap();
+    let stderr = etm_bpf_tests::read_all(run.stderr.take());
+    assert!(st.success(), "etm-bpf failed: {st}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("stopped (duration reached)"), "{stdout}");
+    assert!(stdout.contains("top contexts"), "{stdout}");
+
+    let folded = parse_folded(&std::fs::read_to_string(dump.join("profile.folded")).unwrap());
+    let total: u64 = folded.values().sum();
+    let containing = |f: &str| -> u64 {
+        folded.iter().filter(|(p, _)| p.iter().any(|x| x == f)).map(|(_, c)| c).sum()
+    };
+    let (hot1, hot2, hot3) = (containing("hot1"), containing("hot2"), containing("hot3"));
+    eprintln!("total {total} hot1 {hot1} hot2 {hot2} hot3 {hot3}\n{folded:#?}");
+    assert!(total >= 300, "too few samples: {total}");
+    // Frame pointers on: the samples of each path carry the full chain from main/worker.
+    for (f, chain) in [
+        ("hot1", &["main", "a", "hot1", "spin"]),
+        ("hot2", &["main", "b", "hot2", "spin"]),
+        ("hot3", &["worker", "c", "hot3", "spin"]),
+    ] {
+        let full = ending_with(&folded, chain);
+        assert!(full * 100 >= containing(f) * 97, "{f}: only {full} of {} with full chain", containing(f));
+    }
+    assert!(containing("spin") >= total * 9 / 10, "hot paths cover < 90% of samples");
+    let ratio = hot1 as f64 / (hot1 + hot2) as f64;
+    assert!((ratio - 2.0 / 3.0).abs() <= 0.06, "hot1/(hot1+hot2) = {ratio:.3}, expected 0.667");
+    assert!(hot3 > 0, "thread created after start was not sampled");
+
+    // pprof: decoded independently, it holds exactly the folded contexts and counts.
+    let p = read_pprof_gz(&std::fs::read(dump.join("profile.pb.gz")).unwrap()).unwrap();
+    assert_eq!(p.sample_types[0], ("samples".to_string(), "count".to_string()));
+    let from_pprof: BTreeMap<Vec<String>, u64> =
+        p.stacks.iter().map(|(k, v)| (k.clone(), v[0] as u64)).collect();
+    assert_eq!(from_pprof, folded);
+    assert!(p.mapping_files.iter().any(|m| m == exe.to_str().unwrap()));
+
+    // Manifest: pid, command, event, branch source, the workload's build id (read by readelf).
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dump.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["pid"], pid);
+    assert_eq!(m["command"][0], exe.to_str().unwrap());
+    assert_eq!(m["branch_source"], "none");
+    assert!(m["event"] == "cpu-clock" || m["event"] == "cycles");
+    assert_eq!(m["samples"], total);
+    assert_eq!(m["final"], true);
+    let readelf = Command::new("readelf").arg("-n").arg(&exe).output();
+    match readelf {
+        Ok(o) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            let id = text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("Build ID: "))
+                .expect("workload has a build id");
+            let bin = m["binaries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|b| b["path"] == exe.to_str().unwrap())
+                .expect("workload in manifest binaries");
+            assert_eq!(bin["build_id"], id.trim());
+            assert!(!bin["load_addresses"].as_array().unwrap().is_empty());
+        }
+        _ => eprintln!("SKIP (build-id check only): readelf not available"),
+    }
+}
+
+/// The profiler stops by itself, exit 0, with a final dump, when the target exits.
+#[test]
+fn run_stops_when_target_exits() {
+    if skip_unless_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_workload("chains", dir.path()) else { return };
+    let (_workload, ready) = spawn_ready(&exe, &["2"]);
+    let pid = ready.trim().strip_prefix("ready ").unwrap().to_owned();
+    let dump = dir.path().join("dump");
+    let mut run = Command::new(etm_bpf_bin())
+        .args(["run", "--pid", &pid, "--headless", "--duration", "30", "--dump-dir"])
+        .arg(&dump)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The workload is our child: it becomes a zombie until _workload is dropped; etm-bpf must
+    // treat a zombie as exited.
+    let st = wait_timeout(&mut run, Duration::from_secs(15));
+    let stdout = etm_bpf_tests::read_all(run.stdout.take());
+    assert!(st.success(), "{st}: {stdout}{}", etm_bpf_tests::read_all(run.stderr.take()));
+    assert!(stdout.contains("stopped (target exited)"), "{stdout}");
+    let folded = std::fs::read_to_string(dump.join("profile.folded")).unwrap();
+    assert!(folded.contains("main;a;hot1;spin"), "{folded}");
+}
+
+/// SIGINT and SIGTERM stop the profiler cleanly (exit 0, final dump written).
+#[test]
+fn run_stops_on_sigint_and_sigterm() {
+    if skip_unless_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_workload("chains", dir.path()) else { return };
+    let (_workload, ready) = spawn_ready(&exe, &["60"]);
+    let pid = ready.trim().strip_prefix("ready ").unwrap().to_owned();
+    for sig in ["INT", "TERM"] {
+        let dump = dir.path().join(sig);
+        let mut run = Command::new(etm_bpf_bin())
+            .args(["run", "--pid", &pid, "--headless", "--dump-dir"])
+            .arg(&dump)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(run.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        send_signal(run.id(), sig);
+        let st = wait_timeout(&mut run, Duration::from_secs(15));
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+        assert!(st.success(), "SIG{sig}: {st} {first}{rest}");
+        assert!(rest.contains("stopped (signal received)"), "{rest}");
+        let m = std::fs::read_to_string(dump.join("manifest.json")).unwrap();
+        assert!(m.contains("\"final\": true"), "{m}");
+    }
+}

@@ -1,0 +1,102 @@
+//! `etm-bpf run` error cases: one clear line on stderr, a non-zero exit, no panic, no hang.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use etm_bpf_tests::{etm_bpf_bin, is_root, wait_timeout};
+
+fn run(args: &[&str]) -> Output {
+    let mut child = Command::new(etm_bpf_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start etm-bpf");
+    let st = wait_timeout(&mut child, Duration::from_secs(30));
+    Output {
+        status: st,
+        stdout: etm_bpf_tests::read_all(child.stdout.take()).into_bytes(),
+        stderr: etm_bpf_tests::read_all(child.stderr.take()).into_bytes(),
+    }
+}
+
+fn assert_clean_error(o: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "expected failure, got {}: {err}", o.status);
+    assert!(err.contains(needle), "stderr lacks {needle:?}: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
+}
+
+/// Without --pid, clap reports the missing argument.
+#[test]
+fn missing_pid_is_a_usage_error() {
+    let o = run(&["run", "--headless"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--pid"));
+}
+
+/// A pid that does not exist is reported as such.
+#[test]
+fn no_such_pid() {
+    // Above the kernel's PID_MAX_LIMIT (4194304), so it can never exist.
+    let o = run(&["run", "--pid", "999999999", "--headless", "--duration", "1"]);
+    assert_clean_error(&o, "no such process: 999999999");
+}
+
+/// A dump dir below a regular file cannot be created.
+#[test]
+fn unwritable_dump_dir() {
+    let pid = std::process::id().to_string();
+    let o = run(&["run", "--pid", &pid, "--headless", "--dump-dir", "/proc/version/sub"]);
+    assert_clean_error(&o, "cannot create dump dir /proc/version/sub");
+}
+
+/// Without a terminal the live view refuses to start and points to --headless.
+#[test]
+fn live_view_needs_a_terminal() {
+    let pid = std::process::id().to_string();
+    let o = run(&["run", "--pid", &pid]);
+    assert_clean_error(&o, "--headless");
+}
+
+/// An unprivileged user is told which capabilities are needed.
+#[test]
+fn not_root_names_the_capabilities() {
+    let pid = std::process::id().to_string();
+    let bin = etm_bpf_bin();
+    let o = if is_root() {
+        // Drop to nobody, without capabilities, with setpriv(1).
+        let probe = Command::new("setpriv").arg("--version").output();
+        if probe.is_err() {
+            eprintln!("SKIP: running as root and setpriv(1) is not available to drop privileges");
+            return;
+        }
+        let o = Command::new("setpriv")
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--inh-caps=-all"])
+            .arg(&bin)
+            .args(["run", "--pid", &pid, "--headless", "--duration", "1"])
+            .output()
+            .expect("run setpriv");
+        let err = String::from_utf8_lossy(&o.stderr);
+        if err.contains("setpriv:") {
+            eprintln!("SKIP: setpriv could not drop privileges or exec the binary: {err}");
+            return;
+        }
+        o
+    } else {
+        run(&["run", "--pid", &pid, "--headless", "--duration", "1"])
+    };
+    assert_clean_error(&o, "CAP_BPF");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("CAP_PERFMON") && err.contains("CAP_SYS_ADMIN"), "{err}");
+}
+
+/// Invalid numbers are rejected before anything is opened.
+#[test]
+fn invalid_frequency() {
+    let pid = std::process::id().to_string();
+    let o = run(&["run", "--pid", &pid, "--headless", "--freq", "0"]);
+    assert_clean_error(&o, "--freq");
+}
