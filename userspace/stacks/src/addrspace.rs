@@ -13,9 +13,10 @@ use std::collections::HashMap;
 
 use object::{Object, ObjectSegment, SegmentFlags};
 
-/// Index of a binary in an [`AddressSpace`] (stable for the life of the space).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BinaryId(pub u32);
+/// Index of a binary in an [`AddressSpace`] (stable for the life of the space): the
+/// `etm_profile` id, so the space can serve as an [`etm_profile::AddressResolver`].
+pub use etm_profile::BinaryId;
+use etm_profile::{AddressResolver, BinaryInfo};
 
 /// Errors of ELF parsing.
 #[derive(Debug, thiserror::Error)]
@@ -156,6 +157,8 @@ pub struct Binary {
     pub load_addresses: Vec<u64>,
     /// True if the ELF headers were read.
     pub elf_ok: bool,
+    /// What the hybrid-profile writers need (`etm_profile`), from the same ELF bytes.
+    pub info: BinaryInfo,
 }
 
 impl Binary {
@@ -240,11 +243,16 @@ impl AddressSpace {
             let id = match self.by_key.get(&key) {
                 Some(&id) => id,
                 None => {
-                    let info = if e.is_file() {
-                        read_file(e).and_then(|b| parse_elf(&b).ok())
-                    } else {
-                        None
-                    };
+                    let bytes = if e.is_file() { read_file(e) } else { None };
+                    let info = bytes.as_deref().and_then(|b| parse_elf(b).ok());
+                    let profile_info = bytes
+                        .as_deref()
+                        .and_then(|b| BinaryInfo::from_elf(&e.path, b).ok())
+                        .unwrap_or_else(|| BinaryInfo {
+                            path: e.path.clone(),
+                            build_id: info.as_ref().and_then(|i| i.build_id.clone()),
+                            ..Default::default()
+                        });
                     if e.is_file() && info.is_none() {
                         self.stats.unreadable_binaries += 1;
                         log::debug!("cannot read ELF headers of {}", e.path);
@@ -258,6 +266,7 @@ impl AddressSpace {
                         segments: info.segments,
                         load_addresses: Vec::new(),
                         elf_ok,
+                        info: profile_info,
                     });
                     self.by_key.insert(key, id);
                     id
@@ -305,6 +314,16 @@ impl AddressSpace {
     /// Counters.
     pub fn stats(&self) -> AddrSpaceStats {
         self.stats
+    }
+}
+
+impl AddressResolver for AddressSpace {
+    fn resolve(&self, addr: u64) -> Option<(BinaryId, u64)> {
+        AddressSpace::resolve(self, addr).map(|r| (r.binary, r.link_addr))
+    }
+
+    fn binary(&self, id: BinaryId) -> Option<&BinaryInfo> {
+        self.binaries.get(id.0 as usize).map(|b| &b.info)
     }
 }
 
@@ -371,6 +390,13 @@ garbage line
         let again = space.update(MAPS, &mut |_| panic!("re-read a known binary"));
         assert_eq!(again, 0);
         assert_eq!(space.resolve(0x5581c7a01234).unwrap().binary, r_binary(&space));
+        // The etm_profile resolver view agrees, with the binary's path and build id.
+        let dynres: &dyn AddressResolver = &space;
+        let (id, link) = dynres.resolve(0x5581c7a01234).unwrap();
+        assert_eq!(link, 0x401234);
+        let info = dynres.binary(id).unwrap();
+        assert_eq!(info.path, "/usr/bin/demo");
+        assert_eq!(info.build_id.as_deref(), Some(&[0xab, 0xcd][..]));
     }
 
     fn r_binary(s: &AddressSpace) -> BinaryId {

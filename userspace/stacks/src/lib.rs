@@ -7,7 +7,8 @@
 //!   counted in [`trie::TrieStats`].
 //! * [`addrspace::AddressSpace`]: a process address space built from `/proc/PID/maps` text and
 //!   the ELF program headers of each mapped file, mapping a runtime address to
-//!   `(binary, link-time address)` (file offset != virtual address in PIE binaries).
+//!   `(binary, link-time address)` (file offset != virtual address in PIE binaries); it
+//!   implements `etm_profile::AddressResolver`.
 //! * Writers: [`folded`] (`outermost;...;leaf count`) and [`pprof`] (gzip'd `profile.proto`).
 //!
 //! The crate does no I/O of its own: callers hand it the maps text and the ELF bytes, and the

@@ -260,6 +260,7 @@ mod tests {
                 segments: vec![],
                 load_addresses: vec![0x1000],
                 elf_ok: true,
+                info: Default::default(),
             },
             Binary {
                 path: "/lib/libc.so.6".into(),
@@ -267,6 +268,7 @@ mod tests {
                 segments: vec![],
                 load_addresses: vec![0x7000],
                 elf_ok: true,
+                info: Default::default(),
             },
         ];
         let meta = PprofMeta { period_ns: 1_001_001, ..Default::default() };
