@@ -339,6 +339,15 @@ impl AuxCursor {
         AuxWindow { start, len, flags }
     }
 
+    /// Gives up on the bytes between the cursor and `pos` (their PERF_RECORD_AUX records were
+    /// lost): counted as gap bytes; the next record is expected at `pos`.
+    pub fn skip_to(&mut self, pos: u64) {
+        if pos > self.tail {
+            self.stats.gap_bytes += pos - self.tail;
+            self.tail = pos;
+        }
+    }
+
     /// Copies a window out of the AUX ring into `out` (appended). Returns false (and copies
     /// nothing) if the window is larger than the ring.
     pub fn copy_window(&self, ring: &[u8], w: &AuxWindow, out: &mut Vec<u8>) -> bool {

@@ -4,3 +4,4 @@
 pub mod bpf;
 pub mod perf_event;
 pub mod collector;
+pub mod etm;

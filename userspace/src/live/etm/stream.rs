@@ -1,0 +1,441 @@
+//! Draining one perf mmap (data ring + AUX ring) into pipeline events. Pure logic over a
+//! [`RingSource`], so the whole loop runs in tests against fake rings built from bytes.
+
+use std::collections::HashMap;
+
+use etm_perf::records::{CsHwId, Mmap2FileId, PerfRecord, SampleFormat, parse_record};
+use etm_perf::ring::{AuxCursor, AuxStats, DataRingStats, UserPage, read_data_ring};
+use etm_session::session::{AuxRecord, PauseSample, SessionEvent, Sideband};
+
+/// A mapped perf buffer: the user page, the data ring and the AUX ring.
+pub trait RingSource {
+    /// The metadata page.
+    fn page(&self) -> UserPage<'_>;
+    /// The data ring bytes (power-of-two length).
+    fn data(&self) -> &[u8];
+    /// The AUX ring bytes (empty if the event has none).
+    fn aux(&self) -> &[u8];
+    /// `PERF_EVENT_IOC_ENABLE` on the AUX event (after the kernel disabled it).
+    fn reenable(&mut self) -> std::io::Result<()>;
+}
+
+/// Where drained events go (the pipeline, a session writer, or both).
+pub trait EventSink {
+    fn event(&mut self, ev: SessionEvent<'_>);
+}
+
+impl<F: FnMut(SessionEvent<'_>)> EventSink for F {
+    fn event(&mut self, ev: SessionEvent<'_>) {
+        self(ev)
+    }
+}
+
+/// What an event id in the ring is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdRole {
+    /// cs_etm leader (no samples expected).
+    Etm,
+    /// Resume event: its samples mark window starts (counted, not forwarded).
+    Resume,
+    /// Pause event: its samples (kernel callchain) are the pause samples.
+    Pause,
+}
+
+/// Counters of one stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    pub data: DataRingStats,
+    pub aux: AuxStats,
+    /// Records that failed to parse (truncated, bad size, unsupported sample_type).
+    pub bad_records: u64,
+    /// Pause samples forwarded.
+    pub pause_samples: u64,
+    /// Pause samples without a user callchain (dropped).
+    pub empty_stacks: u64,
+    /// Resume samples seen.
+    pub resume_samples: u64,
+    /// Samples from ids not in the group.
+    pub unknown_samples: u64,
+    /// Records of types the pipeline does not use.
+    pub other_records: u64,
+    /// Sum of PERF_RECORD_LOST counts.
+    pub lost: u64,
+    /// Re-enable ioctls that failed.
+    pub reenable_errors: u64,
+}
+
+/// Consumer state of one mmap (one CPU, or one thread with cpu = -1).
+pub struct CpuStream {
+    /// CPU of the AUX buffer (-1 per-thread).
+    pub cpu: i32,
+    pub fmt: SampleFormat,
+    /// Sample formats by event id (pause events carry CALLCHAIN, others not).
+    formats: HashMap<u64, (IdRole, SampleFormat)>,
+    cursor: AuxCursor,
+    scratch: Vec<u8>,
+    aux_bytes: Vec<u8>,
+    stack: Vec<u64>,
+    pub stats: StreamStats,
+    /// Trace IDs seen in AUX_OUTPUT_HW_ID records (trace id -> sink id).
+    pub hw_ids: Vec<CsHwId>,
+}
+
+impl CpuStream {
+    /// `fmt` is the trailer layout shared by all events of the ring; `ids` maps event ids
+    /// (PERF_EVENT_IOC_ID) to their role and own sample format.
+    pub fn new(cpu: i32, fmt: SampleFormat, ids: &[(u64, IdRole, SampleFormat)], aux_size: u64) -> Self {
+        CpuStream {
+            cpu,
+            fmt,
+            formats: ids.iter().map(|&(id, r, f)| (id, (r, f))).collect(),
+            cursor: AuxCursor::new(aux_size, 0),
+            scratch: Vec::new(),
+            aux_bytes: Vec::new(),
+            stack: Vec::new(),
+            stats: StreamStats::default(),
+            hw_ids: Vec::new(),
+        }
+    }
+
+    /// Drains everything pending: parses `[data_tail, data_head)`, copies each AUX window out
+    /// of the AUX ring, hands events to `sink`, then publishes `data_tail` and `aux_tail` and
+    /// re-enables the AUX event if the kernel disabled it (full buffer or TRUNCATED).
+    pub fn drain(&mut self, src: &mut impl RingSource, sink: &mut impl EventSink) -> usize {
+        let (head, tail, aux_head, aux_tail) = {
+            let pg = src.page();
+            (pg.data_head(), pg.data_tail(), pg.aux_head(), pg.aux_tail())
+        };
+        if !src.aux().is_empty() {
+            self.cursor.observe_head(aux_head, aux_tail);
+        }
+        let mut n = 0;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut data_stats = self.stats.data;
+        let new_tail = read_data_ring(src.data(), tail, head, &mut scratch, &mut data_stats, |bytes| {
+            n += 1;
+            self.record(bytes, src.aux(), sink);
+        });
+        self.stats.data = data_stats;
+        self.scratch = scratch;
+        let pg = src.page();
+        pg.set_data_tail(new_tail);
+        if !src.aux().is_empty() {
+            // Still full after every record was processed: the records describing the data
+            // were lost (data ring overflow), so nothing would ever free the ring. Skip to the
+            // head (counted as a gap) so the kernel can write again.
+            let size = src.aux().len() as u64;
+            if aux_head.saturating_sub(self.cursor.tail()) >= size {
+                self.cursor.skip_to(aux_head);
+            }
+            // Everything up to the cursor has been copied (or skipped as a gap); the kernel
+            // may reuse it. Never move the tail backwards or past the head.
+            let t = self.cursor.tail().min(aux_head.max(pg.aux_head())).max(aux_tail);
+            pg.set_aux_tail(t);
+        }
+        self.stats.aux = self.cursor.stats;
+        if self.cursor.take_reenable() {
+            if let Err(e) = src.reenable() {
+                log::warn!("cpu {}: re-enabling cs_etm failed: {e}", self.cpu);
+                self.stats.reenable_errors += 1;
+            }
+            self.stats.aux = self.cursor.stats;
+        }
+        n
+    }
+
+    fn record(&mut self, bytes: &[u8], aux: &[u8], sink: &mut impl EventSink) {
+        // SAMPLE layouts differ per event: the first u64 of the body is PERF_SAMPLE_IDENTIFIER.
+        let mut fmt = self.fmt;
+        let mut role = None;
+        if etm_perf::records::peek_header(bytes).is_some_and(|h| h.0 == etm_perf::records::types::SAMPLE)
+            && let Some(id) = bytes.get(8..16).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+        {
+            match self.formats.get(&id) {
+                Some(&(r, f)) => {
+                    fmt = f;
+                    role = Some(r);
+                }
+                None => {
+                    self.stats.unknown_samples += 1;
+                    return;
+                }
+            }
+        }
+        let rec = match parse_record(bytes, &fmt) {
+            Ok(r) => r,
+            Err(e) => {
+                log::debug!("cpu {}: bad perf record: {e}", self.cpu);
+                self.stats.bad_records += 1;
+                return;
+            }
+        };
+        let id = rec.sample_id;
+        let time = id.time.unwrap_or(0);
+        let cpu = id.cpu.map(|c| c as i32);
+        let sb = match rec.kind {
+            PerfRecord::Aux { aux_offset, aux_size, flags } => {
+                let w = self.cursor.on_aux_record(aux_offset, aux_size, flags);
+                self.aux_bytes.clear();
+                if !self.cursor.copy_window(aux, &w, &mut self.aux_bytes) {
+                    self.stats.bad_records += 1;
+                }
+                let record = AuxRecord { cpu: self.cpu, flags, time, aux_offset: w.start, size: w.len };
+                sink.event(SessionEvent::Aux { record, data: &self.aux_bytes });
+                return;
+            }
+            PerfRecord::Sample(s) => {
+                match role {
+                    Some(IdRole::Pause) => {
+                        self.stack.clear();
+                        self.stack.extend(s.user_callchain());
+                        if self.stack.is_empty() {
+                            self.stats.empty_stacks += 1;
+                            return;
+                        }
+                        self.stats.pause_samples += 1;
+                        let p = PauseSample {
+                            cpu: s.cpu.map_or(self.cpu, |c| c as i32),
+                            pid: s.pid.unwrap_or(0),
+                            tid: s.tid.unwrap_or(0),
+                            time: s.time.unwrap_or(0),
+                            stack: std::mem::take(&mut self.stack),
+                            branches: None,
+                        };
+                        sink.event(SessionEvent::Sample(&p));
+                        self.stack = p.stack;
+                    }
+                    Some(IdRole::Resume) => self.stats.resume_samples += 1,
+                    _ => self.stats.unknown_samples += 1,
+                }
+                return;
+            }
+            PerfRecord::Mmap2(m) => Sideband::Mmap2 {
+                pid: m.pid,
+                tid: m.tid,
+                addr: m.addr,
+                len: m.len,
+                pgoff: m.pgoff,
+                prot: m.prot,
+                flags: m.flags,
+                filename: String::from_utf8_lossy(m.filename).into_owned(),
+                build_id: match m.file_id {
+                    Mmap2FileId::BuildId(b) => Some(b.iter().map(|x| format!("{x:02x}")).collect()),
+                    Mmap2FileId::Inode { .. } => None,
+                },
+                time,
+                cpu,
+            },
+            PerfRecord::Comm { pid, tid, comm, exec } => {
+                Sideband::Comm { pid, tid, comm: String::from_utf8_lossy(comm).into_owned(), exec, time, cpu }
+            }
+            PerfRecord::Fork { pid, ppid, tid, ptid, time: t } => Sideband::Fork { pid, ppid, tid, ptid, time: t, cpu },
+            PerfRecord::Exit { pid, ppid, tid, ptid, time: t } => Sideband::Exit { pid, ppid, tid, ptid, time: t, cpu },
+            PerfRecord::Lost { id: eid, lost } => {
+                self.stats.lost += lost;
+                Sideband::Lost { id: eid, lost, time, cpu }
+            }
+            PerfRecord::ItraceStart { pid, tid } => Sideband::ItraceStart { pid, tid, time, cpu },
+            PerfRecord::AuxOutputHwId { hw_id } => {
+                self.hw_ids.push(CsHwId::decode(hw_id));
+                Sideband::AuxOutputHwId { hw_id, time, cpu }
+            }
+            _ => {
+                self.stats.other_records += 1;
+                return;
+            }
+        };
+        sink.event(SessionEvent::Sideband(&sb));
+    }
+}
+
+/// A ring backed by plain memory, for tests: the "kernel" side writes records and AUX bytes
+/// and moves the heads; the stream under test consumes them.
+#[cfg(test)]
+pub mod fake {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    pub struct FakeRing {
+        pub words: Vec<AtomicU64>,
+        pub data: Vec<u8>,
+        pub aux: Vec<u8>,
+        pub reenables: usize,
+    }
+
+    impl FakeRing {
+        pub fn new(data_size: usize, aux_size: usize) -> Self {
+            FakeRing { words: (0..512).map(|_| AtomicU64::new(0)).collect(), data: vec![0; data_size], aux: vec![0; aux_size], reenables: 0 }
+        }
+        fn word(&self, off: usize) -> &AtomicU64 {
+            &self.words[off / 8]
+        }
+        /// Kernel side: append a record at data_head.
+        pub fn push_record(&mut self, rec: &[u8]) {
+            let head = self.word(1024).load(Ordering::Relaxed);
+            let n = self.data.len() as u64;
+            for (i, b) in rec.iter().enumerate() {
+                self.data[((head + i as u64) % n) as usize] = *b;
+            }
+            self.word(1024).store(head + rec.len() as u64, Ordering::Release);
+        }
+        /// Kernel side: write AUX bytes at aux_head; returns the old head (the record offset).
+        pub fn push_aux(&mut self, bytes: &[u8]) -> u64 {
+            let head = self.word(1056).load(Ordering::Relaxed);
+            let n = self.aux.len() as u64;
+            for (i, b) in bytes.iter().enumerate() {
+                self.aux[((head + i as u64) % n) as usize] = *b;
+            }
+            self.word(1056).store(head + bytes.len() as u64, Ordering::Release);
+            head
+        }
+        pub fn data_tail(&self) -> u64 {
+            self.word(1032).load(Ordering::Relaxed)
+        }
+        pub fn aux_tail(&self) -> u64 {
+            self.word(1064).load(Ordering::Relaxed)
+        }
+    }
+
+    impl RingSource for FakeRing {
+        fn page(&self) -> UserPage<'_> {
+            UserPage::new(&self.words).expect("512 words")
+        }
+        fn data(&self) -> &[u8] {
+            &self.data
+        }
+        fn aux(&self) -> &[u8] {
+            &self.aux
+        }
+        fn reenable(&mut self) -> std::io::Result<()> {
+            self.reenables += 1;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::FakeRing;
+    use super::*;
+    use etm_perf::attr::RING_SAMPLE_TYPE;
+    use etm_perf::records::{SampleId, build, context, sample, types};
+
+    const FMT: SampleFormat = SampleFormat { sample_type: RING_SAMPLE_TYPE, sample_id_all: true, branch_hw_index: false, regs_user_mask: 0 };
+    const PAUSE_FMT: SampleFormat = SampleFormat { sample_type: RING_SAMPLE_TYPE | sample::CALLCHAIN, ..FMT };
+    const PAUSE_ID: u64 = 77;
+    const RESUME_ID: u64 = 78;
+
+    fn sid(time: u64) -> SampleId {
+        SampleId { pid: Some(100), tid: Some(101), time: Some(time), id: Some(5), stream_id: None, cpu: Some(2) }
+    }
+
+    fn stream(aux_size: u64) -> CpuStream {
+        CpuStream::new(2, FMT, &[(5, IdRole::Etm, FMT), (PAUSE_ID, IdRole::Pause, PAUSE_FMT), (RESUME_ID, IdRole::Resume, FMT)], aux_size)
+    }
+
+    #[derive(Debug, PartialEq)]
+    enum Ev {
+        Aux(AuxRecord, Vec<u8>),
+        Sample(PauseSample),
+        Side(Sideband),
+    }
+
+    fn collect(s: &mut CpuStream, ring: &mut FakeRing) -> Vec<Ev> {
+        let mut out = Vec::new();
+        s.drain(ring, &mut |ev: SessionEvent<'_>| {
+            out.push(match ev {
+                SessionEvent::Aux { record, data } => Ev::Aux(record, data.to_vec()),
+                SessionEvent::Sample(p) => Ev::Sample(p.clone()),
+                SessionEvent::Sideband(sb) => Ev::Side(sb.clone()),
+            })
+        });
+        out
+    }
+
+    /// A window's bytes, its AUX record, the pause sample with its user callchain and sideband
+    /// come out as pipeline events in ring order; resume samples are counted, not forwarded;
+    /// both tails are published.
+    #[test]
+    fn drains_window_then_pause() {
+        let mut ring = FakeRing::new(4096, 1024);
+        let mut s = stream(1024);
+        let trace: Vec<u8> = (0..200u32).map(|i| i as u8).collect();
+        ring.push_record(&build::record(types::ITRACE_START, 0, &[100, 0, 0, 0, 101, 0, 0, 0], &FMT, &sid(1)));
+        ring.push_record(&build::record(types::AUX_OUTPUT_HW_ID, 0, &((1u64 << 56) | (0x55 << 8) | 0x14).to_le_bytes(), &FMT, &sid(2)));
+        let resume = SampleId { id: Some(RESUME_ID), ..sid(3) };
+        ring.push_record(&build::sample(&FMT, &resume, 0x400000, 1000, &[]));
+        let off = ring.push_aux(&trace);
+        ring.push_record(&build::aux(off, trace.len() as u64, 0x100, &FMT, &sid(10)));
+        let pause = SampleId { id: Some(PAUSE_ID), ..sid(11) };
+        ring.push_record(&build::sample(&PAUSE_FMT, &pause, 0x400100, 2000, &[context::USER, 0x400100, 0x400abc]));
+        let out = collect(&mut s, &mut ring);
+        assert_eq!(out.len(), 4, "{out:?}");
+        assert!(matches!(&out[0], Ev::Side(Sideband::ItraceStart { pid: 100, tid: 101, time: 1, cpu: Some(2) })));
+        assert!(matches!(&out[1], Ev::Side(Sideband::AuxOutputHwId { time: 2, .. })));
+        assert_eq!(out[2], Ev::Aux(AuxRecord { cpu: 2, flags: 0x100, time: 10, aux_offset: 0, size: 200 }, trace.clone()));
+        assert_eq!(out[3], Ev::Sample(PauseSample { cpu: 2, pid: 100, tid: 101, time: 11, stack: vec![0x400100, 0x400abc], branches: None }));
+        assert_eq!((s.stats.resume_samples, s.stats.pause_samples), (1, 1));
+        assert_eq!(s.hw_ids[0].trace_id, 0x14);
+        assert_eq!(ring.data_tail(), ring.page().data_head());
+        assert_eq!(ring.aux_tail(), 200);
+        assert_eq!(ring.reenables, 0);
+    }
+
+    /// Many windows through small rings: data records and AUX windows wrap repeatedly, every
+    /// window's bytes arrive intact and in order.
+    #[test]
+    fn many_windows_wrap() {
+        let mut ring = FakeRing::new(512, 256);
+        let mut s = stream(256);
+        let mut want = Vec::new();
+        let mut got = Vec::new();
+        for k in 0..50u64 {
+            let w: Vec<u8> = (0..(37 + k % 50)).map(|i| (i * 7 + k) as u8).collect();
+            let off = ring.push_aux(&w);
+            ring.push_record(&build::aux(off, w.len() as u64, 0, &FMT, &sid(k)));
+            ring.push_record(&build::sample(&PAUSE_FMT, &SampleId { id: Some(PAUSE_ID), ..sid(k) }, 1, 1, &[context::USER, 0x1000 + k]));
+            want.push(w);
+            for e in collect(&mut s, &mut ring) {
+                if let Ev::Aux(_, b) = e {
+                    got.push(b);
+                }
+            }
+        }
+        assert_eq!(got, want);
+        assert!(s.stats.data.wrapped > 0);
+        assert_eq!((s.stats.aux.gap_bytes, s.stats.bad_records, s.stats.pause_samples), (0, 0, 50));
+    }
+
+    /// TRUNCATED asks for a re-enable; a full AUX ring (head - tail = size) too; LOST records
+    /// are forwarded and summed; a corrupt record is counted and the stream goes on.
+    #[test]
+    fn faults_are_counted() {
+        let mut ring = FakeRing::new(1024, 256);
+        let mut s = stream(256);
+        let off = ring.push_aux(&[1; 64]);
+        ring.push_record(&build::aux(off, 64, 0x1, &FMT, &sid(1)));
+        ring.push_record(&build::record(types::LOST, 0, &[&9u64.to_le_bytes()[..], &3u64.to_le_bytes()[..]].concat(), &FMT, &sid(2)));
+        let mut bad = build::record(types::ITRACE_START, 0, &[0; 8], &FMT, &sid(3));
+        bad[0] = 12;
+        bad[6] = 16; // claims 16 bytes: body + trailer no longer fit
+        bad.truncate(16);
+        ring.push_record(&bad);
+        ring.push_record(&build::sample(&PAUSE_FMT, &SampleId { id: Some(999), ..sid(4) }, 1, 1, &[]));
+        let out = collect(&mut s, &mut ring);
+        assert_eq!(out.len(), 2);
+        assert!(matches!(out[1], Ev::Side(Sideband::Lost { lost: 3, .. })));
+        assert_eq!((ring.reenables, s.stats.lost, s.stats.bad_records, s.stats.unknown_samples), (1, 3, 1, 1));
+        // Fill the AUX ring completely without a record: the drain sees head - tail == size.
+        ring.push_aux(&[2; 256]);
+        collect(&mut s, &mut ring);
+        assert_eq!((ring.reenables, s.stats.aux.full), (2, 1));
+        // Their record never comes (lost): the stream skipped to the head, so the ring is free
+        // again and the next window is delivered normally.
+        assert_eq!((ring.aux_tail(), s.stats.aux.gap_bytes), (320, 256));
+        let off = ring.push_aux(&[3; 10]);
+        ring.push_record(&build::aux(off, 10, 0, &FMT, &sid(5)));
+        let out = collect(&mut s, &mut ring);
+        assert!(matches!(&out[..], [Ev::Aux(r, b)] if r.size == 10 && b == &vec![3u8; 10]));
+        assert_eq!(ring.reenables, 2);
+    }
+}
