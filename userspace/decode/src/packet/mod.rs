@@ -27,6 +27,8 @@
 //! The printer in [`crate::listing`] renders packets in `trc_pkt_lister` format.
 
 mod demux;
+#[doc(hidden)]
+pub mod fuzz;
 mod parser;
 
 pub use demux::{DemuxSink, PacketDemux};
@@ -195,7 +197,7 @@ impl PacketType {
 }
 
 /// A sequence of up to 24 atoms; bit 0 of `bits` is the oldest atom, 1 = E (taken), 0 = N.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct Atoms {
     /// E/N pattern, oldest in bit 0.
     pub bits: u32,
@@ -204,7 +206,7 @@ pub struct Atoms {
 }
 
 /// PE context (IHI 0064 §6.4.11 "Context packets").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct Context {
     /// This packet carried context information (false: "context unchanged", header 0x80).
     pub updated: bool,
@@ -223,7 +225,7 @@ pub struct Context {
 }
 
 /// Form of an address packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AddrForm {
     /// Exact match with history entry 0..=2.
     Match(u8),
@@ -236,7 +238,7 @@ pub enum AddrForm {
 }
 
 /// A resolved address from an address packet (also Q and source-address packets).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Address {
     /// Packet form.
     pub form: AddrForm,
@@ -249,7 +251,7 @@ pub struct Address {
 }
 
 /// Trace Info packet contents (IHI 0064 §6.4.4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct TraceInfo {
     /// INFO section value (bit0 CC enabled, bits3:1 cond type, bit4 p0_load, bit5 p0_store,
     /// bit6 ETE in-transaction).
@@ -278,7 +280,7 @@ impl TraceInfo {
 }
 
 /// Exception packet contents (IHI 0064 §6.4.6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Exception {
     /// Exception type (10 bits).
     pub exc_type: u16,
@@ -292,7 +294,7 @@ pub struct Exception {
 }
 
 /// Q packet (IHI 0064 §6.4.13).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct QPacket {
     /// Instruction count, `None` for type 0xF (count unknown).
     pub count: Option<u32>,
@@ -303,7 +305,7 @@ pub struct QPacket {
 }
 
 /// One ETMv4/ETE packet. `Copy`, no heap data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Packet {
     /// Bytes skipped before the first A-sync (reported once).
     NotSync,
