@@ -28,6 +28,10 @@ pub struct SynthArgs {
     /// Also write the trace as an OpenCSD snapshot into this directory (for trc_pkt_lister).
     #[arg(long)]
     snapshot: Option<PathBuf>,
+    /// Inject a fault into the written session: KIND@WINDOW with KIND one of truncate,
+    /// corrupt, nosync, lost (repeatable; marked in ground_truth.jsonl).
+    #[arg(long = "fault", value_name = "KIND@WINDOW", value_parser = etm_synth::generate::parse_fault)]
+    faults: Vec<(u64, etm_synth::generate::Fault)>,
     /// Stop after this many executed instructions (8 bytes of memory each).
     #[arg(long, default_value_t = 200_000_000)]
     max_insns: u64,
@@ -48,6 +52,7 @@ pub fn main(args: SynthArgs) -> anyhow::Result<ExitCode> {
         window: args.window,
         period: args.period,
         retstack: !args.no_retstack,
+        faults: args.faults.clone(),
         ..Default::default()
     };
     let mut img = image::CodeImage::load(&prog).with_context(|| format!("reading {}", prog.display()))?;

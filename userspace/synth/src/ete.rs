@@ -402,7 +402,7 @@ mod tests {
                     x ^= x << 13;
                     x ^= x >> 17;
                     x ^= x << 5;
-                    x % 5 != 0
+                    !x.is_multiple_of(5)
                 })
                 .collect();
             let mut enc = Encoder::new(EncoderConfig::default());

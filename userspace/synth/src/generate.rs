@@ -63,6 +63,44 @@ pub mod clock {
     }
 }
 
+/// A fault injected into one window of the written session (the OpenCSD snapshot and the
+/// in-memory [`Window`]s stay clean). The ground truth marks the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    /// Only the first half of the window's bytes is written, and the AUX record carries
+    /// `PERF_AUX_FLAG_TRUNCATED`.
+    Truncate,
+    /// One byte in the middle of the window (after its sync packets) is XORed with 0x5A.
+    Corrupt,
+    /// The window's A-sync and Trace Info packets are removed (the bytes start at the first
+    /// timestamp): the window has no sync point.
+    NoSync,
+    /// The window's pause sample is lost: no `sample` line, a `lost` record (1 lost) instead.
+    /// Its AUX bytes are written normally.
+    Lost,
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "truncate" => Fault::Truncate,
+            "corrupt" => Fault::Corrupt,
+            "nosync" | "no_sync" => Fault::NoSync,
+            "lost" => Fault::Lost,
+            _ => return Err(format!("unknown fault {s:?} (truncate, corrupt, nosync, lost)")),
+        })
+    }
+}
+
+/// Parse `KIND@WINDOW` (e.g. `truncate@3`).
+pub fn parse_fault(s: &str) -> Result<(u64, Fault), String> {
+    let (kind, at) = s.split_once('@').ok_or_else(|| format!("fault {s:?} is not KIND@WINDOW"))?;
+    let at = at.parse::<u64>().map_err(|e| format!("fault window {at:?}: {e}"))?;
+    Ok((at, kind.parse()?))
+}
+
 /// Generator options.
 #[derive(Debug, Clone)]
 pub struct SynthConfig {
@@ -80,15 +118,31 @@ pub struct SynthConfig {
     pub pid: u32,
     /// Thread id (also the CONTEXTIDR value traced).
     pub tid: u32,
+    /// Faults to inject into the written session: (window index, fault).
+    pub faults: Vec<(u64, Fault)>,
 }
 
 impl Default for SynthConfig {
     fn default() -> Self {
-        SynthConfig { window: 1_000, period: 100_000, retstack: true, end_timestamp: true, cpu: 0, pid: 4242, tid: 4242 }
+        SynthConfig {
+            window: 1_000,
+            period: 100_000,
+            retstack: true,
+            end_timestamp: true,
+            cpu: 0,
+            pid: 4242,
+            tid: 4242,
+            faults: Vec::new(),
+        }
     }
 }
 
 impl SynthConfig {
+    /// The fault injected into window `k`, if any.
+    pub fn fault(&self, k: u64) -> Option<Fault> {
+        self.faults.iter().find(|(w, _)| *w == k).map(|(_, f)| *f)
+    }
+
     /// TRCCONFIGR for this configuration.
     pub fn trcconfigr(&self) -> u32 {
         regs::CONFIGR_CID | regs::CONFIGR_TS | if self.retstack { regs::CONFIGR_RS } else { 0 }
@@ -271,6 +325,15 @@ mod tests {
         assert_eq!(c.windows(300), vec![(90, 100), (190, 200)]);
         let bad = SynthConfig { window: 10, period: 5, ..SynthConfig::default() };
         assert!(bad.windows(1000).is_empty());
+    }
+
+    /// `KIND@WINDOW` parses; unknown kinds and missing windows are errors.
+    #[test]
+    fn fault_syntax() {
+        assert_eq!(parse_fault("truncate@3"), Ok((3, Fault::Truncate)));
+        assert_eq!(parse_fault("nosync@0"), Ok((0, Fault::NoSync)));
+        assert!(parse_fault("zap@1").is_err());
+        assert!(parse_fault("lost").is_err());
     }
 
     /// The clock helper is perf's `tsc_to_perf_time` with the chosen parameters: 10 ns/tick.

@@ -26,14 +26,18 @@
 //!      the final waypoint, `exception` for a range ending with an `SVC`). Instructions after
 //!      the last waypoint of the window are in no range (`untraced_tail` counts them);
 //!    * `n_branches`, `n_ranges`, `insns` (instructions executed in the window), `gaps`
-//!      (discontinuities other than exceptions; 0 for well-behaved programs).
+//!      (discontinuities other than exceptions; 0 for well-behaved programs);
+//!    * `fault`: `null`, or the fault injected into this window's session data (`truncate`,
+//!      `corrupt`, `no_sync`, `lost`; see [`crate::generate::Fault`]). `aux_offset`/`aux_size`
+//!      describe the bytes as written (after the fault); with a `lost` fault the window has no `sample` line, so
+//!      sample k of `events.jsonl` is the k-th window *without* a `lost` fault.
 //! 3. `{"type":"totals", ...}` ([`GtTotals`]): sums over all windows.
 
 use std::io::{BufRead, Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::generate::Synthesis;
+use crate::generate::{Fault, Synthesis};
 use crate::truth::{PathStats, TrueBranch, TrueRange};
 
 /// First line.
@@ -61,6 +65,9 @@ pub struct GtMeta {
     pub tid: u32,
     /// Number of windows.
     pub windows: u64,
+    /// Injected faults: (window index, fault).
+    #[serde(default)]
+    pub faults: Vec<(u64, Fault)>,
     /// Whole-path counters.
     pub stats: PathStats,
 }
@@ -98,6 +105,9 @@ pub struct GtWindow {
     pub untraced_tail: u64,
     /// Discontinuities.
     pub gaps: u64,
+    /// Fault injected into this window's session data, if any.
+    #[serde(default)]
+    pub fault: Option<Fault>,
 }
 
 /// Last line.
@@ -136,9 +146,9 @@ pub struct GroundTruth {
     pub totals: GtTotals,
 }
 
-/// Write the ground truth of `syn` (`meta` filled by the caller; `aux_offsets` = offset of each
-/// window's bytes in the AUX file).
-pub fn write(mut w: impl Write, meta: &GtMeta, syn: &Synthesis, aux_offsets: &[u64]) -> std::io::Result<()> {
+/// Write the ground truth of `syn` (`meta` filled by the caller; `aux` = offset and size of each
+/// window's bytes as written in the AUX file).
+pub fn write(mut w: impl Write, meta: &GtMeta, syn: &Synthesis, aux: &[(u64, u64)]) -> std::io::Result<()> {
     let line = |w: &mut dyn Write, l: &GtLine| -> std::io::Result<()> {
         serde_json::to_writer(&mut *w, l)?;
         w.write_all(b"\n")
@@ -157,8 +167,8 @@ pub fn write(mut w: impl Write, meta: &GtMeta, syn: &Synthesis, aux_offsets: &[u
             start_index: win.start_index,
             pause_index: win.pause_index,
             sample_time: win.sample_time,
-            aux_offset: aux_offsets.get(k).copied().unwrap_or(0),
-            aux_size: win.bytes.len() as u64,
+            aux_offset: aux.get(k).map_or(0, |a| a.0),
+            aux_size: aux.get(k).map_or(win.bytes.len() as u64, |a| a.1),
             stack: win.stack.clone(),
             n_branches: branches.len() as u64,
             branches,
@@ -168,6 +178,7 @@ pub fn write(mut w: impl Write, meta: &GtMeta, syn: &Synthesis, aux_offsets: &[u
             insns: win.insns,
             untraced_tail: win.untraced_tail,
             gaps: win.gaps,
+            fault: syn.config.fault(k as u64),
         };
         line(&mut w, &GtLine::Window(g))?;
     }

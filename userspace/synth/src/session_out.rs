@@ -5,7 +5,8 @@
 //! `itrace_start`, `aux_output_hw_id` (trace ID, hw_id version 0.1), then per window one `aux`
 //! record (flags = `PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW`: unformatted ETE as TRBE writes it,
 //! time = the pause) followed by its pause `sample` (cpu, pid, tid, time, true stack, no branch
-//! records), and finally `exit`.
+//! records), and finally `exit`. Faults ([`crate::generate::Fault`]) alter the written window
+//! (bytes, flags, or the sample replaced by a `lost` record); the ground truth marks them.
 
 use std::collections::HashMap;
 use std::io::BufWriter;
@@ -13,10 +14,11 @@ use std::path::Path;
 
 use etm_session::session::{
     AuxRecord, ClockParams, CpuTraceConfig, PauseSample, SessionMeta, SessionSource, SessionWriter, Sideband,
-    TargetInfo, TraceArch, WindowParams, PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW,
+    TargetInfo, TraceArch, WindowParams, PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, PERF_AUX_FLAG_TRUNCATED,
 };
 
-use crate::generate::{clock, regs, Synthesis};
+use crate::ete::A_SYNC;
+use crate::generate::{clock, regs, Fault, Synthesis};
 use crate::gtfile::{self, GtMeta};
 use crate::image::CodeImage;
 use crate::SynthError;
@@ -34,6 +36,8 @@ pub struct WriteSummary {
 }
 
 /// Write the session for `syn`, generated from `program args` run with `exit_code`.
+// `..Default::default()` keeps this compiling when the session format gains fields.
+#[allow(clippy::needless_update)]
 pub fn write_session(
     dir: &Path,
     program: &Path,
@@ -121,21 +125,45 @@ pub fn write_session(
     let mut summary = WriteSummary::default();
     let mut offsets = Vec::with_capacity(syn.windows.len());
     let mut ring = 0u64;
-    for win in &syn.windows {
-        offsets.push(summary.aux_bytes);
+    for (k, win) in syn.windows.iter().enumerate() {
+        let fault = cfg.fault(k as u64);
+        let mut flags = PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW;
+        let mut bytes: std::borrow::Cow<'_, [u8]> = (&win.bytes[..]).into();
+        // Sync packets at the start of every window: A-sync (12 bytes) + Trace Info (2 bytes).
+        let sync_len = A_SYNC.len() + 2;
+        match fault {
+            Some(Fault::Truncate) => {
+                bytes = (&win.bytes[..win.bytes.len() / 2]).into();
+                flags |= PERF_AUX_FLAG_TRUNCATED;
+            }
+            Some(Fault::Corrupt) => {
+                let mut v = win.bytes.clone();
+                let at = (sync_len + (v.len() - sync_len) / 2).min(v.len() - 1);
+                v[at] ^= 0x5A;
+                bytes = v.into();
+            }
+            Some(Fault::NoSync) => bytes = (&win.bytes[sync_len.min(win.bytes.len())..]).into(),
+            Some(Fault::Lost) | None => {}
+        }
+        offsets.push((summary.aux_bytes, bytes.len() as u64));
         let rec = AuxRecord {
             cpu: cfg.cpu,
-            flags: PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW,
+            flags,
             time: win.sample_time,
             aux_offset: ring,
             size: win.bytes.len() as u64,
         };
-        w.write_aux(&rec, &win.bytes).map_err(sess)?;
+        w.write_aux(&rec, &bytes).map_err(sess)?;
         ring += win.bytes.len() as u64;
-        let sample = PauseSample { cpu: cfg.cpu, pid, tid, time: win.sample_time, stack: win.stack.clone(), branches: None };
-        w.write_sample(&sample).map_err(sess)?;
+        if fault == Some(Fault::Lost) {
+            w.write_sideband(&Sideband::Lost { id: 0, lost: 1, time: win.sample_time, cpu }).map_err(sess)?;
+        } else {
+            let sample =
+                PauseSample { cpu: cfg.cpu, pid, tid, time: win.sample_time, stack: win.stack.clone(), branches: None };
+            w.write_sample(&sample).map_err(sess)?;
+        }
         summary.windows += 1;
-        summary.aux_bytes += win.bytes.len() as u64;
+        summary.aux_bytes += bytes.len() as u64;
     }
     let t_end = clock::perf_time(clock::counter(syn.stats.insns));
     w.write_sideband(&Sideband::Exit { pid, ppid: 1, tid, ptid: 1, time: t_end, cpu }).map_err(sess)?;
@@ -153,6 +181,7 @@ pub fn write_session(
         pid,
         tid,
         windows: syn.windows.len() as u64,
+        faults: cfg.faults.clone(),
         stats: syn.stats.clone(),
     };
     let path = dir.join(GROUND_TRUTH_FILE);
