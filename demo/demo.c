@@ -1,9 +1,10 @@
 /* etm-bpf demo workload: a small "service" with known hot call chains.
  *
- *   main -> serve -> handle_request -> parse_json   -> scan_tokens        (~40%)
- *   main -> serve -> handle_request -> render_page  -> escape_html        (~20%)
- *   main -> serve -> compress_log   -> crc32_update                       (~20%)
- *   worker thread: worker -> rebuild_index -> sort_keys -> compare_keys   (second CPU)
+ *   main -> serve -> compress_log   -> crc32_update                       (hottest)
+ *   main -> serve -> handle_request -> parse_json   -> scan_tokens
+ *   main -> serve -> handle_request -> render_page  -> escape_html
+ *   worker thread: worker -> rebuild_index -> sort_keys -> qsort -> compare_keys
+ *     (libc's qsort has no frame pointers: those stacks come out shallow, as the view shows)
  *
  * Built with frame pointers so eBPF user stacks are complete:
  *   clang-22 -O1 -g -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer -pthread demo.c
