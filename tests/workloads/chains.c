@@ -5,6 +5,8 @@
  * gets ~2/3 and main->b->hot2->spin ~1/3 of the main thread's CPU time. On SIGUSR1 the workload starts a new thread running
  * worker->c->hot3->spin forever (a thread created after profiling started).
  * Prints "ready <pid>" once running. Stops after argv[1] seconds (default: never).
+ * Benchmark mode (bench/overhead.sh): `chains 0 ITERS DELAY_MS` sleeps DELAY_MS, runs exactly
+ * ITERS iterations and prints "elapsed <wall seconds> cpu <process CPU seconds>" to stderr.
  * Build: clang -O1 -g -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer -pthread
  */
 #include <pthread.h>
@@ -44,11 +46,28 @@ static double now(void) {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static double cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 int main(int argc, char **argv) {
   double secs = argc > 1 ? atof(argv[1]) : 1e12;
+  long iters = argc > 2 ? atol(argv[2]) : 0;
   signal(SIGUSR1, on_usr1);
   printf("ready %d\n", (int)getpid());
   fflush(stdout);
+  if (iters > 0) {
+    usleep((useconds_t)(argc > 3 ? atol(argv[3]) : 0) * 1000);
+    double t0 = now(), c0 = cpu_now();
+    for (long i = 0; i < iters; i++) {
+      a();
+      b();
+    }
+    fprintf(stderr, "elapsed %.6f cpu %.6f\n", now() - t0, cpu_now() - c0);
+    return 0;
+  }
   double end = now() + secs;
   while (now() < end) {
     a();
