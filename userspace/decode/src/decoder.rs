@@ -1198,15 +1198,16 @@ impl Decoder {
         } else {
             r.start = curr;
         }
-        if r.end - r.start > last.size as u64 {
+        let span = r.end.wrapping_sub(r.start);
+        if span > last.size as u64 && r.end > r.start {
             if self.walk.isa != Isa::Thumb2 {
-                r.num = ((r.end - r.start) / 4) as u32;
+                r.num = (span / 4) as u32;
             } else {
                 // count T32 instructions of mixed sizes
                 let mut tmp = WalkState { addr: r.start, isa: self.walk.isa, ..WalkState::default() };
                 r.num = 0;
                 while tmp.addr < r.end {
-                    if !walk::step(&mut tmp, mem, space, &cfg) {
+                    if r.num >= walk::MAX_WALK || !walk::step(&mut tmp, mem, space, &cfg) {
                         self.add(index, ElementKind::AddrNacc { addr: src, space });
                         r.num = 1;
                         r.start = src;

@@ -204,3 +204,135 @@ pub fn decode_snapshot_buffer(
     let _ = bd.finish(&img, &mut s);
     Ok(bd.summary())
 }
+
+/// Fuzzing entry point for the full decoder, shared by the cargo-fuzz target
+/// (`fuzz/fuzz_targets/decode.rs`) and the deterministic test (`tests/decode_fuzz.rs`).
+/// Not part of the stable API.
+pub mod fuzz {
+    use std::hash::{Hash, Hasher};
+    use std::ops::ControlFlow;
+
+    use super::BufferDecoder;
+    use crate::elements::{Element, ElementKind};
+    use crate::frame::StreamFormat;
+    use crate::image::{MemSpace, MemoryImage};
+    use crate::insn::ArchVersion;
+    use crate::snapshot::{CoreProfile, EtmConfig, Protocol};
+
+    /// Base address of the fixed A64 code image.
+    pub const CODE_BASE: u64 = 0x1000;
+
+    /// A fixed code image: 4 KiB of A64 code mixing straight-line instructions with every
+    /// branch class (B, BL, B.cond, CBZ, TBZ, BR, BLR, RET, ERET, ISB, WFI), and 1 KiB of T32
+    /// code with IT blocks, so that arbitrary atoms and addresses exercise the walker.
+    pub fn code_image() -> MemoryImage {
+        let mut a64 = Vec::with_capacity(4096);
+        let mut x: u32 = 0x1234_5678;
+        for i in 0..1024u32 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let w = match x % 16 {
+                0 => 0x1400_0000 | (x >> 8 & 0x3F), // b +n
+                1 => 0x9400_0000 | (x >> 8 & 0x3F), // bl +n
+                2 => 0x5400_0000 | ((x >> 8 & 0x3F) << 5) | (x & 0xF), // b.cond
+                3 => 0xB400_0000 | ((x >> 8 & 0x3F) << 5), // cbz
+                4 => 0x3600_0000 | ((x >> 8 & 0x3F) << 5), // tbz
+                5 => 0xD61F_0000 | ((x & 0x1F) << 5), // br
+                6 => 0xD63F_0000 | ((x & 0x1F) << 5), // blr
+                7 => 0xD65F_03C0, // ret
+                8 if i % 7 == 0 => 0xD69F_03E0, // eret
+                9 if i % 5 == 0 => 0xD503_3FDF, // isb
+                10 if i % 5 == 0 => 0xD503_207F, // wfi
+                11 => 0x17FF_FFF0 | (x & 0xF), // b backwards
+                _ => 0xD503_201F, // nop
+            };
+            a64.extend_from_slice(&w.to_le_bytes());
+        }
+        let mut t32 = Vec::with_capacity(1024);
+        for i in 0..256u32 {
+            let hw: [u16; 2] = match i % 8 {
+                0 => [0xBF0C, 0x4770], // ite eq; bx lr
+                1 => [0xD0FE, 0xBF00], // beq; nop
+                2 => [0xF000, 0xF800], // bl
+                3 => [0xE7FE, 0xBD00], // b; pop {pc}
+                _ => [0xBF00, 0x2000], // nop; movs
+            };
+            for h in hw {
+                t32.extend_from_slice(&h.to_le_bytes());
+            }
+        }
+        let mut img = MemoryImage::new();
+        img.add(CODE_BASE, a64, MemSpace::ANY);
+        img.add(0x8000, t32, MemSpace::ANY);
+        img
+    }
+
+    fn config(sel: &[u8], id: u8) -> (EtmConfig, ArchVersion) {
+        let ete = sel[0] & 4 != 0;
+        let mut cfg = EtmConfig::generic(if ete { Protocol::Ete } else { Protocol::Etmv4 }, id);
+        if sel[0] & 8 != 0 {
+            cfg.core_profile = CoreProfile::M;
+        }
+        cfg.idr[0] ^= ((sel[1] as u32 & 1) << 29) | ((sel[1] as u32 >> 1 & 3) << 15) | ((sel[1] as u32 >> 5 & 1) << 23);
+        cfg.idr[2] |= (sel[2] as u32 & 1) << 31;
+        cfg.idr[8] = sel[3] as u32 & 0x7F;
+        cfg.configr ^= ((sel[2] as u32 >> 1) & 1) << 12 | ((sel[2] as u32 >> 2) & 1) << 4;
+        let arch = [ArchVersion::V7, ArchVersion::V8, ArchVersion::V8r3, ArchVersion::Aa64][(sel[2] >> 3 & 3) as usize];
+        (cfg, arch)
+    }
+
+    fn run(data: &[u8], sel: &[u8], splits: &[usize], img: &MemoryImage) -> (u64, u64) {
+        let format = match sel[0] & 3 {
+            0 => StreamFormat::Coresight,
+            1 => StreamFormat::Raw { trace_id: 1 },
+            2 => StreamFormat::Tpiu,
+            _ => StreamFormat::Dstream,
+        };
+        let ids: &[u8] = if matches!(format, StreamFormat::Raw { .. }) { &[1] } else { &[0x10, 0x11, 1] };
+        let srcs: Vec<_> = ids.iter().map(|&id| {
+            let (c, a) = config(sel, id);
+            (id, c, a)
+        }).collect();
+        let mut bd = BufferDecoder::new(format, &srcs);
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut n = 0u64;
+        let mut sink = |e: &Element| {
+            n += 1;
+            e.to_string().hash(&mut h);
+            if let ElementKind::InstrRange(r) = e.kind {
+                assert!(r.num_instr >= 1, "empty range");
+            }
+            ControlFlow::Continue(())
+        };
+        let mut last = 0;
+        for &s in splits.iter().chain(std::iter::once(&data.len())) {
+            let s = s.clamp(last, data.len());
+            let _ = bd.push(&data[last..s], img, &mut sink);
+            last = s;
+        }
+        let _ = bd.finish(img, &mut sink);
+        (h.finish(), n)
+    }
+
+    /// Decodes `data` (after 4 selector bytes: format/protocol, IDR0 options, IDR2/RS/CCI/arch,
+    /// MAXSPEC) over [`code_image`], whole and split into chunks; panics on any panic inside the
+    /// decoder or if the two runs disagree. Returns the number of elements.
+    pub fn check(data: &[u8]) -> u64 {
+        check_with(data, &code_image())
+    }
+
+    /// [`check`] with a prebuilt image (the fuzz target builds it once).
+    pub fn check_with(data: &[u8], img: &MemoryImage) -> u64 {
+        if data.len() < 5 {
+            return 0;
+        }
+        let (sel, body) = data.split_at(4);
+        let (h1, n1) = run(body, sel, &[], img);
+        let step = 1 + body.first().copied().unwrap_or(0) as usize % 37;
+        let splits: Vec<usize> = (step..body.len()).step_by(step).collect();
+        let (h2, n2) = run(body, sel, &splits, img);
+        assert_eq!((h1, n1), (h2, n2), "chunked decode differs from whole decode");
+        n1
+    }
+}
