@@ -6,11 +6,11 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use etm_decode::branches::BranchBuilder;
-use etm_decode::decoder::ElementSink;
 use etm_decode::elements::{Element, ElementKind, TraceOnReason, UnsyncReason};
-use etm_decode::frame::StreamFormat;
+use etm_decode::frame::{Deformatter, FrameSink, StreamFormat};
 use etm_decode::image::{MemSpace, MemoryAccess};
-use etm_decode::insn::ArchVersion;
+use etm_decode::insn::{ArchVersion, DecodeConfig, InstrSubtype, InstrType, decode_a64};
+use etm_decode::packet::{Packet, PacketDemux};
 use etm_decode::pipeline::BufferDecoder;
 use etm_decode::snapshot::{CoreProfile, EtmConfig, Protocol};
 
@@ -61,13 +61,54 @@ impl DecoderFactory for EtmFactory {
 /// The real decoder for one AUX buffer: `etm_decode`'s deformatter, packet parser and element
 /// decoder, with branch records built from the elements by perf's rules
 /// (`etm_decode::branches::BranchBuilder`).
+///
+/// Two things perf's rules leave out are completed here from a parallel packet view of the
+/// same bytes (`etm_decode`'s deformatter + packet parser; elements and packets carry the same
+/// trace index, so they are merged in trace order):
+/// * the *last* taken branch of a window: the element decoder emits a branch record only when
+///   the next range starts, which never happens after the pause. At the end of a segment
+///   (trace on, loss of sync, end of trace) the pending branch is completed: a direct branch's
+///   target from the code, an indirect branch's from the address packet that followed it, or,
+///   for a return compressed by the return stack (no address packet), from the return stack;
+/// * the window's time: the timestamp packet between the sync and the trace-on (the element
+///   decoder only reports timestamps after an ETE timestamp marker when TRCIDR0.TSMARK is set).
 pub struct EtmWindowDecoder {
     format: StreamFormat,
     sources: Vec<(u8, EtmConfig, ArchVersion)>,
     buf: BufferDecoder,
-    /// Per trace ID (index), the branch builder.
-    builders: Vec<Option<BranchBuilder>>,
+    side_frames: Deformatter,
+    side_packets: PacketDemux,
+    /// Per trace ID (index), the branch state.
+    ids: Vec<Option<IdState>>,
     raw: bool,
+    elems: Vec<Element>,
+    events: Vec<(u64, u8, PacketEv)>,
+    insn_cfg: DecodeConfig,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum PacketEv {
+    Ts(u64),
+    Addr(u64),
+}
+
+#[derive(Debug, Clone)]
+struct IdState {
+    builder: BranchBuilder,
+    /// Trace index of the element of the last range.
+    last_range_index: u64,
+    /// Last address packet (index, address).
+    last_addr: Option<(u64, u64)>,
+    /// Last timestamp packet (index, value) not yet used.
+    last_ts: Option<(u64, u64)>,
+    /// Emulated return stack (return addresses of taken calls), depth 16 like the hardware's.
+    ret: Vec<u64>,
+}
+
+impl IdState {
+    fn new() -> Self {
+        IdState { builder: BranchBuilder::new(1), last_range_index: 0, last_addr: None, last_ts: None, ret: Vec::with_capacity(16) }
+    }
 }
 
 impl EtmWindowDecoder {
@@ -88,12 +129,109 @@ impl EtmWindowDecoder {
             (true, None) => StreamFormat::Raw { trace_id: 0x10 },
             (false, _) => StreamFormat::Coresight,
         };
-        let buf = BufferDecoder::new(format, &sources);
-        let mut builders: Vec<Option<BranchBuilder>> = (0..128).map(|_| None).collect();
-        for s in &sources {
-            builders[(s.0 & 0x7f) as usize] = Some(BranchBuilder::new(1));
+        let mut d = EtmWindowDecoder {
+            format,
+            buf: BufferDecoder::new(format, &sources),
+            side_frames: Deformatter::new(format),
+            side_packets: PacketDemux::new(),
+            ids: (0..128).map(|_| None).collect(),
+            sources,
+            raw,
+            elems: Vec::new(),
+            events: Vec::new(),
+            insn_cfg: DecodeConfig { arch: ArchVersion::Aa64, wfi_wfe_branch: false, dsb_dmb_waypoints: false },
+        };
+        d.reset();
+        d
+    }
+
+    /// Complete the pending taken branch of `id` (end of a segment).
+    fn complete_pending(&mut self, id: u8, code: &CodeMap, sink: &mut dyn WindowSink) {
+        let raw = self.raw;
+        let Some(st) = self.ids[(id & 0x7f) as usize].as_mut() else { return };
+        let Some((r, true)) = st.builder.last_range() else { return };
+        let from = r.last_instr_addr();
+        let target = match r.last_type {
+            InstrType::Br => code.read_u32(None, from).map(|w| decode_a64(from, w, &self.insn_cfg).branch_addr),
+            InstrType::BrIndirect => match st.last_addr {
+                Some((idx, a)) if idx > st.last_range_index => Some(a),
+                _ if r.last_subtype == InstrSubtype::V8Ret => st.ret.last().copied(),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some(to) = target {
+            sink.branch(if raw { None } else { Some(id) }, from, to);
         }
-        EtmWindowDecoder { format, sources, buf, builders, raw }
+    }
+
+    fn element(&mut self, e: &Element, code: &CodeMap, sink: &mut dyn WindowSink) {
+        let id = if self.raw { None } else { Some(e.trace_id) };
+        log::trace!("element {e:?}");
+        let slot = (e.trace_id & 0x7f) as usize;
+        if self.ids[slot].is_none() {
+            return;
+        }
+        match e.kind {
+            ElementKind::TraceOn(r) => {
+                self.complete_pending(e.trace_id, code, sink);
+                if r == TraceOnReason::Overflow {
+                    sink.discontinuity(id, Discontinuity::Overflow);
+                }
+                sink.trace_on(id);
+                // The timestamp between the sync and this trace-on dates the segment.
+                let st = self.ids[slot].as_mut().expect("checked");
+                if let Some((idx, ts)) = st.last_ts.take()
+                    && idx > st.last_range_index
+                {
+                    sink.timestamp(id, ts);
+                }
+            }
+            ElementKind::NoSync(r) => {
+                self.complete_pending(e.trace_id, code, sink);
+                let why = match r {
+                    UnsyncReason::Overflow => Discontinuity::Overflow,
+                    UnsyncReason::BadPacket | UnsyncReason::BadImage => Discontinuity::Error,
+                    _ => Discontinuity::NoSync,
+                };
+                sink.discontinuity(id, why);
+                self.ids[slot].as_mut().expect("checked").ret.clear();
+            }
+            ElementKind::EoTrace(_) => self.complete_pending(e.trace_id, code, sink),
+            ElementKind::AddrNacc { .. } => sink.discontinuity(id, Discontinuity::NoCode),
+            _ => {}
+        }
+        let st = self.ids[slot].as_mut().expect("checked");
+        if let ElementKind::InstrRange(r) = e.kind {
+            st.last_range_index = e.index;
+            if r.executed {
+                if r.last_subtype == InstrSubtype::BrLink {
+                    if st.ret.len() == 16 {
+                        st.ret.remove(0);
+                    }
+                    st.ret.push(r.end);
+                } else if r.last_subtype == InstrSubtype::V8Ret {
+                    st.ret.pop();
+                }
+            }
+        }
+        if let Some(rec) = st.builder.element(e) {
+            sink.branch(id, rec.from, rec.to);
+        }
+    }
+
+    fn packet_event(&mut self, idx: u64, id: u8, ev: PacketEv, sink: &mut dyn WindowSink) {
+        let Some(st) = self.ids[(id & 0x7f) as usize].as_mut() else { return };
+        match ev {
+            PacketEv::Addr(a) => st.last_addr = Some((idx, a)),
+            PacketEv::Ts(t) => {
+                st.last_ts = Some((idx, t));
+                // Inside a segment (after its first range) a timestamp dates it if nothing did.
+                if st.builder.last_range().is_some() {
+                    sink.timestamp(if self.raw { None } else { Some(id) }, t);
+                }
+            }
+        }
     }
 }
 
@@ -116,60 +254,79 @@ impl MemoryAccess for Mem<'_> {
     }
 }
 
-struct Elems<'a> {
-    builders: &'a mut [Option<BranchBuilder>],
-    sink: &'a mut dyn WindowSink,
-    raw: bool,
+/// Collects the packet events of the parallel view.
+struct SideSink<'a> {
+    demux: &'a mut PacketDemux,
+    events: &'a mut Vec<(u64, u8, PacketEv)>,
 }
 
-impl ElementSink for Elems<'_> {
-    fn element(&mut self, e: &Element) -> ControlFlow<()> {
-        let id = if self.raw { None } else { Some(e.trace_id) };
-        match e.kind {
-            ElementKind::TraceOn(r) => {
-                if r == TraceOnReason::Overflow {
-                    self.sink.discontinuity(id, Discontinuity::Overflow);
-                }
-                self.sink.trace_on(id);
-            }
-            ElementKind::NoSync(r) => {
-                let why = match r {
-                    UnsyncReason::Overflow => Discontinuity::Overflow,
-                    UnsyncReason::BadPacket => Discontinuity::Error,
-                    UnsyncReason::BadImage => Discontinuity::Error,
-                    _ => Discontinuity::NoSync,
-                };
-                self.sink.discontinuity(id, why);
-            }
-            ElementKind::AddrNacc { .. } => self.sink.discontinuity(id, Discontinuity::NoCode),
-            ElementKind::Timestamp { ts, .. } => self.sink.timestamp(id, ts),
+impl FrameSink for SideSink<'_> {
+    fn data(&mut self, id: u8, index: u64, bytes: &[u8]) {
+        let events = &mut *self.events;
+        self.demux.feed(id, index, bytes, &mut |id: u8, idx: u64, p: &Packet, _raw: &[u8]| match p {
+            Packet::Timestamp { value, .. } => events.push((idx, id, PacketEv::Ts(*value))),
+            Packet::Address { addr, source: false, .. } => events.push((idx, id, PacketEv::Addr(addr.addr))),
             _ => {}
-        }
-        if let Some(b) = self.builders.get_mut((e.trace_id & 0x7f) as usize).and_then(|b| b.as_mut())
-            && let Some(r) = b.element(e)
-        {
-            self.sink.branch(id, r.from, r.to);
-        }
-        ControlFlow::Continue(())
+        });
+    }
+    fn reset(&mut self) {
+        self.demux.reset_all();
     }
 }
 
 impl WindowDecoder for EtmWindowDecoder {
     fn feed(&mut self, data: &[u8], code: &CodeMap, sink: &mut dyn WindowSink) {
-        let mut es = Elems { builders: &mut self.builders, sink, raw: self.raw };
-        let _ = self.buf.push(data, &Mem(code), &mut es);
+        let mut elems = std::mem::take(&mut self.elems);
+        let mut events = std::mem::take(&mut self.events);
+        elems.clear();
+        events.clear();
+        let _ = self.buf.push(data, &Mem(code), &mut |e: &Element| {
+            elems.push(*e);
+            ControlFlow::Continue(())
+        });
+        self.side_frames.push(data, &mut SideSink { demux: &mut self.side_packets, events: &mut events });
+        // Merge in trace order; a packet event goes after the elements of its own index.
+        let (mut i, mut j) = (0, 0);
+        while i < elems.len() || j < events.len() {
+            if j < events.len() && (i == elems.len() || events[j].0 < elems[i].index) {
+                let (idx, id, ev) = events[j];
+                self.packet_event(idx, id, ev, sink);
+                j += 1;
+            } else {
+                let e = elems[i];
+                self.element(&e, code, sink);
+                i += 1;
+            }
+        }
+        self.elems = elems;
+        self.events = events;
     }
 
     fn reset(&mut self) {
         self.buf = BufferDecoder::new(self.format, &self.sources);
-        for b in self.builders.iter_mut().flatten() {
-            *b = BranchBuilder::new(1);
+        self.side_frames = Deformatter::new(self.format);
+        self.side_packets = PacketDemux::new();
+        for (id, cfg, _) in &self.sources {
+            self.side_packets.add(*id, cfg);
+            self.ids[(*id & 0x7f) as usize] = Some(IdState::new());
         }
     }
 
     fn finish(&mut self, code: &CodeMap, sink: &mut dyn WindowSink) {
-        let mut es = Elems { builders: &mut self.builders, sink, raw: self.raw };
-        let _ = self.buf.finish(&Mem(code), &mut es);
+        let mut elems = std::mem::take(&mut self.elems);
+        elems.clear();
+        let _ = self.buf.finish(&Mem(code), &mut |e: &Element| {
+            elems.push(*e);
+            ControlFlow::Continue(())
+        });
+        for e in &elems {
+            self.element(e, code, sink);
+        }
+        let ids: Vec<u8> = self.sources.iter().map(|s| s.0).collect();
+        for id in ids {
+            self.complete_pending(id, code, sink);
+        }
+        self.elems = elems;
     }
 }
 

@@ -214,6 +214,11 @@ impl CodeMap {
             .or_else(|| self.images.iter().position(|i| i.path.rsplit('/').next() == Some(name)))
     }
 
+    /// The bytes of the image registered under `path`.
+    pub fn image_bytes(&self, path: &str) -> Option<&[u8]> {
+        self.images.iter().find(|i| i.path == path).map(|i| i.data.as_slice())
+    }
+
     fn mappings(&self, pid: u32) -> &[Mapping] {
         match self.by_pid.get(&pid) {
             Some(m) if !m.is_empty() => m,
@@ -524,15 +529,8 @@ impl Pipeline {
         };
         let raw = rec.flags & PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW != 0;
         let cpus = &self.cfg.cpus;
-        let st = self.aux.entry(rec.cpu).or_insert_with(|| AuxState { decoder: factory.create(rec.cpu, cpus, raw), raw });
-        if truncated || overwrite || gap {
-            // Data was lost before this record (a gap, the ETR barrier) or it is a fresh
-            // snapshot: decode afresh. The window open at the end of the previous record ended
-            // there (its branches are kept; validation checks the sample that uses it).
-            st.decoder.reset();
-            self.stats.decoder_resets += 1;
-            self.break_cpus_of(rec.cpu, false);
-        }
+        self.aux.entry(rec.cpu).or_insert_with(|| AuxState { decoder: factory.create(rec.cpu, cpus, raw), raw });
+        let reset_before = truncated || overwrite || gap;
         let Pipeline { aux, joiner, code, profile, resolver, trie, frames, frame_cache, namer, stats, trace_cpu, pending_begin, cfg, scratch_branches, scratch_frames, observer, .. } = self;
         let st = aux.get_mut(&rec.cpu).expect("inserted above");
         let mut out = Sink { profile, resolver, trie, frames, frame_cache, namer: namer.as_mut(), code, stats, scratch_branches, scratch_frames, observer };
@@ -547,28 +545,23 @@ impl Pipeline {
             out: &mut out,
             touched: Vec::new(),
         };
+        if reset_before {
+            // Data was lost before this record (a gap, the ETR barrier) or it is a fresh
+            // snapshot: the stream so far ends here (its last branches are completed, the
+            // window open at the end of the previous record ended there) and this record is
+            // decoded afresh.
+            st.decoder.finish(code, &mut ws);
+            st.decoder.reset();
+            ws.out.stats.decoder_resets += 1;
+            ws.break_cpus(false);
+        }
         st.decoder.feed(data, code, &mut ws);
         if truncated || short {
             // Bytes at the end of this record are missing: the window open there is broken,
             // and the next bytes start afresh.
             st.decoder.reset();
-            self.stats.decoder_resets += 1;
-            self.break_cpus_of(rec.cpu, true);
-        }
-    }
-
-    /// Break the open windows of the CPUs whose trace goes to `aux_cpu`'s buffer.
-    /// `broken`: the open windows lost data (their branches are dropped); else they just end.
-    fn break_cpus_of(&mut self, aux_cpu: i32, broken: bool) {
-        // A per-CPU buffer holds its CPU's trace; a per-thread buffer (-1) may hold any CPU's.
-        let cpus: Vec<i32> = if aux_cpu >= 0 { vec![aux_cpu] } else { self.cfg.cpus.iter().map(|c| c.cpu).collect() };
-        for c in cpus {
-            if broken {
-                self.joiner.discontinuity(c);
-            } else {
-                self.joiner.end_segment(c);
-            }
-            self.pending_begin.insert(c, false);
+            ws.out.stats.decoder_resets += 1;
+            ws.break_cpus(true);
         }
     }
 
@@ -747,6 +740,27 @@ impl WinSink<'_, '_> {
                     None
                 }
             },
+        }
+    }
+
+    /// End (or, `broken`, break) the open segments of the CPUs whose trace goes to this
+    /// buffer: a per-CPU buffer holds its CPU's trace, a per-thread buffer (-1) any CPU's.
+    fn break_cpus(&mut self, broken: bool) {
+        let one = [self.aux_cpu];
+        let all: Vec<i32>;
+        let cpus: &[i32] = if self.aux_cpu >= 0 {
+            &one
+        } else {
+            all = self.trace_cpu.values().copied().collect();
+            &all
+        };
+        for &c in cpus {
+            if broken {
+                self.joiner.discontinuity(c);
+            } else {
+                self.joiner.end_segment(c);
+            }
+            self.pending_begin.insert(c, false);
         }
     }
 

@@ -1,10 +1,367 @@
-//! `etm-bpf replay` (work in progress: not implemented yet).
+//! `etm-bpf replay DIR`: feed a recorded (`run --record`) or synthetic (`synth`) session through
+//! the same [`etm_session::Pipeline`] the live run uses, at full speed or paced by the recorded
+//! timestamps, then dump the profile with the same writers. The result depends only on the
+//! session's contents and order: a replay is deterministic.
 
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use etm_session::join::RejectReason;
+use etm_session::session::SessionReader;
+use etm_session::{Pipeline, PipelineConfig, PipelineStats};
+
+use crate::dump::{check_writable_dir, write_atomic};
 
 #[derive(clap::Args, Debug)]
-pub struct ReplayArgs {}
+#[command(after_help = "Examples:\n  \
+    etm-bpf synth --out /tmp/sess -- ./prog-aarch64 100\n  \
+    etm-bpf replay /tmp/sess --headless --dump-dir /tmp/prof\n  \
+    etm-bpf replay /tmp/sess --paced            # live view, at the recorded pace")]
+pub struct ReplayArgs {
+    /// Session directory (session.json, events.jsonl, aux/, images/).
+    dir: PathBuf,
+    /// Write the profile dumps (per-binary perfscript/unsym/bolt.pa, profile.folded,
+    /// profile.pb.gz, replay-stats.json) into this directory.
+    #[arg(long)]
+    dump_dir: Option<PathBuf>,
+    /// No live view: print a summary with the pipeline counters at the end.
+    #[arg(long)]
+    headless: bool,
+    /// Replay at the pace of the recorded timestamps instead of full speed.
+    #[arg(long)]
+    paced: bool,
+    /// Branch records per sample (default: the session's branch_depth, else 32).
+    #[arg(long)]
+    depth: Option<usize>,
+    /// Keep samples without validating them against the code (leaf after target, calls and
+    /// returns vs. the stack).
+    #[arg(long)]
+    no_validate: bool,
+    /// Write every joined sample as a JSON line {cpu,pid,tid,time,stack,branches} to this file.
+    #[arg(long)]
+    samples_out: Option<PathBuf>,
+    /// Print the summary as JSON instead of text (with --headless).
+    #[arg(long)]
+    json: bool,
+}
 
-pub fn main(_args: ReplayArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`replay` is not implemented yet")
+pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+    let use_tui = !args.headless && std::io::IsTerminal::is_terminal(&std::io::stdout());
+    if use_tui {
+        crate::logging::init_file(&std::env::temp_dir().join("etm-bpf-replay.log"))?;
+    } else {
+        crate::logging::init_stderr();
+    }
+    let mut reader =
+        SessionReader::open(&args.dir).with_context(|| format!("cannot open session {}", args.dir.display()))?;
+    if let Some(d) = &args.dump_dir {
+        check_writable_dir(d)?;
+    }
+    let meta = reader.meta().clone();
+    let mut cfg = PipelineConfig::from_meta(&meta);
+    if let Some(d) = args.depth {
+        anyhow::ensure!(d > 0, "--depth must be at least 1");
+        cfg.join.depth = d;
+    }
+    cfg.join.validate = !args.no_validate;
+    let mut pipeline = Pipeline::new(cfg);
+
+    let mut missing_images = Vec::new();
+    for img in &meta.images {
+        let path = reader.image_path(img);
+        match std::fs::read(&path) {
+            Ok(bytes) => pipeline.add_image(&img.path, Arc::new(bytes)),
+            Err(e) => {
+                log::warn!("code image {} ({}): {e}", img.path, path.display());
+                missing_images.push(img.path.clone());
+            }
+        }
+    }
+
+    let samples_out = match &args.samples_out {
+        Some(p) => {
+            let f = std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
+            let w = std::rc::Rc::new(std::cell::RefCell::new(std::io::BufWriter::new(f)));
+            let w2 = w.clone();
+            pipeline.set_observer(Box::new(move |j| {
+                let v = serde_json::json!({
+                    "cpu": j.cpu, "pid": j.pid, "tid": j.tid, "time": j.time,
+                    "stack": j.stack,
+                    "branches": j.branches.iter().map(|b| serde_json::json!({"from": b.from, "to": b.to})).collect::<Vec<_>>(),
+                });
+                let mut w = w2.borrow_mut();
+                let _ = serde_json::to_writer(&mut *w, &v);
+                let _ = w.write_all(b"\n");
+            }));
+            Some(w)
+        }
+        None => None,
+    };
+
+    let mut view = if use_tui { Some(View::new(&meta)?) } else { None };
+
+    let started = Instant::now();
+    let mut first_time: Option<u64> = None;
+    let mut events = 0u64;
+    let mut quit = false;
+    while let Some(ev) = reader.next_event().context("reading events.jsonl")? {
+        events += 1;
+        if args.paced {
+            let t = ev.time();
+            if t != 0 {
+                let t0 = *first_time.get_or_insert(t);
+                let due = started + Duration::from_nanos(t.saturating_sub(t0));
+                let now = Instant::now();
+                if due > now {
+                    std::thread::sleep(due - now);
+                }
+            }
+        }
+        pipeline.push(ev);
+        if let Some(v) = view.as_mut()
+            && events % 4096 == 0
+            && v.tick(&pipeline, false)?
+        {
+            quit = true;
+            break;
+        }
+    }
+    pipeline.finish();
+    let elapsed = started.elapsed();
+    if let Some(w) = &samples_out {
+        w.borrow_mut().flush().context("writing --samples-out")?;
+    }
+    let st = pipeline.stats();
+    let rs = reader.stats();
+
+    if let Some(dir) = &args.dump_dir {
+        write_dumps(dir, &pipeline, &args.dir, &st, &rs, elapsed, events)?;
+    }
+    if let Some(mut v) = view.take()
+        && !quit
+    {
+        // Keep the final view until the user quits.
+        while !v.tick(&pipeline, true)? {}
+    }
+    let summary = summary_json(&st, &rs, &pipeline, elapsed, events, &missing_images);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print_summary(&args.dir, &st, &rs, &pipeline, elapsed, events, &missing_images);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn rejects(st: &PipelineStats) -> BTreeMap<&'static str, u64> {
+    RejectReason::ALL.iter().map(|&r| (r.name(), st.rejected().get(r))).filter(|&(_, n)| n > 0).collect()
+}
+
+fn summary_json(
+    st: &PipelineStats,
+    rs: &etm_session::session::ReaderStats,
+    p: &Pipeline,
+    elapsed: Duration,
+    events: u64,
+    missing_images: &[String],
+) -> serde_json::Value {
+    let ps = p.profile().stats();
+    serde_json::json!({
+        "events": events,
+        "elapsed_s": elapsed.as_secs_f64(),
+        "reader": {"lines": rs.lines, "bad_lines": rs.bad_lines, "aux_short": rs.aux_short, "aux_missing": rs.aux_missing},
+        "missing_images": missing_images,
+        "aux": {
+            "records": st.aux_records, "bytes": st.aux_bytes, "truncated": st.aux_truncated,
+            "short": st.aux_short, "gaps": st.aux_gaps, "partial_collision": st.aux_partial_collision,
+            "overwrite": st.aux_overwrite, "undecoded": st.aux_undecoded,
+        },
+        "decode": {
+            "resets": st.decoder_resets, "overflows": st.decode_overflows, "nosync": st.decode_nosync,
+            "errors": st.decode_errors, "nocode": st.decode_nocode, "trace_on": st.trace_on,
+            "branches": st.branches, "unknown_trace_id": st.unknown_trace_id,
+        },
+        "join": {
+            "segments": st.join.segments, "segments_unmatched": st.join.segments_unmatched,
+            "segments_overflow": st.join.segments_overflow,
+            "samples": st.samples, "joined": st.join.joined, "partial": st.join.partial,
+            "forced": st.join.forced, "unverified": st.join.unverified,
+            "leaf_frame_missing": st.join.leaf_frame_missing,
+            "rejected": st.join.rejected.total(), "rejected_by_reason": rejects(st),
+        },
+        "samples": {"lbr": st.lbr_samples, "stack_only": st.stack_only_samples, "profiled": st.profiled},
+        "sideband": {"records": st.sideband, "lost_records": st.lost_records, "lost_events": st.lost_events},
+        "profile": {
+            "samples": ps.samples, "distinct": p.profile().distinct_samples(), "folded": ps.folded,
+            "dropped": ps.dropped, "unresolved_addresses": ps.unresolved_addresses,
+        },
+        "contexts": p.trie().0.len().saturating_sub(1),
+    })
+}
+
+fn print_summary(
+    dir: &Path,
+    st: &PipelineStats,
+    rs: &etm_session::session::ReaderStats,
+    p: &Pipeline,
+    elapsed: Duration,
+    events: u64,
+    missing_images: &[String],
+) {
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    println!("replay {}: {events} events in {:.3} s ({:.1} MB/s of AUX)", dir.display(), secs, st.aux_bytes as f64 / secs / 1e6);
+    if rs.bad_lines + rs.aux_short + rs.aux_missing > 0 || !missing_images.is_empty() {
+        println!(
+            "  session:  bad lines {}, short AUX reads {}, missing AUX files {}, missing images {}",
+            rs.bad_lines, rs.aux_short, rs.aux_missing, missing_images.len()
+        );
+    }
+    println!(
+        "  aux:      records {} bytes {} truncated {} short {} gaps {} partial/collision {} undecoded {}",
+        st.aux_records, st.aux_bytes, st.aux_truncated, st.aux_short, st.aux_gaps, st.aux_partial_collision, st.aux_undecoded
+    );
+    println!(
+        "  decode:   branches {} trace-on {} resets {} errors {} overflows {} no-sync {} no-code {} unknown-id {}",
+        st.branches, st.trace_on, st.decoder_resets, st.decode_errors, st.decode_overflows, st.decode_nosync,
+        st.decode_nocode, st.unknown_trace_id
+    );
+    println!(
+        "  join:     samples {} joined {} rejected {} (partial {}, unverified {}, leaf frame missing {}; segments {} unmatched {})",
+        st.samples, st.join.joined, st.join.rejected.total(), st.join.partial, st.join.unverified,
+        st.join.leaf_frame_missing, st.join.segments, st.join.segments_unmatched
+    );
+    for (name, n) in rejects(st) {
+        println!("    rejected {name}: {n}");
+    }
+    println!(
+        "  samples:  lbr {} stack-only {} profiled {}; lost records {} (events {})",
+        st.lbr_samples, st.stack_only_samples, st.profiled, st.lost_records, st.lost_events
+    );
+    let ps = p.profile().stats();
+    println!(
+        "  profile:  samples {} distinct {} contexts {} folded {} dropped {} unresolved addresses {}",
+        ps.samples,
+        p.profile().distinct_samples(),
+        p.trie().0.len().saturating_sub(1),
+        ps.folded,
+        ps.dropped,
+        ps.unresolved_addresses
+    );
+}
+
+fn write_dumps(
+    dir: &Path,
+    p: &Pipeline,
+    session: &Path,
+    st: &PipelineStats,
+    rs: &etm_session::session::ReaderStats,
+    elapsed: Duration,
+    events: u64,
+) -> anyhow::Result<()> {
+    // Per-binary PGO dumps with the same writers as `convert` (code facts from the images).
+    let infos: Vec<(String, etm_profile::elf::ElfCodeFacts)> = p
+        .profile()
+        .binaries()
+        .iter()
+        .filter_map(|b| {
+            let data = p.code().image_bytes(&b.path)?;
+            Some((b.path.clone(), etm_profile::elf::ElfCodeFacts::from_elf(data).ok()?))
+        })
+        .collect();
+    let facts = |b: &etm_profile::BinaryInfo| -> Option<&dyn etm_profile::write::CodeFacts> {
+        infos.iter().find(|(p, _)| *p == b.path).map(|(_, f)| f as &dyn etm_profile::write::CodeFacts)
+    };
+    let mut files: Vec<String> = crate::cmd::convert::write_profile_dumps(p.profile(), dir, &facts)?
+        .iter()
+        .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    let (trie, frames) = p.trie();
+    write_atomic(&dir.join("profile.folded"), |w| etm_stacks::folded::write_folded(trie, frames, w))?;
+    let meta = etm_stacks::pprof::PprofMeta {
+        period_ns: 0,
+        time_nanos: 0,
+        duration_nanos: 0,
+        comments: vec![format!("etm-bpf replay {}", session.display())],
+    };
+    let profile = etm_stacks::pprof::build_profile(trie, frames, &[], &meta);
+    write_atomic(&dir.join("profile.pb.gz"), |w| etm_stacks::pprof::write_pprof_gz(&profile, w))?;
+    files.push("profile.folded".into());
+    files.push("profile.pb.gz".into());
+    files.push("replay-stats.json".into());
+    let mut s = summary_json(st, rs, p, elapsed, events, &[]);
+    s["files"] = serde_json::json!(files);
+    s["session"] = serde_json::json!(session.display().to_string());
+    // Wall time is not part of the deterministic result.
+    s.as_object_mut().map(|o| o.remove("elapsed_s"));
+    write_atomic(&dir.join("replay-stats.json"), |w| {
+        serde_json::to_writer_pretty(&mut *w, &s)?;
+        w.write_all(b"\n")
+    })?;
+    Ok(())
+}
+
+/// The live view during a replay (the same view as `run`).
+struct View {
+    tui: crate::tui::Tui,
+    app: crate::tui::app::App,
+    target: String,
+    last: Instant,
+}
+
+impl View {
+    fn new(meta: &etm_session::session::SessionMeta) -> anyhow::Result<View> {
+        Ok(View {
+            tui: crate::tui::Tui::enter().context("cannot set up the terminal")?,
+            app: crate::tui::app::App::default(),
+            target: format!("{} {}", meta.target.pid, meta.target.command.join(" ")),
+            last: Instant::now() - Duration::from_secs(1),
+        })
+    }
+
+    /// Redraw at most 4 times a second and handle keys; true when the user quit. With
+    /// `block`, wait for a key (the replay is over).
+    fn tick(&mut self, p: &Pipeline, block: bool) -> anyhow::Result<bool> {
+        use crate::tui::app::{Snapshot, Status, rows_from_trie};
+        if block || self.last.elapsed() >= Duration::from_millis(250) {
+            self.last = Instant::now();
+            let (trie, frames) = p.trie();
+            let st = p.stats();
+            let snap = Snapshot {
+                total: trie.total_samples(),
+                rows: rows_from_trie(trie, frames, 200),
+                status: Status {
+                    target: self.target.clone(),
+                    target_state: if block { "replayed (q to quit)".into() } else { "replaying".into() },
+                    samples: trie.total_samples(),
+                    dropped: st.join.rejected.total(),
+                    event: "replay".into(),
+                    branches: "etm".into(),
+                    nodes: trie.len(),
+                    folded: trie.stats().folded_samples,
+                    ..Default::default()
+                },
+            };
+            self.app.set_snapshot(snap);
+            self.tui.draw(&self.app)?;
+        }
+        let wait = if block { Duration::from_millis(250) } else { Duration::ZERO };
+        while crossterm::event::poll(wait)? {
+            if let crossterm::event::Event::Key(k) = crossterm::event::read()?
+                && let Some(key) = crate::tui::map_key(&k)
+            {
+                self.app.on_key(key);
+                if self.app.quit {
+                    return Ok(true);
+                }
+            }
+            if !block {
+                break;
+            }
+        }
+        Ok(false)
+    }
 }
