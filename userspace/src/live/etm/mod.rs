@@ -170,6 +170,63 @@ impl Recorder {
     }
 }
 
+/// Copies the sysfs files discovery reads (cs_etm `type`, `format/`, `sinks/`, `events/`, each
+/// `cpuN/{trcidr,mgmt,ts_source}` and the core PMUs' `type`, `cpus`, `format/`, `events/`) into
+/// `dest` with the same layout, so `CsEtmSystem::discover(dest)` works on a recording.
+/// Symlinks (`cpuN`) are copied as directories. Unreadable files are skipped.
+pub fn save_sysfs(sysfs_root: &Path, dest: &Path) -> anyhow::Result<usize> {
+    use etm_perf::discovery::{CS_ETM, EVENT_SOURCE};
+    fn copy_file(src: &Path, dst: &Path, n: &mut usize) -> anyhow::Result<()> {
+        if let Ok(data) = std::fs::read(src) {
+            if let Some(parent) = dst.parent() {
+                std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
+            }
+            std::fs::write(dst, data).with_context(|| format!("write {}", dst.display()))?;
+            *n += 1;
+        }
+        Ok(())
+    }
+    fn copy_dir_files(src: &Path, dst: &Path, n: &mut usize) -> anyhow::Result<()> {
+        let Ok(rd) = std::fs::read_dir(src) else { return Ok(()) };
+        for e in rd.flatten() {
+            if e.path().is_file() {
+                copy_file(&e.path(), &dst.join(e.file_name()), n)?;
+            }
+        }
+        Ok(())
+    }
+    let src = sysfs_root.join(EVENT_SOURCE);
+    let dst = dest.join(EVENT_SOURCE);
+    let mut n = 0;
+    let etm = src.join(CS_ETM);
+    copy_file(&etm.join("type"), &dst.join(CS_ETM).join("type"), &mut n)?;
+    for d in ["format", "sinks", "events"] {
+        copy_dir_files(&etm.join(d), &dst.join(CS_ETM).join(d), &mut n)?;
+    }
+    for e in std::fs::read_dir(&etm).with_context(|| format!("read {}", etm.display()))?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.strip_prefix("cpu").is_some_and(|x| x.parse::<u32>().is_ok()) {
+            let (s, d) = (e.path(), dst.join(CS_ETM).join(&name));
+            copy_dir_files(&s.join("trcidr"), &d.join("trcidr"), &mut n)?;
+            for f in ["trcauthstatus", "trcdevarch", "trctraceid"] {
+                copy_file(&s.join("mgmt").join(f), &d.join("mgmt").join(f), &mut n)?;
+            }
+            copy_file(&s.join("ts_source"), &d.join("ts_source"), &mut n)?;
+        }
+    }
+    for e in std::fs::read_dir(&src).with_context(|| format!("read {}", src.display()))?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("armv8_") || name.starts_with("armv9_") {
+            let (s, d) = (e.path(), dst.join(&name));
+            copy_file(&s.join("type"), &d.join("type"), &mut n)?;
+            copy_file(&s.join("cpus"), &d.join("cpus"), &mut n)?;
+            copy_dir_files(&s.join("format"), &d.join("format"), &mut n)?;
+            copy_dir_files(&s.join("events"), &d.join("events"), &mut n)?;
+        }
+    }
+    Ok(n)
+}
+
 /// Feeds events to the pipeline and the recorder.
 pub struct Consumer<'a> {
     pub pipeline: Option<&'a mut Pipeline>,
@@ -320,6 +377,8 @@ impl EtmLive {
                 ..Default::default()
             };
             live.recorder = Some(Recorder::create(dir, meta, cfg.copy_images)?);
+            let n = save_sysfs(&cfg.sysfs_root, &dir.join("sysfs")).context("saving the cs_etm sysfs metadata")?;
+            log::info!("recorded {n} sysfs files under {}", dir.join("sysfs").display());
         }
         Ok(live)
     }
@@ -437,6 +496,75 @@ mod tests {
         let v2 = CsEtmSystem::discover(&fixture("v2-trbe")).unwrap();
         let c = cpu_trace_config(v2.cpu(1).unwrap(), 0);
         assert_eq!((c.arch, c.trace_id, c.trcdevarch), (etm_session::session::TraceArch::Ete, 0x12, 0x47715a13));
+    }
+
+    /// The live drain feeds the shared pipeline correctly: windows written into a fake AUX
+    /// ring (toy trace format) with their PERF_RECORD_AUX, each followed by a pause sample with
+    /// a kernel callchain, come out of the pipeline's join as hybrid samples carrying exactly
+    /// that window's branches (newest first); a window whose AUX record is TRUNCATED is not
+    /// joined, and the windows after it are.
+    #[test]
+    fn drain_feeds_pipeline_join() {
+        use etm_session::decoder::toy::{ToyFactory, ToyWriter};
+        use etm_session::session::BranchPair;
+        use std::cell::RefCell;
+        use std::rc::Rc;
+        let fmt = SampleFormat { sample_type: RING_SAMPLE_TYPE, sample_id_all: true, branch_hw_index: false, regs_user_mask: 0 };
+        let pfmt = SampleFormat { sample_type: RING_SAMPLE_TYPE | sample::CALLCHAIN, ..fmt };
+        let cpu = 2i32;
+        let cfg = PipelineConfig {
+            cpus: vec![CpuTraceConfig { cpu, trace_id: 0x14, ..Default::default() }],
+            decoder: Some(std::sync::Arc::new(ToyFactory)),
+            ..Default::default()
+        };
+        let mut p = Pipeline::new(cfg);
+        let got: Rc<RefCell<Vec<(u64, Vec<BranchPair>)>>> = Rc::default();
+        let g = got.clone();
+        p.set_observer(Box::new(move |j| g.borrow_mut().push((j.time, j.branches.to_vec()))));
+        let mut ring = FakeRing::new(1024, 512);
+        let mut s = CpuStream::new(cpu, fmt, &[(1, IdRole::Etm, fmt), (2, IdRole::Pause, pfmt)], 512);
+        let sid = |t: u64, id: u64| SampleId { pid: Some(1), tid: Some(1), time: Some(t), id: Some(id), stream_id: None, cpu: Some(cpu as u32) };
+        let mut want = Vec::new();
+        for k in 1..=8u64 {
+            let base = 0x10_0000 + 0x1000 * k;
+            let mut w = ToyWriter::default();
+            w.sync().trace_on().ts(1000 * k);
+            let mut brs = Vec::new();
+            for i in 0..5u64 {
+                let b = BranchPair { from: base + 0x10 * i + 8, to: base + 0x10 * (i + 1) };
+                w.branch(b.from, b.to);
+                brs.push(b);
+            }
+            brs.reverse();
+            let off = ring.push_aux(&w.0);
+            let flags = 0x100 | if k == 4 { 0x1 } else { 0 };
+            ring.push_record(&build::aux(off, w.0.len() as u64, flags, &fmt, &sid(1000 * k + 400, 1)));
+            let leaf = base + 0x54;
+            ring.push_record(&build::sample(&pfmt, &sid(1000 * k + 500, 2), leaf, 1, &[context::USER, leaf, 0x1234]));
+            if k != 4 {
+                want.push((1000 * k + 500, brs));
+            }
+            let mut c = Consumer { pipeline: Some(&mut p), recorder: None };
+            s.drain(&mut ring, &mut c);
+        }
+        p.finish();
+        assert_eq!(*got.borrow(), want);
+        assert_eq!(ring.reenables, 1, "the TRUNCATED record must re-enable the event");
+        assert_eq!(p.stats().aux_truncated, 1);
+    }
+
+    /// The saved sysfs metadata of a recording rediscovers to the same system as the original
+    /// tree (both fixtures, symlinked CPUs included).
+    #[test]
+    fn saved_sysfs_rediscovers() {
+        for name in ["n1-etr", "v2-trbe"] {
+            let dir = tempfile::tempdir().unwrap();
+            let n = save_sysfs(&fixture(name), dir.path()).unwrap();
+            assert!(n > 30, "{name}: {n} files");
+            let a = CsEtmSystem::discover(&fixture(name)).unwrap();
+            let b = CsEtmSystem::discover(dir.path()).unwrap();
+            assert_eq!((a.pmu_type, &a.formats, &a.sinks, &a.configs, &a.cpus, &a.pmus), (b.pmu_type, &b.formats, &b.sinks, &b.configs, &b.cpus, &b.pmus), "{name}");
+        }
     }
 
     /// On this machine there is no cs_etm: opening fails with a discovery error that says so.
