@@ -12,11 +12,53 @@ use std::fmt::{self, Write};
 
 use crate::packet::{AddrForm, Atoms, Context, Exception, Packet, PacketType};
 
+/// Appends `v` in decimal.
+fn push_dec(s: &mut String, mut v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for &c in &buf[i..] {
+        s.push(c as char);
+    }
+}
+
+const HEX_UP: &[u8; 16] = b"0123456789ABCDEF";
+const HEX_LO: &[u8; 16] = b"0123456789abcdef";
+
+/// Appends `v` in hex, at least `min_digits` digits.
+fn push_hex(s: &mut String, v: u64, min_digits: usize, upper: bool) {
+    let digits = if upper { HEX_UP } else { HEX_LO };
+    let mut buf = [0u8; 16];
+    let mut i = buf.len();
+    let mut x = v;
+    loop {
+        i -= 1;
+        buf[i] = digits[(x & 0xF) as usize];
+        x >>= 4;
+        if x == 0 && buf.len() - i >= min_digits {
+            break;
+        }
+    }
+    for &c in &buf[i..] {
+        s.push(c as char);
+    }
+}
+
+
 /// Writes the packet description (`I_NAME : desc...`) without the `Idx`/`ID` prefix.
-pub fn write_packet(w: &mut impl Write, p: &Packet, ete: bool) -> fmt::Result {
+pub fn write_packet(w: &mut String, p: &Packet, ete: bool) -> fmt::Result {
     let ty = p.packet_type();
     let (name, desc) = ty.name_desc();
-    write!(w, "{name} : {desc}")?;
+    w.push_str(name);
+    w.push_str(" : ");
+    w.push_str(desc);
     match *p {
         Packet::BadSequence(t) | Packet::IncompleteEot(t) | Packet::ReservedCfg(t, _) => {
             write!(w, "[{}]", t.name())?;
@@ -25,11 +67,14 @@ pub fn write_packet(w: &mut impl Write, p: &Packet, ete: bool) -> fmt::Result {
             if let AddrForm::Match(i) = addr.form {
                 write!(w, ", [{i}]; Addr=0x{:016X}; ", addr.addr)?;
             } else {
-                write!(w, "; Addr=0x{:016X}", addr.addr)?;
+                w.push_str("; Addr=0x");
+                push_hex(w, addr.addr, 16, true);
                 match addr.form {
                     AddrForm::Short => {
                         let m = (1u64 << addr.pkt_bits) - 1;
-                        write!(w, " ~[0x{:X}]", addr.addr & m)?;
+                        w.push_str(" ~[0x");
+                        push_hex(w, addr.addr & m, 1, true);
+                        w.push(']');
                     }
                     _ => {
                         w.write_str("; ")?;
@@ -75,7 +120,8 @@ pub fn write_packet(w: &mut impl Write, p: &Packet, ete: bool) -> fmt::Result {
             }
         }
         Packet::CycleCount { count, commit, .. } => {
-            write!(w, "; Count=0x{count:x}")?;
+            w.push_str("; Count=0x");
+            push_hex(w, count as u64, 1, false);
             if let Some(c) = commit {
                 write!(w, "; Commit({c})")?;
             }
@@ -136,14 +182,14 @@ pub fn write_packet(w: &mut impl Write, p: &Packet, ete: bool) -> fmt::Result {
     Ok(())
 }
 
-fn write_atoms(w: &mut impl Write, a: Atoms) -> fmt::Result {
+fn write_atoms(w: &mut String, a: Atoms) -> fmt::Result {
     for i in 0..a.count.min(32) {
-        w.write_char(if (a.bits >> i) & 1 != 0 { 'E' } else { 'N' })?;
+        w.push(if (a.bits >> i) & 1 != 0 { 'E' } else { 'N' });
     }
     Ok(())
 }
 
-fn write_context(w: &mut impl Write, c: &Context) -> fmt::Result {
+fn write_context(w: &mut String, c: &Context) -> fmt::Result {
     if !c.updated {
         return w.write_str("Ctxt: Same");
     }
@@ -174,7 +220,7 @@ const M_EXC: [&str; 32] = [
     "Lockup", "Reserved", "Reserved", "Reserved", "Reserved", "Reserved",
 ];
 
-fn write_exception(w: &mut impl Write, e: &Exception) -> fmt::Result {
+fn write_exception(w: &mut String, e: &Exception) -> fmt::Result {
     w.write_char(' ')?;
     let t = e.exc_type as usize;
     if !e.m_type {
@@ -202,7 +248,7 @@ fn write_exception(w: &mut impl Write, e: &Exception) -> fmt::Result {
 /// reserved headers (`PKTP_ETMV4I_...` which OpenCSD prints without a newline), `Idx`, `ID`,
 /// optional raw bytes, then the packet text.
 pub fn write_line(
-    w: &mut impl Write,
+    w: &mut String,
     index: u64,
     id: u8,
     p: &Packet,
@@ -216,15 +262,21 @@ pub fn write_line(
             id, index, id
         )?;
     }
-    write!(w, "Idx:{index}; ID:{id:x};")?;
+    w.push_str("Idx:");
+    push_dec(w, index);
+    w.push_str("; ID:");
+    push_hex(w, id as u64, 1, false);
+    w.push(';');
     if let Some(raw) = raw {
-        w.write_str(" [")?;
+        w.push_str(" [");
         for b in raw {
-            write!(w, "0x{b:02x} ")?;
+            w.push_str("0x");
+            push_hex(w, *b as u64, 2, false);
+            w.push(' ');
         }
-        w.write_str("];")?;
+        w.push_str("];");
     }
-    w.write_char('\t')?;
+    w.push('\t');
     write_packet(w, p, ete)
 }
 
@@ -354,4 +406,25 @@ pub fn list_buffer(
     let bytes = deformatter.index();
     out(&format!("Trace Packet Lister : Trace buffer done, processed {bytes} bytes."));
     Ok(ListSummary { bytes, frames: deformatter.stats(), packets: demux.stats() })
+}
+
+#[cfg(test)]
+mod fmt_tests {
+    use super::*;
+
+    /// The hand-written number formatting agrees with `format!` on edge values.
+    #[test]
+    fn number_helpers_match_std() {
+        for v in [0u64, 1, 9, 10, 255, 0x1234_5678_9ABC_DEF0, u64::MAX] {
+            let mut s = String::new();
+            push_dec(&mut s, v);
+            assert_eq!(s, format!("{v}"));
+            s.clear();
+            push_hex(&mut s, v, 16, true);
+            assert_eq!(s, format!("{v:016X}"));
+            s.clear();
+            push_hex(&mut s, v, 2, false);
+            assert_eq!(s, format!("{v:02x}"));
+        }
+    }
 }

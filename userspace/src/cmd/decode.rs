@@ -101,7 +101,7 @@ pub fn main(args: DecodeArgs) -> anyhow::Result<ExitCode> {
                 halted = true;
             }
             if !args.stats {
-                if let Err(e) = writeln!(out, "{line}") {
+                if let Err(e) = out.write_all(line.as_bytes()).and_then(|()| out.write_all(b"\n")) {
                     io_err = Some(e);
                 }
             }

@@ -242,6 +242,17 @@ impl PacketParser {
                         let (t, h) = self.table[b as usize];
                         self.ty = t;
                         self.handler = h;
+                        if h == H::Atom {
+                            // fast path: single-byte atom packets dominate real traces
+                            self.processed += 1;
+                            self.buf[0] = b;
+                            self.len = 1;
+                            self.h_atom(b);
+                            self.emit(sink);
+                            self.init_packet_state();
+                            self.state = State::Hdr;
+                            continue;
+                        }
                     } else {
                         self.handler = H::NotSync;
                         self.ty = PacketType::NotSync;
