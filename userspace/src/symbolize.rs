@@ -11,6 +11,9 @@ use etm_stacks::{Frame, FrameId, FrameTable};
 
 /// Cache entries beyond which the cache is cleared (bounded memory).
 const CACHE_LIMIT: usize = 1 << 20;
+/// Frames in the table beyond which unknown addresses are no longer told apart (one
+/// `[binary]` frame per binary instead of `[binary+0xaddr]`), bounding the frame table.
+const UNKNOWN_DETAIL_LIMIT: usize = 100_000;
 
 /// Symbolizes addresses of the binaries of one address space into interned frames.
 #[derive(Default)]
@@ -87,7 +90,12 @@ impl Symbolizer {
             .collect();
         if ids.is_empty() {
             self.unknown += 1;
-            ids.push(table.intern(unknown_frame(binary, path, link_addr)));
+            let frame = if table.len() < UNKNOWN_DETAIL_LIMIT {
+                unknown_frame(binary, path, Some(link_addr))
+            } else {
+                unknown_frame(binary, path, None)
+            };
+            ids.push(table.intern(frame));
         }
         if self.cache.len() >= CACHE_LIMIT {
             self.cache.clear();
@@ -97,9 +105,12 @@ impl Symbolizer {
     }
 }
 
-fn unknown_frame(binary: u32, display_name: &str, link_addr: u64) -> Frame {
+fn unknown_frame(binary: u32, display_name: &str, link_addr: Option<u64>) -> Frame {
     let base = display_name.rsplit('/').next().unwrap_or(display_name);
-    Frame::new(format!("[{base}+{link_addr:#x}]"), Some(binary))
+    match link_addr {
+        Some(a) => Frame::new(format!("[{base}+{a:#x}]"), Some(binary)),
+        None => Frame::new(format!("[{base}]"), Some(binary)),
+    }
 }
 
 #[cfg(test)]
