@@ -54,8 +54,9 @@ impl BinaryInfo {
 
 /// Code facts llvm-profgen derives by disassembling the binary, needed to reproduce its
 /// context-insensitive counters exactly: the prolog/epilog addresses (first two instructions
-/// of each function, each return and the instruction before it) and the addresses of direct
-/// unconditional jumps (a fall-through range crossing one is bogus). x86-64 (iced-x86) and
+/// of each function, each return and the instruction before it) and the addresses of
+/// llvm-profgen's "unconditional branches" -- calls, returns and direct jumps (a fall-through
+/// range crossing one is bogus). x86-64 (iced-x86) and
 /// AArch64 (fixed width) are decoded; other architectures give empty sets.
 #[derive(Clone, Debug, Default)]
 pub struct ElfCodeFacts {
@@ -96,12 +97,13 @@ impl ElfCodeFacts {
                 for (j, &(a, k)) in insts.iter().enumerate() {
                     match k {
                         Kind::Ret => {
+                            out.uncond_branches.push(a);
                             out.prolog_epilog.push(a);
                             if j > 0 {
                                 out.prolog_epilog.push(insts[j - 1].0);
                             }
                         }
-                        Kind::UncondBranch => out.uncond_branches.push(a),
+                        Kind::UncondBranch | Kind::Call => out.uncond_branches.push(a),
                         Kind::Other => {}
                     }
                 }
@@ -118,6 +120,7 @@ impl ElfCodeFacts {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Ret,
+    Call,
     UncondBranch,
     Other,
 }
@@ -135,6 +138,7 @@ fn decode(arch: object::Architecture, start: u64, code: &[u8], out: &mut Vec<(u6
                 let k = match ins.flow_control() {
                     FlowControl::Return => Kind::Ret,
                     FlowControl::UnconditionalBranch => Kind::UncondBranch,
+                    FlowControl::Call | FlowControl::IndirectCall => Kind::Call,
                     _ => Kind::Other,
                 };
                 out.push((ins.ip(), k));
@@ -147,6 +151,8 @@ fn decode(arch: object::Architecture, start: u64, code: &[u8], out: &mut Vec<(u6
                     Kind::Ret
                 } else if w & 0xfc00_0000 == 0x1400_0000 {
                     Kind::UncondBranch
+                } else if w & 0xfc00_0000 == 0x9400_0000 || w & 0xffff_fc1f == 0xd63f_0000 {
+                    Kind::Call
                 } else {
                     Kind::Other
                 };

@@ -28,7 +28,7 @@ pub trait CodeFacts {
     /// Whether a hybrid sample whose leaf is at this link-time address is dropped by
     /// llvm-profgen (function entry or return instruction: "prolog/epilog").
     fn in_prolog_epilog(&self, addr: u64) -> bool;
-    /// Whether a direct unconditional jump lies in `[start, end)` (llvm-profgen's
+    /// Whether a call, return or direct jump lies in `[start, end)` (llvm-profgen's
     /// `rangeCrossUncondBranch`: such a fall-through range is bogus).
     fn range_crosses_uncond_branch(&self, start: u64, end: u64) -> bool;
 }
@@ -103,7 +103,7 @@ pub fn write_perfscript<W: Write>(p: &HybridProfile, b: ProfileBinary, mut w: W)
 /// Range and branch counts llvm-profgen derives from one LBR stack without context
 /// (`PerfScriptReader::computeCounterFromLBR`): a branch counts if its target is code; the
 /// fall-through from one branch's target to the next newer branch's source counts when both
-/// ends are code, start <= end and no direct unconditional jump lies inside.
+/// ends are code, start <= end and no call, return or direct jump lies inside.
 fn counters_from_lbr(
     branches: &[(u64, u64)],
     count: u64,

@@ -1,10 +1,169 @@
-//! `etm-bpf convert` (work in progress: not implemented yet).
+//! `etm-bpf convert`: perf-script samples (`perf script -F ip,brstack`, with or without call
+//! stacks, plain or aggregated) into the etm-bpf profile model and its dumps.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-#[derive(clap::Args, Debug)]
-pub struct ConvertArgs {}
+use anyhow::{Context, bail};
 
-pub fn main(_args: ConvertArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`convert` is not implemented yet")
+use crate::dump::write_atomic;
+use etm_profile::write::{self, CodeFacts};
+use etm_profile::{BinaryInfo, HybridProfile, MmapResolver, ProfileLimits, perfscript};
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    perf record -e cycles -b --call-graph fp -- ./app && perf script -F ip,brstack --show-mmap-events > app.script\n  \
+    etm-bpf convert --perfscript app.script --binary ./app --dump-dir out/\n  \
+    llvm-profgen --perfscript out/app.perfscript --binary ./app --output app.prof")]
+pub struct ConvertArgs {
+    /// perf-script text to read; given several times, each file is read into its own profile
+    /// and the profiles are merged (e.g. to merge earlier `.perfscript` dumps).
+    #[arg(long, required = true)]
+    pub perfscript: Vec<PathBuf>,
+    /// Profiled binaries (ELF); default: the files named by the script's MMAP lines.
+    #[arg(long)]
+    pub binary: Vec<PathBuf>,
+    /// Directory to write the dumps and manifest.json into (created if missing).
+    #[arg(long)]
+    pub dump_dir: PathBuf,
+    /// Memory budget of the sample store in MiB (new contexts past it are folded).
+    #[arg(long, default_value_t = 512)]
+    pub max_mb: usize,
+}
+
+pub fn main(args: ConvertArgs) -> anyhow::Result<ExitCode> {
+    let mut texts = Vec::new();
+    for p in &args.perfscript {
+        texts.push(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?);
+    }
+    let mut paths = args.binary.clone();
+    if paths.is_empty() {
+        for line in texts.iter().flat_map(|t| t.lines()).filter(|l| l.contains("PERF_RECORD_MMAP")) {
+            if let Some((_, _, _, p)) = perfscript::parse_mmap_line(line)
+                && Path::new(p).is_file()
+                && !paths.iter().any(|q| q == Path::new(p))
+            {
+                paths.push(PathBuf::from(p));
+            }
+        }
+        if paths.is_empty() {
+            bail!("no --binary given and no MMAP line names a readable file");
+        }
+    }
+    let mut infos = Vec::new();
+    let mut images = Vec::new();
+    for p in &paths {
+        let data = std::fs::read(p).with_context(|| format!("reading binary {}", p.display()))?;
+        let info = BinaryInfo::from_elf(&p.to_string_lossy(), &data)
+            .with_context(|| format!("parsing binary {}", p.display()))?;
+        infos.push(info);
+        images.push(data);
+    }
+    let limits = ProfileLimits { max_bytes: args.max_mb << 20, ..Default::default() };
+    let mut profile = HybridProfile::new(limits);
+    let mut st = perfscript::PerfScriptStats::default();
+    for (text, path) in texts.iter().zip(&args.perfscript) {
+        // Each file has its own load bases and its own profile, merged into the total.
+        let mut resolver = MmapResolver::new(infos.clone());
+        let mut one = HybridProfile::new(limits);
+        let s = perfscript::read_perfscript(text, &mut resolver, &mut one);
+        log::info!("{}: {s:?}; profile: {:?}", path.display(), one.stats());
+        if s.hybrid_samples + s.branch_only_samples == 0 {
+            bail!("no samples read from {} ({s:?})", path.display());
+        }
+        profile.merge(&one);
+        st.lines += s.lines;
+        st.hybrid_samples += s.hybrid_samples;
+        st.branch_only_samples += s.branch_only_samples;
+        st.mmap_events += s.mmap_events;
+        st.mmap_matched += s.mmap_matched;
+        st.mmap_unparsed += s.mmap_unparsed;
+        st.rejected_samples += s.rejected_samples;
+        st.broken_branch_entries += s.broken_branch_entries;
+    }
+    let facts: Vec<(String, etm_profile::elf::ElfCodeFacts)> = infos
+        .iter()
+        .zip(&images)
+        .filter_map(|(b, img)| Some((b.path.clone(), etm_profile::elf::ElfCodeFacts::from_elf(img).ok()?)))
+        .collect();
+    let files = write_profile_dumps(&profile, &args.dump_dir, &|b: &BinaryInfo| {
+        facts.iter().find(|(p, _)| *p == b.path).map(|(_, f)| f as &dyn CodeFacts)
+    })?;
+    write_manifest(&args.dump_dir, &files, &profile, &st)?;
+    for f in &files {
+        println!("{}", f.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Write `<binary>.perfscript`, `<binary>.unsym.txt` and `<binary>.bolt.pa` for every binary
+/// with samples, atomically, and return the paths written. `facts` gives code facts for the
+/// unsymbolized writer when the binary's code is available.
+pub fn write_profile_dumps<'f>(
+    profile: &HybridProfile,
+    dir: &Path,
+    facts: &dyn Fn(&BinaryInfo) -> Option<&'f dyn CodeFacts>,
+) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut written = Vec::new();
+    let mut used_names: Vec<String> = Vec::new();
+    for (b, info) in profile.binaries().iter().enumerate() {
+        if !profile.samples().any(|s| s.touches(b)) {
+            continue;
+        }
+        let mut name = info.file_name().to_string();
+        if used_names.contains(&name) {
+            name = format!("{name}.{}", info.build_id_hex());
+        }
+        used_names.push(name.clone());
+        let [ps, unsym, bolt] = write::dump_file_names(&name);
+        let path = dir.join(&ps);
+        write_atomic(&path, |w| write::write_perfscript(profile, b, w).map(drop))?;
+        written.push(path);
+        let path = dir.join(&unsym);
+        write_atomic(&path, |w| write::write_unsymbolized(profile, b, facts(info), w).map(drop))?;
+        written.push(path);
+        let path = dir.join(&bolt);
+        write_atomic(&path, |w| write::write_bolt_pa(profile, b, w).map(drop))?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+fn write_manifest(
+    dir: &Path,
+    files: &[PathBuf],
+    profile: &HybridProfile,
+    st: &perfscript::PerfScriptStats,
+) -> anyhow::Result<()> {
+    let names: Vec<String> =
+        files.iter().filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
+    let binaries: Vec<serde_json::Value> = profile
+        .binaries()
+        .iter()
+        .map(|b| serde_json::json!({"path": b.path, "build_id": b.build_id_hex()}))
+        .collect();
+    let ps = profile.stats();
+    let v = serde_json::json!({
+        "tool": "etm-bpf",
+        "version": env!("CARGO_PKG_VERSION"),
+        "command": "convert",
+        "files": names,
+        "binaries": binaries,
+        "profile": {
+            "samples": ps.samples, "distinct_samples": profile.distinct_samples(),
+            "folded": ps.folded, "dropped": ps.dropped,
+            "unresolved_addresses": ps.unresolved_addresses,
+        },
+        "perfscript": {
+            "hybrid_samples": st.hybrid_samples, "branch_only_samples": st.branch_only_samples,
+            "rejected_samples": st.rejected_samples, "mmap_events": st.mmap_events,
+            "mmap_matched": st.mmap_matched,
+        },
+    });
+    write_atomic(&dir.join("manifest.json"), |w| {
+        serde_json::to_writer_pretty(&mut *w, &v)?;
+        w.write_all(b"\n")
+    })?;
+    Ok(())
 }
