@@ -518,7 +518,8 @@ mod tests {
             ..Default::default()
         };
         let mut p = Pipeline::new(cfg);
-        let got: Rc<RefCell<Vec<(u64, Vec<BranchPair>)>>> = Rc::default();
+        type Joins = Rc<RefCell<Vec<(u64, Vec<BranchPair>)>>>;
+        let got: Joins = Rc::default();
         let g = got.clone();
         p.set_observer(Box::new(move |j| g.borrow_mut().push((j.time, j.branches.to_vec()))));
         let mut ring = FakeRing::new(1024, 512);
