@@ -294,7 +294,7 @@ struct CpuJoin {
 #[derive(Debug)]
 pub struct Joiner {
     cfg: JoinConfig,
-    cpus: HashMap<i32, CpuJoin>,
+    cpus: CpuMap<CpuJoin>,
     stats: JoinStats,
     pool_rings: Vec<Vec<BranchPair>>,
     pool_stacks: Vec<Vec<u64>>,
@@ -307,7 +307,7 @@ impl Joiner {
     pub fn new(cfg: JoinConfig) -> Self {
         Joiner {
             cfg,
-            cpus: HashMap::new(),
+            cpus: CpuMap::default(),
             stats: JoinStats::default(),
             pool_rings: Vec::new(),
             pool_stacks: Vec::new(),
@@ -339,7 +339,7 @@ impl Joiner {
     ) {
         self.stats.segments += 1;
         let ring = self.pool_rings.pop().unwrap_or_default();
-        let c = self.cpus.entry(cpu).or_default();
+        let c = self.cpus.entry(cpu);
         c.open = true;
         c.segs.push_back(Segment { time, ts_known, ring, head: 0, broken: false });
         if c.segs.len() > self.cfg.max_pending_segments
@@ -355,7 +355,7 @@ impl Joiner {
     /// A trace timestamp (perf clock) inside the open segment of `cpu`: the first one dates
     /// the segment if it had no timestamp yet.
     pub fn segment_time(&mut self, cpu: i32, time: u64) {
-        if let Some(c) = self.cpus.get_mut(&cpu)
+        if let Some(c) = self.cpus.get_mut(cpu)
             && c.open
             && let Some(g) = c.segs.back_mut()
             && !g.ts_known
@@ -369,7 +369,7 @@ impl Joiner {
     #[inline]
     pub fn branch(&mut self, cpu: i32, b: BranchPair) {
         let depth = self.cfg.depth;
-        if let Some(c) = self.cpus.get_mut(&cpu)
+        if let Some(c) = self.cpus.get_mut(cpu)
             && c.open
             && let Some(g) = c.segs.back_mut()
         {
@@ -381,7 +381,7 @@ impl Joiner {
     /// and marked broken, so no branch chain runs through it; branches until the next
     /// [`Joiner::begin_segment`] are ignored.
     pub fn discontinuity(&mut self, cpu: i32) {
-        if let Some(c) = self.cpus.get_mut(&cpu)
+        if let Some(c) = self.cpus.get_mut(cpu)
             && c.open
         {
             c.open = false;
@@ -395,7 +395,7 @@ impl Joiner {
 
     /// The open segment of `cpu` ended cleanly (its data ended at a pause).
     pub fn end_segment(&mut self, cpu: i32) {
-        if let Some(c) = self.cpus.get_mut(&cpu) {
+        if let Some(c) = self.cpus.get_mut(cpu) {
             c.open = false;
         }
     }
@@ -417,7 +417,7 @@ impl Joiner {
             self.stats.rejected.bump(RejectReason::EmptyStack);
             return;
         }
-        let c = self.cpus.entry(cpu).or_default();
+        let c = self.cpus.entry(cpu);
         if c.last_sample_time.is_some_and(|t| time < t) {
             self.stats.rejected.bump(RejectReason::OutOfOrder);
             return;
@@ -437,13 +437,13 @@ impl Joiner {
 
     /// Resolve every pending sample of every CPU with what is known (end of stream).
     pub fn flush(&mut self, oracle: &dyn CodeOracle, out: &mut dyn FnMut(&Joined<'_>)) {
-        let mut cpus: Vec<i32> = self.cpus.keys().copied().collect();
+        let mut cpus: Vec<i32> = self.cpus.keys().collect();
         cpus.sort_unstable();
         for cpu in cpus {
-            while self.cpus.get(&cpu).is_some_and(|c| !c.samples.is_empty()) {
+            while self.cpus.get(cpu).is_some_and(|c| !c.samples.is_empty()) {
                 self.resolve_front(cpu, oracle, out);
             }
-            if let Some(c) = self.cpus.get_mut(&cpu) {
+            if let Some(c) = self.cpus.get_mut(cpu) {
                 c.open = false;
                 for g in c.segs.drain(..) {
                     self.stats.segments_unmatched += 1;
@@ -456,7 +456,7 @@ impl Joiner {
     /// Resolve the samples of `cpu` that are certain: older than the newest segment.
     fn resolve(&mut self, cpu: i32, oracle: &dyn CodeOracle, out: &mut dyn FnMut(&Joined<'_>)) {
         loop {
-            let Some(c) = self.cpus.get(&cpu) else { return };
+            let Some(c) = self.cpus.get(cpu) else { return };
             let Some(s) = c.samples.front() else { return };
             match c.segs.back() {
                 Some(g) if g.time > s.time => self.resolve_front(cpu, oracle, out),
@@ -467,7 +467,7 @@ impl Joiner {
 
     /// Resolve the oldest pending sample of `cpu` against the segments known now.
     fn resolve_front(&mut self, cpu: i32, oracle: &dyn CodeOracle, out: &mut dyn FnMut(&Joined<'_>)) {
-        let Some(c) = self.cpus.get_mut(&cpu) else { return };
+        let Some(c) = self.cpus.get_mut(cpu) else { return };
         let Some(s) = c.samples.pop_front() else { return };
         let prev = c.prev_resolved.replace(s.time);
         // Segments that began before the previous pause belong to no later pause.
@@ -559,6 +559,68 @@ impl Joiner {
                 Err(e)
             }
         }
+    }
+}
+
+/// Per-CPU state indexed directly by CPU number (hot path: one lookup per branch); CPU
+/// numbers outside `-1..65535` go to a map.
+#[derive(Debug)]
+pub(crate) struct CpuMap<T> {
+    dense: Vec<Option<T>>,
+    other: HashMap<i32, T>,
+}
+
+impl<T> Default for CpuMap<T> {
+    fn default() -> Self {
+        CpuMap { dense: Vec::new(), other: HashMap::new() }
+    }
+}
+
+impl<T: Default> CpuMap<T> {
+    #[inline]
+    fn slot(cpu: i32) -> Option<usize> {
+        let i = cpu.checked_add(1)?;
+        (0..65536).contains(&i).then_some(i as usize)
+    }
+
+    /// The state of `cpu`, created if absent.
+    #[inline]
+    pub(crate) fn entry(&mut self, cpu: i32) -> &mut T {
+        match Self::slot(cpu) {
+            Some(i) => {
+                if i >= self.dense.len() {
+                    self.dense.resize_with(i + 1, || None);
+                }
+                self.dense[i].get_or_insert_with(T::default)
+            }
+            None => self.other.entry(cpu).or_default(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, cpu: i32) -> Option<&T> {
+        match Self::slot(cpu) {
+            Some(i) => self.dense.get(i).and_then(|o| o.as_ref()),
+            None => self.other.get(&cpu),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn get_mut(&mut self, cpu: i32) -> Option<&mut T> {
+        match Self::slot(cpu) {
+            Some(i) => self.dense.get_mut(i).and_then(|o| o.as_mut()),
+            None => self.other.get_mut(&cpu),
+        }
+    }
+
+    /// CPUs present.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = i32> + '_ {
+        self.dense
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.is_some())
+            .map(|(i, _)| i as i32 - 1)
+            .chain(self.other.keys().copied())
     }
 }
 

@@ -1,14 +1,44 @@
 //! `etm-session`: the one pipeline both drivers (live collection and replay) feed, the
 //! per-CPU join of trace windows with pause samples, and the session directory format.
 //!
-//! * [`session`] — the on-disk session directory (read/write; the only module doing I/O).
-//! * `join` — per CPU, attach to each pause sample the last branches of the window that pause
-//!   closed, validate the hybrid sample, count rejects by reason.
-//! * `pipeline` — AUX bytes -> decoder -> branch ring -> join -> profile, with per-stage stats.
+//! * [`session`] — the on-disk session directory (read/write; the only module doing file I/O).
+//! * [`join`] — per CPU, attach to each pause sample the last N branches of the window that
+//!   pause closed, validate the hybrid sample against the code, count rejects by reason.
+//! * [`pipeline`] — AUX bytes -> per-buffer trace decoder -> windows of branch records -> join
+//!   -> `etm_profile::HybridProfile` + `etm_stacks::ContextTrie`, with per-stage stats.
+//! * [`decoder`] — the `etm_decode` adapter behind the pipeline's [`pipeline::WindowDecoder`]
+//!   trait, and a toy test double.
 //!
-//! Design constraints: online (bounded memory, no per-element allocation on hot paths), best
-//! effort on trace loss (a truncated record, lost records, corrupt bytes or a window without
-//! sync are counted and resynced past; each window decodes afresh after a discontinuity).
+//! Design constraints: online (bounded memory: pending samples and segments per CPU are
+//! bounded, buffers are pooled; no per-branch allocation), best effort on trace loss (a
+//! truncated record, a gap in the AUX ring offsets, corrupt bytes or a window without sync are
+//! counted and resynced past; the decoder restarts after a gap, and a window that lost data is
+//! never attached to a pause), deterministic (the result depends only on the event order).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use etm_session::decoder::toy::{ToyFactory, ToyWriter};
+//! use etm_session::session::{AuxRecord, CpuTraceConfig, PauseSample, SessionEvent};
+//! use etm_session::{Pipeline, PipelineConfig};
+//!
+//! let cfg = PipelineConfig {
+//!     cpus: vec![CpuTraceConfig { cpu: 0, trace_id: 0x10, ..Default::default() }],
+//!     decoder: Some(Arc::new(ToyFactory)), // the real default is the etm_decode decoder
+//!     ..Default::default()
+//! };
+//! let mut p = Pipeline::new(cfg);
+//! // One window on CPU 0: trace on at t=100, two taken branches.
+//! let mut w = ToyWriter::default();
+//! w.sync().trace_on().ts(100).branch(0x1008, 0x2000).branch(0x2010, 0x3000);
+//! let rec = AuxRecord { cpu: 0, flags: 0x100, time: 150, aux_offset: 0, size: w.0.len() as u64 };
+//! p.push(SessionEvent::Aux { record: rec, data: &w.0 });
+//! // The pause sample that closed it (leaf just after the newest target).
+//! let s = PauseSample { cpu: 0, pid: 1, tid: 1, time: 160, stack: vec![0x3008, 0x100c], branches: None };
+//! p.push(SessionEvent::Sample(&s));
+//! p.finish();
+//! assert_eq!(p.stats().join.joined, 1);
+//! assert_eq!(p.profile().total_samples(), 1);
+//! ```
 
 pub mod decoder;
 pub mod join;

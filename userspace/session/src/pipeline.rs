@@ -23,7 +23,7 @@ use std::sync::Arc;
 use etm_profile::{AddressResolver, BinaryId, BinaryInfo, Branch, HybridProfile, HybridSample, ProfileLimits};
 use etm_stacks::{ContextTrie, Frame, FrameId, FrameTable};
 
-use crate::join::{CodeOracle, InsnKind, JoinConfig, JoinStats, Joined, Joiner, RejectCounts};
+use crate::join::{CodeOracle, CpuMap, InsnKind, JoinConfig, JoinStats, Joined, Joiner, RejectCounts};
 use crate::session::{
     AuxRecord, BranchPair, ClockParams, CpuTraceConfig, PauseSample, SessionEvent, SessionMeta, Sideband,
     PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, PERF_AUX_FLAG_OVERWRITE, PERF_AUX_FLAG_PARTIAL,
@@ -374,7 +374,7 @@ pub struct Pipeline {
     namer: Box<dyn FrameNamer>,
     stats: PipelineStats,
     /// Per CPU: a trace-on was seen and the window has not been begun yet.
-    pending_begin: HashMap<i32, bool>,
+    pending_begin: CpuMap<bool>,
     next_aux_offset: HashMap<i32, u64>,
     scratch_branches: Vec<Branch>,
     scratch_frames: Vec<FrameId>,
@@ -400,7 +400,7 @@ impl Pipeline {
             frame_cache: HashMap::new(),
             namer: Box::new(DefaultFrameNamer),
             stats: PipelineStats::default(),
-            pending_begin: HashMap::new(),
+            pending_begin: CpuMap::default(),
             next_aux_offset: HashMap::new(),
             scratch_branches: Vec::new(),
             scratch_frames: Vec::new(),
@@ -719,7 +719,7 @@ struct WinSink<'a, 'b> {
     aux_time: u64,
     raw: bool,
     trace_cpu: &'a HashMap<u8, i32>,
-    pending_begin: &'a mut HashMap<i32, bool>,
+    pending_begin: &'a mut CpuMap<bool>,
     clock: Option<ClockParams>,
     joiner: &'a mut Joiner,
     out: &'a mut Sink<'b>,
@@ -760,12 +760,12 @@ impl WinSink<'_, '_> {
             } else {
                 self.joiner.end_segment(c);
             }
-            self.pending_begin.insert(c, false);
+            *self.pending_begin.entry(c) = false;
         }
     }
 
     fn begin(&mut self, cpu: i32, time: u64, ts_known: bool) {
-        self.pending_begin.insert(cpu, false);
+        *self.pending_begin.entry(cpu) = false;
         self.touched.retain(|&c| c != cpu);
         let (code, out) = (self.out.code, &mut *self.out);
         self.joiner.begin_segment(cpu, time, ts_known, code, &mut |j| out.accept(j));
@@ -779,7 +779,7 @@ impl WindowSink for WinSink<'_, '_> {
         let Some(cpu) = self.cpu(trace_id) else { return };
         self.out.stats.trace_on += 1;
         self.joiner.end_segment(cpu);
-        self.pending_begin.insert(cpu, true);
+        *self.pending_begin.entry(cpu) = true;
     }
 
     fn timestamp(&mut self, trace_id: Option<u8>, ts: u64) {
@@ -788,7 +788,7 @@ impl WindowSink for WinSink<'_, '_> {
             Some(c) => c.to_perf_time(ts),
             None => ts,
         };
-        if self.pending_begin.get(&cpu).copied().unwrap_or(false) {
+        if self.pending_begin.get(cpu).copied().unwrap_or(false) {
             self.begin(cpu, t, true);
         } else {
             self.joiner.segment_time(cpu, t);
@@ -798,7 +798,7 @@ impl WindowSink for WinSink<'_, '_> {
     fn branch(&mut self, trace_id: Option<u8>, from: u64, to: u64) {
         let Some(cpu) = self.cpu(trace_id) else { return };
         self.out.stats.branches += 1;
-        if self.pending_begin.get(&cpu).copied().unwrap_or(false) {
+        if self.pending_begin.get(cpu).copied().unwrap_or(false) {
             self.begin(cpu, self.aux_time, false);
         }
         if !self.touched.contains(&cpu) {
@@ -823,7 +823,7 @@ impl WindowSink for WinSink<'_, '_> {
             // earlier records, so it ended there (a per-pause record ends at its pause).
             self.joiner.end_segment(cpu);
         }
-        self.pending_begin.insert(cpu, false);
+        *self.pending_begin.entry(cpu) = false;
     }
 }
 

@@ -38,8 +38,10 @@
 //! * `aux.offset`/`aux.size` are the byte range in `aux/cpu<cpu>.bin`; `aux.flags` are the
 //!   `PERF_RECORD_AUX` flags (0x01 truncated, 0x02 overwrite, 0x04 partial, 0x08 collision,
 //!   0x0100 CoreSight raw format, i.e. no 16-byte frame formatter); `aux.time` is the record's
-//!   `sample_id.time` in the perf clock; `aux_offset` is the kernel's offset in the AUX ring
-//!   (informational).
+//!   `sample_id.time` in the perf clock; `aux_offset` is the record's `aux_offset` (the
+//!   monotonic AUX ring position where its data starts): a record that does not start where
+//!   the previous one of its CPU ended follows lost data, and the pipeline restarts decoding
+//!   there (0 = not provided, no check).
 //! * `sample.stack` is leaf first (`[0]` = sampled IP, then return addresses), runtime virtual
 //!   addresses; `sample.branches` is `null` (no branch unit: ETM or stack-only) or the
 //!   LBR/BRBE records carried by the sample, newest first.
@@ -446,7 +448,8 @@ pub struct AuxRecord {
     pub flags: u64,
     /// Perf-clock time of the record.
     pub time: u64,
-    /// Offset in the kernel AUX ring (informational).
+    /// Monotonic AUX ring position where the data starts (`PERF_RECORD_AUX.aux_offset`);
+    /// 0 = unknown.
     #[serde(default)]
     pub aux_offset: u64,
     /// Size the kernel announced; the data handed over may be shorter if bytes were lost

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Replay benchmark: CPU cost of the one pipeline (ETE decode -> join -> profile) per trace
+# window, and what it means per second of target execution at realistic window rates.
+#
+#   bench/replay.sh            (needs aarch64-linux-gnu-gcc and qemu-aarch64: scripts/setup.sh)
+#
+# Method: `etm-bpf synth` runs tests/aarch64/indirect.c (calls through a function-pointer
+# table: ~200 taken branches per 1,000 instructions) under qemu for two run lengths and writes
+# sessions with a 1,000-instruction window every 1,000 instructions (so every instruction of
+# the run is in some window). `etm-bpf replay --headless` is timed (user+sys CPU, best of 5)
+# on both; the *marginal* cost per window = (cpu(long) - cpu(short)) / (windows(long) -
+# windows(short)) removes start-up work (ELF loading, symbol tables). The replay driver also
+# parses events.jsonl, which the live driver does not, so this is an upper bound of the live
+# pipeline's cost.
+#
+# Per second of target execution, a CPU running at F GHz with a 1,000-cycle window every
+# P cycles produces F*1e9/P windows/s; the pipeline's share of one core is that rate times the
+# cost per window (a 1,000-cycle window holds ~1,000 instructions at IPC 1, as here).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+if [ -z "${ETM_BPF_BIN:-}" ]; then
+    (cd "$ROOT" && cargo build --release -q -p etm-bpf)
+    ETM_BPF_BIN=$CARGO_TARGET_DIR/release/etm-bpf
+fi
+command -v aarch64-linux-gnu-gcc >/dev/null || { echo "SKIP: aarch64-linux-gnu-gcc not installed (scripts/setup.sh)"; exit 0; }
+command -v qemu-aarch64 >/dev/null || { echo "SKIP: qemu-aarch64 not installed (scripts/setup.sh)"; exit 0; }
+WORK=$(mktemp -d /tmp/etm-replay-bench.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+FREQ_GHZ=${FREQ_GHZ:-3}
+SHORT=${SHORT:-30000}
+LONG=${LONG:-150000}
+
+aarch64-linux-gnu-gcc -O2 -static -fno-omit-frame-pointer -o "$WORK/indirect" "$ROOT/tests/aarch64/indirect.c"
+for n in "$SHORT" "$LONG"; do
+    "$ETM_BPF_BIN" synth --out "$WORK/s$n" --window 1000 --period 1000 -- "$WORK/indirect" "$n" | tail -1
+done
+
+# best-of-5 user+sys seconds of a replay
+cpu() {
+    local best=
+    for _ in 1 2 3 4 5; do
+        /usr/bin/time -f "%U %S" -o "$WORK/t" "$ETM_BPF_BIN" replay "$1" --headless --json > "$WORK/j"
+        local t
+        t=$(awk '{print $1 + $2}' "$WORK/t")
+        if [ -z "$best" ] || awk -v a="$t" -v b="$best" 'BEGIN{exit !(a<b)}'; then best=$t; fi
+    done
+    echo "$best"
+}
+field() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval('d'+sys.argv[2]))" "$WORK/j" "$1"; }
+
+c1=$(cpu "$WORK/s$SHORT"); w1=$(field '["join"]["samples"]'); b1=$(field '["aux"]["bytes"]'); j1=$(field '["join"]["joined"]'); r1=$(field '["join"]["rejected"]')
+c2=$(cpu "$WORK/s$LONG"); w2=$(field '["join"]["samples"]'); b2=$(field '["aux"]["bytes"]'); j2=$(field '["join"]["joined"]'); r2=$(field '["join"]["rejected"]'); br=$(field '["decode"]["branches"]')
+python3 - "$c1" "$w1" "$b1" "$c2" "$w2" "$b2" "$j1" "$r1" "$j2" "$r2" "$br" "$FREQ_GHZ" <<'EOF'
+import sys
+c1, w1, b1, c2, w2, b2, j1, r1, j2, r2, br, f = map(float, sys.argv[1:])
+per_w = (c2 - c1) / (w2 - w1)
+per_b = (c2 - c1) / (b2 - b1)
+print(f"short: {w1:.0f} windows, {b1:.0f} AUX bytes, joined {j1:.0f}, rejected {r1:.0f}, cpu {c1:.3f} s")
+print(f"long:  {w2:.0f} windows, {b2:.0f} AUX bytes, joined {j2:.0f}, rejected {r2:.0f}, cpu {c2:.3f} s ({br:.0f} branches)")
+print(f"marginal cost: {per_w*1e6:.1f} us/window, {per_b*1e9:.0f} ns/AUX byte, {1/per_w:.0f} windows/s, {1/per_b/1e6:.1f} MB/s of AUX per core")
+for period in (1_000_000, 100_000):
+    rate = f * 1e9 / period
+    print(f"{f:.0f} GHz, 1,000-cycle window every {period:,} cycles: {rate:,.0f} windows/s per CPU -> {100*rate*per_w:.2f}% of one core per traced CPU")
+EOF
