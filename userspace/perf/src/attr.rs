@@ -418,6 +418,34 @@ pub struct GroupPlan {
     pub pause_in_group: bool,
 }
 
+/// TRCCONFIGR as perf's `cs_etmv4_get_config` synthesises it from the cs_etm config words
+/// (etm-interface.md §1.8): cycacc -> bit 4, contextid1 -> 6, contextid2 -> 7 and 15,
+/// timestamp (any non-zero value) -> 11, retstack -> 12, branch_broadcast -> 3. Fields are
+/// looked up in the system's `format/` (absent fields contribute nothing).
+pub fn trcconfigr_for(sys: &CsEtmSystem, words: &ConfigWords) -> u32 {
+    let on = |name: &str| sys.field(name).is_some_and(|f| f.get(words) != 0);
+    let mut r = 0u32;
+    if on("branch_broadcast") {
+        r |= 1 << 3;
+    }
+    if on("cycacc") {
+        r |= 1 << 4;
+    }
+    if on("contextid1") {
+        r |= 1 << 6;
+    }
+    if on("contextid2") {
+        r |= (1 << 7) | (1 << 15);
+    }
+    if on("timestamp") {
+        r |= 1 << 11;
+    }
+    if on("retstack") {
+        r |= 1 << 12;
+    }
+    r
+}
+
 /// `sample_type` of every event in the ring (the trailer bits must agree across events).
 pub const RING_SAMPLE_TYPE: u64 = sample::IDENTIFIER | sample::IP | sample::TID | sample::TIME | sample::CPU | sample::PERIOD;
 
@@ -430,7 +458,6 @@ pub fn build_group(
     opts: &EtmOptions,
 ) -> Result<GroupPlan, AttrError> {
     let mut words = ConfigWords::default();
-    let mut trcconfigr = 0u32;
     let set = |words: &mut ConfigWords, name: &'static str, v: u64| -> Result<(), AttrError> {
         sys.field(name).ok_or(AttrError::MissingField(name))?.set(words, v)?;
         Ok(())
@@ -442,19 +469,15 @@ pub fn build_group(
             TimestampLayout::Interval => set(&mut words, "timestamp", u64::from(n.clamp(1, 15)))?,
             TimestampLayout::Absent => return Err(AttrError::MissingField("timestamp")),
         }
-        trcconfigr |= 1 << 11;
     }
     if opts.context_id {
         let alias = sys.field("contextid").or_else(|| sys.field("contextid1"));
         if let Some(f) = alias {
             f.set(&mut words, 1)?;
-            let is2 = sys.field("contextid2").is_some_and(|c2| c2.word == f.word && c2.mask() == f.mask());
-            trcconfigr |= if is2 { (1 << 7) | (1 << 15) } else { 1 << 6 };
         }
     }
     if opts.retstack && !cpus.is_empty() && cpus.iter().all(|c| c.has_retstack()) && sys.field("retstack").is_some() {
         set(&mut words, "retstack", 1)?;
-        trcconfigr |= 1 << 12;
     }
     if let Some(s) = &opts.sink {
         let h = *sys.sinks.get(s).ok_or_else(|| AttrError::NoSink(s.clone()))?;
@@ -468,6 +491,7 @@ pub fn build_group(
     if mode == WindowMode::Hw {
         set(&mut words, "pmu_pulse", 1)?;
     }
+    let trcconfigr = trcconfigr_for(sys, &words);
     let excl = if opts.user_only { flag::EXCLUDE_KERNEL | flag::EXCLUDE_HV } else { 0 };
     let mut etm = PerfEventAttr::new(sys.pmu_type, words.config);
     etm.config1 = words.config1;

@@ -6,6 +6,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::process::Command;
 
+use etm_perf::attr::trcconfigr_for;
+use etm_perf::discovery::{CsEtmSystem, TraceArch, trace_arch};
+use etm_perf::format::ConfigWords;
 use etm_perf::perf_data::{PERF_RECORD_AUXTRACE, PerfData};
 use etm_perf::records::{Mmap2FileId, PerfRecord, parse_record};
 use etm_perf::ring::AuxCursor;
@@ -198,4 +201,52 @@ fn aux_cursor_on_recorded_streams() {
             }
         }
     }
+}
+
+/// TRCCONFIGR synthesised from the recorded attr's config (with the mainline format fields of
+/// the N1 fixture) equals what perf wrote into each file's AUXTRACE_INFO for every CPU, and the
+/// ETE/ETMv4 classification of the recorded ID registers is consistent with the recording:
+/// ETMv4 magic (0x4040..) blocks classify as ETMv4; ETE-magic (0x5050..) blocks, which carry
+/// TRCDEVARCH, classify as ETE exactly when TRCIDR1's architecture fields read 0xF/0xF (how an
+/// ETE reports itself there). simpleperf wrote the ETE magic for an ETMv4.2 unit (TRCDEVARCH
+/// 0x47724a13, TRCIDR1 0x4100f423) in perf_with_missing_aux_data: that one must be ETMv4.2.
+#[test]
+fn trcconfigr_and_arch_match_auxtrace_info() {
+    let sys = CsEtmSystem::discover(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/n1-etr")).unwrap();
+    let mut cpus_checked = 0;
+    for name in FILES {
+        let Some((data, _)) = load(name) else {
+            eprintln!("SKIP: {name}: shared test data or xz missing");
+            return;
+        };
+        let pd = PerfData::parse(&data).unwrap();
+        let attr = pd.attrs[0].0;
+        let words = ConfigWords { config: attr.config, config1: attr.config1, config2: attr.config2, config3: attr.config3 };
+        let want_cfgr = trcconfigr_for(&sys, &words);
+        let info = pd.records().into_iter().find(|r| u32::from_le_bytes(r.bytes[0..4].try_into().unwrap()) == 70).expect("AUXTRACE_INFO");
+        let q: Vec<u64> = info.bytes[16..].chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+        let nr_cpu = (q[1] & 0xffff_ffff) as usize;
+        let mut i = 3;
+        for _ in 0..nr_cpu {
+            let (magic, n) = (q[i], q[i + 2] as usize);
+            let p = &q[i + 3..i + 3 + n];
+            // ETMv4: CONFIGR, TRACEIDR, IDR0, IDR1, IDR2, IDR8, AUTHSTATUS[, TS_SOURCE];
+            // ETE: the same with DEVARCH after AUTHSTATUS.
+            assert_eq!(p[0] as u32, want_cfgr, "{name} cpu {}", q[i + 1]);
+            let devarch = (magic == 0x5050_5050_5050_5050).then(|| p[7] as u32);
+            let arch = trace_arch(devarch, p[3] as u32);
+            if magic == 0x4040_4040_4040_4040 {
+                assert!(matches!(arch, TraceArch::Etm4 { .. }), "{name}: {arch:?}");
+            } else {
+                let idr1_ete = (p[3] >> 4) & 0xff == 0xff;
+                assert_eq!(matches!(arch, TraceArch::Ete { .. }), idr1_ete, "{name}: {arch:?}");
+                if !idr1_ete {
+                    assert_eq!(arch, TraceArch::Etm4 { minor: 2 }, "{name}");
+                }
+            }
+            cpus_checked += 1;
+            i += 3 + n;
+        }
+    }
+    assert!(cpus_checked >= 20, "{cpus_checked}");
 }
