@@ -53,7 +53,9 @@ pub struct EtmConfig {
     pub sysfs_root: PathBuf,
     /// Normally `/proc`.
     pub proc_root: PathBuf,
-    /// Target process (None: every process on the CPUs, needs root).
+    /// Target process. Per-CPU mode traces the CPUs system-wide (`pid = -1`, so every thread
+    /// of the target, existing or new, is covered) and keeps only the target's pause samples
+    /// and sideband; per-thread mode traces exactly this thread id. None: every process.
     pub pid: Option<i32>,
     /// CPUs to trace (None: every CPU with an ETM).
     pub cpus: Option<Vec<u32>>,
@@ -244,6 +246,11 @@ impl EventSink for Consumer<'_> {
     }
 }
 
+/// Whether `--branches auto` should pick ETM: a `cs_etm` PMU exists under `sysfs_root`.
+pub fn cs_etm_present(sysfs_root: &Path) -> bool {
+    sysfs_root.join(etm_perf::discovery::EVENT_SOURCE).join(etm_perf::discovery::CS_ETM).join("type").exists()
+}
+
 /// Opens cs_etm with `aux_start_paused` on this thread to see whether the kernel and PMU
 /// support AUX pause: Some(true) opened, Some(false) refused with EINVAL/EOPNOTSUPP, None for
 /// other errors (permissions, busy).
@@ -319,14 +326,15 @@ impl EtmLive {
             let plan = build_group(&sys, cpu, choice.mode, &cfg.params, &cfg.opts).context("building the event group")?;
             trcconfigr = plan.trcconfigr;
             let (_, leader_attr) = plan.events[0];
-            let leader = sys::open(&leader_attr, pid, cpu, None)
+            let open_pid = if cfg.per_thread { pid } else { -1 };
+            let leader = sys::open(&leader_attr, open_pid, cpu, None)
                 .with_context(|| format!("perf_event_open(cs_etm, pid {pid}, cpu {cpu})"))?;
             let fmt = leader_attr.sample_format();
             let mut ids = vec![(sys::event_id(&leader).context("PERF_EVENT_IOC_ID")?, IdRole::Etm, fmt)];
             let mut pause_fds = Vec::new();
             for &(role, attr) in &plan.events[1..] {
                 let group = plan.pause_in_group.then_some(&leader);
-                let fd = sys::open(&attr, pid, cpu, group).with_context(|| format!("perf_event_open({role:?}, cpu {cpu})"))?;
+                let fd = sys::open(&attr, open_pid, cpu, group).with_context(|| format!("perf_event_open({role:?}, cpu {cpu})"))?;
                 sys::set_output(&fd, &leader).context("PERF_EVENT_IOC_SET_OUTPUT")?;
                 let r = if role == EventRole::Resume { IdRole::Resume } else { IdRole::Pause };
                 ids.push((sys::event_id(&fd)?, r, attr.sample_format()));
@@ -345,12 +353,17 @@ impl EtmLive {
                 }
             }
             let aux_size = buf.aux().len() as u64;
-            live.buffers.push((buf, CpuStream::new(cpu, fmt, &ids, aux_size)));
+            let mut stream = CpuStream::new(cpu, fmt, &ids, aux_size);
+            stream.target = cfg.pid.filter(|&p| p > 0).map(|p| p as u32);
+            live.buffers.push((buf, stream));
         }
         live.cpus = cpus.iter().filter_map(|&c| sys.cpu(c)).map(|c| cpu_trace_config(c, trcconfigr)).collect();
         if let Some((b, _)) = live.buffers.first() {
             live.clock = clock::clock_params(&b.page());
             live.perf_minus_mono = clock::perf_minus_monotonic(&b.page(), 16);
+        }
+        if !sys.has_virtual_ts() {
+            log::warn!("not every ETM's ts_source is the virtual counter (1): trace timestamps may not convert to the perf clock (perf keeps them raw in that case)");
         }
         if live.clock.is_none() {
             log::warn!("no cap_user_time_zero: ETM timestamps cannot be converted to the perf clock");
@@ -436,6 +449,9 @@ impl EtmLive {
             Some(off) => clock::monotonic_to_perf(rec.time_ns, off),
             None => rec.time_ns,
         };
+        if self.buffers.first().and_then(|(_, s)| s.target).is_some_and(|t| t != rec.pid) {
+            return;
+        }
         let s = PauseSample { cpu: rec.cpu as i32, pid: rec.pid, tid: rec.tid, time, stack: rec.stack().to_vec(), branches: None };
         self.bpf_samples += 1;
         let mut consumer = Consumer { pipeline, recorder: self.recorder.as_mut() };
@@ -566,6 +582,13 @@ mod tests {
             let b = CsEtmSystem::discover(dir.path()).unwrap();
             assert_eq!((a.pmu_type, &a.formats, &a.sinks, &a.configs, &a.cpus, &a.pmus), (b.pmu_type, &b.formats, &b.sinks, &b.configs, &b.cpus, &b.pmus), "{name}");
         }
+    }
+
+    /// `auto` detection sees cs_etm in the fixture trees and not in this VM's /sys.
+    #[test]
+    fn auto_detection() {
+        assert!(cs_etm_present(&fixture("n1-etr")) && cs_etm_present(&fixture("v2-trbe")));
+        assert!(!cs_etm_present(&fixture(".")));
     }
 
     /// On this machine there is no cs_etm: opening fails with a discovery error that says so.

@@ -62,6 +62,8 @@ pub struct StreamStats {
     pub lost: u64,
     /// Re-enable ioctls that failed.
     pub reenable_errors: u64,
+    /// Samples and sideband of other processes dropped by the target filter.
+    pub filtered: u64,
 }
 
 /// Consumer state of one mmap (one CPU, or one thread with cpu = -1).
@@ -78,6 +80,9 @@ pub struct CpuStream {
     pub stats: StreamStats,
     /// Trace IDs seen in AUX_OUTPUT_HW_ID records (trace id -> sink id).
     pub hw_ids: Vec<CsHwId>,
+    /// Keep only this process's pause samples and MMAP2/COMM/FORK/EXIT records (system-wide
+    /// per-CPU tracing of one target). AUX data and the other records are always forwarded.
+    pub target: Option<u32>,
 }
 
 impl CpuStream {
@@ -94,6 +99,7 @@ impl CpuStream {
             stack: Vec::new(),
             stats: StreamStats::default(),
             hw_ids: Vec::new(),
+            target: None,
         }
     }
 
@@ -185,6 +191,7 @@ impl CpuStream {
             }
             PerfRecord::Sample(s) => {
                 match role {
+                    Some(IdRole::Pause) if self.target.is_some_and(|t| s.pid != Some(t)) => self.stats.filtered += 1,
                     Some(IdRole::Pause) => {
                         self.stack.clear();
                         self.stack.extend(s.user_callchain());
@@ -244,6 +251,17 @@ impl CpuStream {
                 return;
             }
         };
+        if let Some(t) = self.target {
+            let keep = match &sb {
+                Sideband::Mmap2 { pid, .. } | Sideband::Comm { pid, .. } => *pid == t,
+                Sideband::Fork { pid, ppid, .. } | Sideband::Exit { pid, ppid, .. } => *pid == t || *ppid == t,
+                _ => true,
+            };
+            if !keep {
+                self.stats.filtered += 1;
+                return;
+            }
+        }
         sink.event(SessionEvent::Sideband(&sb));
     }
 }
@@ -379,6 +397,31 @@ mod tests {
         assert_eq!(ring.data_tail(), ring.page().data_head());
         assert_eq!(ring.aux_tail(), 200);
         assert_eq!(ring.reenables, 0);
+    }
+
+    /// With a target, other processes' pause samples and mappings are dropped (counted); AUX
+    /// data and the target's records pass.
+    #[test]
+    fn target_filter() {
+        let mut ring = FakeRing::new(4096, 256);
+        let mut s = stream(256);
+        s.target = Some(100);
+        let other = SampleId { pid: Some(555), tid: Some(555), ..sid(1) };
+        let mut mm = vec![0u8; 64];
+        mm[0..4].copy_from_slice(&555u32.to_le_bytes());
+        ring.push_record(&build::record(types::MMAP2, 0, &mm, &FMT, &other));
+        mm[0..4].copy_from_slice(&100u32.to_le_bytes());
+        ring.push_record(&build::record(types::MMAP2, 0, &mm, &FMT, &sid(1)));
+        ring.push_record(&build::sample(&PAUSE_FMT, &SampleId { id: Some(PAUSE_ID), ..other }, 1, 1, &[context::USER, 7]));
+        ring.push_record(&build::sample(&PAUSE_FMT, &SampleId { id: Some(PAUSE_ID), ..sid(2) }, 1, 1, &[context::USER, 8]));
+        let off = ring.push_aux(&[1; 16]);
+        ring.push_record(&build::aux(off, 16, 0, &FMT, &other));
+        let out = collect(&mut s, &mut ring);
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert!(matches!(&out[0], Ev::Side(Sideband::Mmap2 { pid: 100, .. })));
+        assert!(matches!(&out[1], Ev::Sample(p) if p.pid == 100 && p.stack == vec![8]));
+        assert!(matches!(&out[2], Ev::Aux(..)));
+        assert_eq!(s.stats.filtered, 2);
     }
 
     /// Many windows through small rings: data records and AUX windows wrap repeatedly, every
