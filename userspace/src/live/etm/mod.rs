@@ -366,7 +366,7 @@ impl EtmLive {
             log::warn!("not every ETM's ts_source is the virtual counter (1): trace timestamps may not convert to the perf clock (perf keeps them raw in that case)");
         }
         if live.clock.is_none() {
-            log::warn!("no cap_user_time_zero: ETM timestamps cannot be converted to the perf clock");
+            log::warn!("no cap_user_time_zero: ETM timestamps cannot be converted to the perf clock, and eBPF sample times (CLOCK_MONOTONIC) cannot be aligned");
         }
         if let Some(dir) = &cfg.record {
             let mut notes = std::collections::HashMap::new();
