@@ -5,8 +5,8 @@
 //! twice via main->a->hot1->spin and once via main->b->hot2->spin, so hot1 : hot2 = 2 : 1; a
 //! thread started after profiling began (SIGUSR1) runs worker->c->hot3->spin.
 //! Tolerances: hot1 / (hot1 + hot2) = 0.667 +- 0.06 (binomial sd at 300 samples is 0.027);
-//! >= 97% of the samples in each hot path carry the full chain (a sample on a function's first
-//! instruction, before `push rbp`, legitimately skips its caller in a frame-pointer walk).
+//! at least 97% of the samples in each hot path carry the full chain (a sample on a function's
+//! first instruction, before `push rbp`, legitimately skips its caller in a frame-pointer walk).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

@@ -238,10 +238,10 @@ impl App {
             Key::PageUp => self.selected = self.selected.saturating_sub(10),
             Key::PageDown => self.selected += 10,
             Key::Enter | Key::Char(' ') | Key::Char('e') => {
-                if let Some(node) = self.visible().get(self.selected).map(|r| r.node) {
-                    if !self.expanded.remove(&node) {
-                        self.expanded.insert(node);
-                    }
+                if let Some(node) = self.visible().get(self.selected).map(|r| r.node)
+                    && !self.expanded.remove(&node)
+                {
+                    self.expanded.insert(node);
                 }
             }
             Key::Char('c') => self.expanded.clear(),
