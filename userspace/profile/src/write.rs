@@ -100,6 +100,15 @@ pub fn write_perfscript<W: Write>(p: &HybridProfile, b: ProfileBinary, mut w: W)
     Ok(st)
 }
 
+/// (start, end) -> count; hashed while aggregating, sorted when written.
+type Counter = hashbrown::HashMap<(u64, u64), u64>;
+
+fn sorted(c: Counter) -> Vec<((u64, u64), u64)> {
+    let mut v: Vec<_> = c.into_iter().collect();
+    v.sort_unstable();
+    v
+}
+
 /// Range and branch counts llvm-profgen derives from one LBR stack without context
 /// (`PerfScriptReader::computeCounterFromLBR`): a branch counts if its target is code; the
 /// fall-through from one branch's target to the next newer branch's source counts when both
@@ -109,8 +118,8 @@ fn counters_from_lbr(
     count: u64,
     is_code: &dyn Fn(u64) -> bool,
     facts: Option<&dyn CodeFacts>,
-    ranges: &mut BTreeMap<(u64, u64), u64>,
-    brs: &mut BTreeMap<(u64, u64), u64>,
+    ranges: &mut Counter,
+    brs: &mut Counter,
 ) {
     let mut end = 0u64;
     for &(src, dst) in branches {
@@ -140,14 +149,14 @@ pub fn write_unsymbolized<W: Write>(
     p: &HybridProfile,
     b: ProfileBinary,
     facts: Option<&dyn CodeFacts>,
-    mut w: W,
+    w: W,
 ) -> io::Result<WriteStats> {
     let info = &p.binaries()[b];
     let base = info.first_exec_vaddr().unwrap_or(0) & !0xfff;
     let is_code = |a: u64| info.is_code(a);
     let (views, skipped) = views(p, b);
-    let mut ranges = BTreeMap::new();
-    let mut brs = BTreeMap::new();
+    let mut ranges = Counter::new();
+    let mut brs = Counter::new();
     for ((branch_only, stack, branches), count) in &views {
         if !branch_only
             && let (Some(f), Some(&leaf)) = (facts, stack.first())
@@ -158,20 +167,17 @@ pub fn write_unsymbolized<W: Write>(
         }
         counters_from_lbr(branches, *count, &is_code, facts, &mut ranges, &mut brs);
     }
+    let (ranges, brs) = (sorted(ranges), sorted(brs));
     let off = |a: u64| a.wrapping_sub(base);
-    let mut out = String::new();
-    {
-        use std::fmt::Write as _;
-        let _ = writeln!(out, "{}", ranges.len());
-        for ((s, e), c) in &ranges {
-            let _ = writeln!(out, "{:x}-{:x}:{c}", off(*s), off(*e));
-        }
-        let _ = writeln!(out, "{}", brs.len());
-        for ((s, d), c) in &brs {
-            let _ = writeln!(out, "{:x}->{:x}:{c}", off(*s), off(*d));
-        }
+    let mut w = io::BufWriter::new(w);
+    writeln!(w, "{}", ranges.len())?;
+    for ((s, e), c) in &ranges {
+        writeln!(w, "{:x}-{:x}:{c}", off(*s), off(*e))?;
     }
-    w.write_all(out.as_bytes())?;
+    writeln!(w, "{}", brs.len())?;
+    for ((s, d), c) in &brs {
+        writeln!(w, "{:x}->{:x}:{c}", off(*s), off(*d))?;
+    }
     w.flush()?;
     Ok(WriteStats { records: (ranges.len() + brs.len()) as u64, skipped })
 }
@@ -179,10 +185,10 @@ pub fn write_unsymbolized<W: Write>(
 /// BOLT pre-aggregated profile (`perf2bolt -pa`): `B from to count 0` per taken branch with
 /// at least one end in the binary (the other as `X:0`), and `F start end count` per
 /// fall-through between consecutive branches inside the binary (start <= end).
-pub fn write_bolt_pa<W: Write>(p: &HybridProfile, b: ProfileBinary, mut w: W) -> io::Result<WriteStats> {
+pub fn write_bolt_pa<W: Write>(p: &HybridProfile, b: ProfileBinary, w: W) -> io::Result<WriteStats> {
     let (views, skipped) = views(p, b);
-    let mut brs: BTreeMap<(u64, u64), u64> = BTreeMap::new();
-    let mut fts: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+    let mut brs = Counter::new();
+    let mut fts = Counter::new();
     for ((_, _, branches), count) in &views {
         let mut newer: Option<u64> = None;
         for &(f, t) in branches {
@@ -197,18 +203,19 @@ pub fn write_bolt_pa<W: Write>(p: &HybridProfile, b: ProfileBinary, mut w: W) ->
             newer = Some(f);
         }
     }
-    let a = |x: u64| if x == EXTERNAL_ADDR { "X:0".to_string() } else { format!("{x:x}") };
-    let mut out = String::new();
-    {
-        use std::fmt::Write as _;
-        for ((f, t), c) in &brs {
-            let _ = writeln!(out, "B {} {} {c} 0", a(*f), a(*t));
-        }
-        for ((s, e), c) in &fts {
-            let _ = writeln!(out, "F {s:x} {e:x} {c}");
+    let (brs, fts) = (sorted(brs), sorted(fts));
+    let mut w = io::BufWriter::new(w);
+    for ((f, t), c) in &brs {
+        match (*f == EXTERNAL_ADDR, *t == EXTERNAL_ADDR) {
+            (false, false) => writeln!(w, "B {f:x} {t:x} {c} 0")?,
+            (true, false) => writeln!(w, "B X:0 {t:x} {c} 0")?,
+            (false, true) => writeln!(w, "B {f:x} X:0 {c} 0")?,
+            (true, true) => {}
         }
     }
-    w.write_all(out.as_bytes())?;
+    for ((s, e), c) in &fts {
+        writeln!(w, "F {s:x} {e:x} {c}")?;
+    }
     w.flush()?;
     Ok(WriteStats { records: (brs.len() + fts.len()) as u64, skipped })
 }
