@@ -232,3 +232,58 @@ fn opencsd_decodes_generated_trace_to_ground_truth_ranges() {
         eprintln!("SKIP: no cross compiler available");
     }
 }
+
+/// `etm-bpf synth` (the CLI) writes a session, its ground truth and an OpenCSD snapshot that
+/// agree: OpenCSD finds exactly the ground truth's total number of ranges in the snapshot, the
+/// session has one AUX record per window and one sample per window without a `lost` fault.
+#[test]
+fn cli_synth_writes_consistent_session() {
+    if let Err(e) = testprogs::qemu_available() {
+        eprintln!("SKIP: {e}");
+        return;
+    }
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("trc_pkt_lister").is_file()));
+    if !on_path {
+        eprintln!("SKIP: trc_pkt_lister (libopencsd-bin) not installed; see scripts/setup.sh");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = PROGRAMS.iter().find(|p| p.name == "switch").unwrap();
+    let bin = match testprogs::build(prog, Compiler::Gcc, tmp.path()) {
+        Ok(b) => b,
+        Err(BuildError::Missing(why)) => {
+            eprintln!("SKIP: {why}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let (sess, ss) = (tmp.path().join("sess"), tmp.path().join("ss"));
+    let out = Command::new(etm_bpf_tests::etm_bpf_bin())
+        .args(["synth", "--out"])
+        .arg(&sess)
+        .args(["--window", "500", "--period", "3000", "--fault", "lost@2", "--snapshot"])
+        .arg(&ss)
+        .arg("--")
+        .arg(&bin)
+        .arg("3000")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "etm-bpf synth failed: {}", String::from_utf8_lossy(&out.stderr));
+    let gt = gtfile::read(std::io::BufReader::new(std::fs::File::open(sess.join(GROUND_TRUTH_FILE)).unwrap())).unwrap();
+    assert!(gt.windows.len() >= 10);
+    assert_eq!(gt.meta.window, 500);
+    assert_eq!(gt.windows[2].fault, Some(etm_synth::generate::Fault::Lost));
+    let events = std::fs::read_to_string(sess.join("events.jsonl")).unwrap();
+    let count = |t: &str| events.lines().filter(|l| l.starts_with(&format!("{{\"type\":\"{t}\""))).count();
+    assert_eq!(count("aux"), gt.windows.len());
+    assert_eq!(count("sample"), gt.windows.len() - 1);
+    assert_eq!(count("lost"), 1);
+    assert!(sess.join("images").join(bin.file_name().unwrap()).is_file(), "program copied into images/");
+    let log = tmp.path().join("decode.ppl");
+    let st = Command::new("trc_pkt_lister").arg("-ss_dir").arg(&ss).arg("-decode").arg("-logfilename").arg(&log).output();
+    assert!(st.unwrap().status.success());
+    let (ranges, bad) = parse_ranges(&std::fs::read_to_string(&log).unwrap());
+    assert!(bad.is_empty(), "{bad:?}");
+    assert_eq!(ranges.len() as u64, gt.totals.ranges);
+}
