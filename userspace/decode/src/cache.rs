@@ -33,7 +33,7 @@ pub struct BlockCache {
     mask: usize,
     /// Lookups that hit.
     pub hits: u64,
-    /// Lookups that missed.
+    /// Blocks walked and stored (lookups that missed, then found a waypoint).
     pub misses: u64,
 }
 
@@ -46,8 +46,7 @@ impl BlockCache {
 
     #[inline]
     fn slot(&self, start: u64) -> usize {
-        let h = (start >> 2).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        (h >> 40) as usize & self.mask
+        ((start >> 2) ^ (start >> 17)) as usize & self.mask
     }
 
     /// Looks up the block starting at `start` under `tag`.
@@ -58,7 +57,6 @@ impl BlockCache {
             self.hits += 1;
             Some(e.block)
         } else {
-            self.misses += 1;
             None
         }
     }
@@ -67,6 +65,7 @@ impl BlockCache {
     #[inline]
     pub fn put(&mut self, start: u64, tag: u64, block: Block) {
         let i = self.slot(start);
+        self.misses += 1;
         self.entries[i] = Entry { start, tag, valid: true, block };
     }
 

@@ -41,6 +41,16 @@ use crate::walk::{self, RawRange, WalkState, WpRes};
 pub trait ElementSink {
     /// Called for every element, in trace order.
     fn element(&mut self, e: &Element) -> ControlFlow<()>;
+
+    /// Called with each batch of elements the decoder produced for one packet (in order);
+    /// the default calls [`element`](ElementSink::element) for each.
+    #[inline]
+    fn elements(&mut self, es: &[Element]) -> ControlFlow<()> {
+        for e in es {
+            self.element(e)?;
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 impl<F: FnMut(&Element) -> ControlFlow<()>> ElementSink for F {
@@ -251,6 +261,9 @@ pub struct Decoder {
     out: Vec<Element>,
     cur_index: u64,
     cache: BlockCache,
+    /// memory space for code reads and the cache tag derived from it (see `refresh_space`)
+    space: MemSpace,
+    tag: u64,
     scratch: Vec<P0>,
     stopped: bool,
     stats: DecodeStats,
@@ -280,6 +293,8 @@ impl Decoder {
             out: Vec::with_capacity(64),
             cur_index: 0,
             cache: BlockCache::new(14),
+            space: MemSpace::S,
+            tag: MemSpace::S.0 as u64,
             scratch: Vec::new(),
             stopped: false,
             stats: DecodeStats::default(),
@@ -322,9 +337,26 @@ impl Decoder {
         self.elem_pending_addr = false;
         self.prev_overflow = false;
         self.p0.clear();
-        self.out.clear();
+        self.discard_out();
         self.res = ElemRes::default();
         self.ete_first_ts_marker = false;
+        self.refresh_space();
+    }
+
+    /// Drops buffered (unsent) elements, as OpenCSD does when an error resets the decoder.
+    fn discard_out(&mut self) {
+        for e in &self.out {
+            self.stats.elements -= 1;
+            match e.kind {
+                ElementKind::InstrRange(r) => {
+                    self.stats.ranges -= 1;
+                    self.stats.instructions -= r.num_instr as u64;
+                }
+                ElementKind::AddrNacc { .. } => self.stats.nacc -= 1,
+                _ => {}
+            }
+        }
+        self.out.clear();
     }
 
     /// Processes one packet that started at trace index `index`.
@@ -342,7 +374,7 @@ impl Decoder {
         loop {
             match self.state {
                 State::NoSync => {
-                    self.out.clear();
+                    self.discard_out();
                     self.add(index, ElementKind::NoSync(self.unsync));
                     self.flush(sink);
                     self.state = State::WaitSync;
@@ -376,6 +408,24 @@ impl Decoder {
                     break;
                 }
                 State::Decode => {
+                    // Fast path (the common case with TRCIDR8.MAXSPEC == 0): an atom packet
+                    // on an empty P0 stack is committed at once, so it is applied directly
+                    // instead of being stacked and immediately popped. Same semantics as
+                    // decode_packet + commit.
+                    if let Packet::Atom { atoms, .. } = pkt {
+                        if self.cfg.max_spec_depth == 0 && self.p0.is_empty() && !self.res.any() && self.spec_depth == 0 {
+                            let (mut bits, mut num) = (atoms.bits, atoms.count);
+                            self.res.commit = num as i64;
+                            let r = self.apply_atoms(&mut bits, &mut num, index, mem);
+                            if r.is_ok() {
+                                self.res.commit = 0;
+                                self.flush(sink);
+                                break;
+                            }
+                            // error: decoder reset; report NO_SYNC here and re-check this packet
+                            continue;
+                        }
+                    }
                     if self.decode_packet(index, pkt).is_err() {
                         break;
                     }
@@ -439,22 +489,19 @@ impl Decoder {
 
     #[inline]
     fn add(&mut self, index: u64, kind: ElementKind) {
+        self.stats.elements += 1;
+        if let ElementKind::AddrNacc { .. } = kind {
+            self.stats.nacc += 1;
+        }
         self.out.push(Element { index, trace_id: self.cfg.trace_id, kind });
     }
 
+    #[inline]
     fn flush<S: ElementSink + ?Sized>(&mut self, sink: &mut S) {
-        for e in self.out.drain(..) {
-            self.stats.elements += 1;
-            if let ElementKind::InstrRange(r) = e.kind {
-                self.stats.ranges += 1;
-                self.stats.instructions += r.num_instr as u64;
-            } else if let ElementKind::AddrNacc { .. } = e.kind {
-                self.stats.nacc += 1;
-            }
-            if !self.stopped && sink.element(&e).is_break() {
-                self.stopped = true;
-            }
+        if !self.stopped && sink.elements(&self.out).is_break() {
+            self.stopped = true;
         }
+        self.out.clear();
     }
 
     // ---------------------------------------------------------------- packets -> P0 stack
@@ -673,35 +720,16 @@ impl Decoder {
                     self.marker(&e);
                     Ok(())
                 }
-                P0Kind::Atom { .. } => {
-                    let mut r = Ok(());
-                    while self.res.commit > 0 {
-                        let front = self.p0.front_mut().unwrap();
-                        let P0Kind::Atom { bits, num } = &mut front.kind else { unreachable!() };
-                        if *num == 0 {
-                            break;
+                P0Kind::Atom { bits, num } => {
+                    // apply the atoms in locals; write the remainder back if the commit ends early
+                    let (mut bits, mut num) = (bits, num);
+                    let r = self.apply_atoms(&mut bits, &mut num, e.index, mem);
+                    if r.is_ok() && num != 0 {
+                        if let Some(P0 { kind: P0Kind::Atom { bits: b, num: n }, .. }) = self.p0.front_mut() {
+                            *b = bits;
+                            *n = num;
                         }
-                        let taken = *bits & 1 != 0;
-                        *bits >>= 1;
-                        *num -= 1;
-                        if let Err(x) = self.return_stack_pop() {
-                            r = Err(x);
-                            break;
-                        }
-                        if !self.need_ctxt && !self.need_addr {
-                            if let Err(x) = self.process_atom(taken, e.index, mem) {
-                                r = Err(x);
-                                break;
-                            }
-                        }
-                        self.res.commit -= 1;
-                    }
-                    if r.is_ok() {
-                        if let Some(P0 { kind: P0Kind::Atom { num, .. }, .. }) = self.p0.front() {
-                            if *num != 0 {
-                                pop = false;
-                            }
-                        }
+                        pop = false;
                     }
                     r
                 }
@@ -768,6 +796,25 @@ impl Decoder {
         result
     }
 
+    /// Applies committed atoms (oldest in bit 0) while `res.commit` allows.
+    #[inline]
+    fn apply_atoms<M: MemoryAccess + ?Sized>(&mut self, bits: &mut u32, num: &mut u8, index: u64, mem: &M) -> Result<(), DecodeErr> {
+        while self.res.commit > 0 && *num > 0 {
+            let taken = *bits & 1 != 0;
+            *bits >>= 1;
+            *num -= 1;
+            if self.ret.pop_pending {
+                self.return_stack_pop()?;
+            }
+            if !self.need_ctxt && !self.need_addr {
+                self.process_atom(taken, index, mem)?;
+            }
+            self.res.commit -= 1;
+        }
+        Ok(())
+    }
+
+    #[inline]
     fn return_stack_pop(&mut self) -> Result<(), DecodeErr> {
         if self.ret.pop_pending {
             let (addr, isa) = self.ret.pop();
@@ -945,11 +992,23 @@ impl Decoder {
         let isa = self.calc_isa(is);
         self.walk.isa = isa;
         self.need_ctxt = false;
+        self.refresh_space();
         self.add(index, ElementKind::PeContext { isa, ctx: self.ctx });
     }
 
-    /// Memory space for code reads (OpenCSD `getCurrMemSpace`).
+    #[inline]
     fn mem_space(&self) -> MemSpace {
+        self.space
+    }
+
+    /// Recomputes the memory space for code reads (OpenCSD `getCurrMemSpace`) and the
+    /// decode-cache tag after the context or security state changed.
+    fn refresh_space(&mut self) {
+        self.space = self.compute_space();
+        self.tag = ((self.ctx.context_id.unwrap_or(0) as u64) << 8) | self.space.0 as u64;
+    }
+
+    fn compute_space(&self) -> MemSpace {
         if !self.ctx.el_valid {
             return if self.is_secure { MemSpace::S } else { MemSpace::N };
         }
@@ -962,20 +1021,19 @@ impl Decoder {
         }
     }
 
-    fn cache_tag(&self, space: MemSpace) -> u64 {
-        ((self.ctx.context_id.unwrap_or(0) as u64) << 8) | space.0 as u64
-    }
-
     fn walk_wp<M: MemoryAccess + ?Sized>(&mut self, mem: &M, target: Option<u64>) -> (RawRange, WpRes) {
-        let space = self.mem_space();
-        let tag = self.cache_tag(space);
+        let space = self.space;
+        let tag = self.tag;
         let cfg = self.cfg.insn;
         walk::walk(&mut self.walk, mem, space, &cfg, target, Some((&mut self.cache, tag)))
     }
 
     /// Builds a range element from the last walked instruction (OpenCSD `setElemTraceRange`).
+    #[inline]
     fn range_elem(&mut self, r: RawRange, executed: bool, index: u64) {
         let last = self.walk.last;
+        self.stats.ranges += 1;
+        self.stats.instructions += r.num as u64;
         self.add(
             index,
             ElementKind::InstrRange(InstrRange {
@@ -1000,7 +1058,57 @@ impl Decoder {
         self.add(index, ElementKind::AddrNacc { addr, space });
     }
 
+    #[inline]
     fn process_atom<M: MemoryAccess + ?Sized>(&mut self, taken: bool, index: u64, mem: &M) -> Result<(), DecodeErr> {
+        let start = self.walk.addr;
+        if self.walk.isa == Isa::A64 {
+            if let Some(b) = self.cache.get(start, self.tag) {
+                // hot path: a cached A64 block ending in a waypoint
+                let last = &b.last;
+                let mut eret = false;
+                match last.ty {
+                    InstrType::Br if taken => {
+                        self.walk.addr = last.branch_addr;
+                        if last.is_link {
+                            self.ret.push(b.end, Isa::A64);
+                        }
+                    }
+                    InstrType::BrIndirect if taken => {
+                        self.walk.addr = b.end;
+                        self.need_addr = true;
+                        if last.is_link {
+                            self.ret.push(b.end, Isa::A64);
+                        }
+                        self.ret.set_pop_pending();
+                        eret = self.cfg.ete && last.subtype == InstrSubtype::V8Eret;
+                    }
+                    _ => self.walk.addr = b.end,
+                }
+                self.walk.it.remaining = 0;
+                self.stats.ranges += 1;
+                self.stats.instructions += b.num_instr as u64;
+                self.stats.elements += 1;
+                self.out.push(Element {
+                    index,
+                    trace_id: self.cfg.trace_id,
+                    kind: ElementKind::InstrRange(InstrRange {
+                        start,
+                        end: b.end,
+                        num_instr: b.num_instr,
+                        isa: Isa::A64,
+                        last_size: 4,
+                        executed: taken,
+                        last_type: last.ty,
+                        last_subtype: last.subtype,
+                        last_cond: last.is_cond,
+                    }),
+                });
+                if eret {
+                    self.add(index, ElementKind::ExceptionRet);
+                }
+                return Ok(());
+            }
+        }
         let (r, res) = self.walk_wp(mem, None);
         if res == WpRes::Found {
             let next = self.walk.addr;
