@@ -5,11 +5,15 @@
 //! (samples whose context passes through it).
 //!
 //! Memory bound: at most `max_nodes` regular nodes plus a spare budget of `max_nodes / 16`
-//! `[other]` nodes. When a sample's context needs a node beyond `max_nodes`, the rest of its
-//! path is folded into the `[other]` child of the deepest existing node (created from the spare
-//! budget); once the spare budget is used up, into that deepest node itself. Either way the
-//! sample is counted in [`TrieStats::folded_samples`] and totals stay consistent
-//! (a node's total is its self count plus its children's totals).
+//! `[other]` nodes. When a new context needs a node beyond `max_nodes`, the trie first folds
+//! its cold half: every context whose total is at most the median total is removed and its
+//! samples are added to an `[other]` child of its nearest kept caller ([`ContextTrie::fold_cold`];
+//! totals only shrink along a path, so the kept contexts stay connected). If that frees too
+//! little, the rest of the new path is folded into the `[other]` child of the deepest existing
+//! node (from the spare budget) or, once that is used up, into that node itself. Every folded
+//! sample is counted in [`TrieStats::folded_samples`], and totals stay consistent (a node's
+//! total is its self count plus its children's totals). Node ids change when cold contexts
+//! are folded ([`TrieStats::compactions`] counts it).
 
 use std::collections::HashMap;
 
@@ -47,6 +51,8 @@ pub struct TrieStats {
     pub folded_samples: u64,
     /// Nodes in use, including the root.
     pub nodes: usize,
+    /// Times the cold contexts were folded (node ids changed).
+    pub compactions: u64,
 }
 
 /// A calling-context trie (see the module docs for the memory bound).
@@ -57,6 +63,9 @@ pub struct ContextTrie {
     max_nodes: usize,
     spare: usize,
     folded_samples: u64,
+    compactions: u64,
+    /// Adds to wait before the next automatic fold after one that freed little.
+    cooldown: u64,
 }
 
 impl ContextTrie {
@@ -78,6 +87,8 @@ impl ContextTrie {
             max_nodes,
             spare: max_nodes / 16,
             folded_samples: 0,
+            compactions: 0,
+            cooldown: 0,
         }
     }
 
@@ -108,6 +119,14 @@ impl ContextTrie {
     /// Adds `count` samples of the context `path` (outermost caller first, leaf last).
     /// Returns the node the samples were attributed to.
     pub fn add(&mut self, path: &[FrameId], count: u64) -> NodeId {
+        self.cooldown = self.cooldown.saturating_sub(1);
+        if self.cooldown == 0 && self.nodes.len() >= self.max_nodes && self.needs_new_node(path) {
+            // A fold that frees under a quarter of the nodes is not worth repeating soon (it
+            // is O(nodes)): fold new contexts into [other] for the next max_nodes adds.
+            if self.fold_cold() < self.max_nodes / 4 {
+                self.cooldown = self.max_nodes as u64;
+            }
+        }
         let mut node = ROOT;
         self.nodes[ROOT as usize].total_count += count;
         for &frame in path {
@@ -136,6 +155,71 @@ impl ContextTrie {
         node
     }
 
+    fn needs_new_node(&self, path: &[FrameId]) -> bool {
+        let mut node = ROOT;
+        for &frame in path {
+            match self.children.get(&(node, frame)) {
+                Some(&n) => node = n,
+                None => return true,
+            }
+        }
+        false
+    }
+
+    /// Folds the cold half of the contexts: every context whose total is at most the median
+    /// total is removed, its samples moving to an `[other]` child of its nearest kept caller.
+    /// Returns the number of nodes freed. Node ids change.
+    pub fn fold_cold(&mut self) -> usize {
+        let mut totals: Vec<u64> = self.nodes[1..].iter().map(|n| n.total_count).collect();
+        if totals.is_empty() {
+            return 0;
+        }
+        let mid = totals.len() / 2;
+        let threshold = *totals.select_nth_unstable(mid).1;
+        let before = self.nodes.len();
+        let old = std::mem::take(&mut self.nodes);
+        self.children.clear();
+        self.nodes.push(Node { first_child: NONE, next_sibling: NONE, ..old[0] });
+        // Parents precede children in `old`, so one pass in index order rebuilds the tree.
+        let mut map = vec![NONE; old.len()];
+        map[0] = ROOT;
+        let mut spare_used = 0;
+        for (i, n) in old.iter().enumerate().skip(1) {
+            let parent = map[n.parent as usize];
+            if parent == NONE {
+                continue; // inside a folded subtree: already counted at its top
+            }
+            if n.total_count > threshold || n.frame == FRAME_OTHER {
+                let id = match self.children.get(&(parent, n.frame)) {
+                    Some(&id) => id, // an [other] created by folding a sibling
+                    None => self.new_child(parent, n.frame),
+                };
+                let m = &mut self.nodes[id as usize];
+                m.self_count += n.self_count;
+                m.total_count += n.total_count;
+                if n.frame == FRAME_OTHER {
+                    spare_used += 1;
+                }
+                map[i] = id;
+            } else {
+                let other = match self.children.get(&(parent, FRAME_OTHER)) {
+                    Some(&id) => id,
+                    None => {
+                        spare_used += 1;
+                        self.new_child(parent, FRAME_OTHER)
+                    }
+                };
+                let m = &mut self.nodes[other as usize];
+                m.self_count += n.total_count;
+                m.total_count += n.total_count;
+                self.folded_samples += n.total_count;
+            }
+        }
+        self.spare = (self.max_nodes / 16).saturating_sub(spare_used);
+        self.compactions += 1;
+        before.saturating_sub(self.nodes.len())
+    }
+
     /// The node `id` (the root for an out-of-range id).
     pub fn node(&self, id: NodeId) -> &Node {
         self.nodes.get(id as usize).unwrap_or(&self.nodes[0])
@@ -162,6 +246,7 @@ impl ContextTrie {
             samples: self.total_samples(),
             folded_samples: self.folded_samples,
             nodes: self.nodes.len(),
+            compactions: self.compactions,
         }
     }
 
@@ -254,16 +339,47 @@ mod tests {
         check_consistent(&t);
     }
 
-    /// With the spare budget used up, samples fold into the deepest existing node.
+    /// Folding the cold half keeps the hot contexts with their counts, moves the cold ones'
+    /// samples into [other] under their callers, and keeps totals consistent.
     #[test]
-    fn spare_exhaustion_folds_into_parent() {
+    fn fold_cold_keeps_hot_contexts() {
+        let mut t = ContextTrie::new(1000);
+        t.add(&[1, 2, 3], 50); // hot
+        for i in 0..20 {
+            t.add(&[1, 2, 100 + i], 1); // cold siblings
+        }
+        t.add(&[1, 4], 1); // cold subtree under the root's child
+        let freed = t.fold_cold();
+        // 21 cold nodes removed, 2 [other] nodes added (under 2 and under 1).
+        assert_eq!(freed, 19);
+        check_consistent(&t);
+        assert_eq!(t.total_samples(), 71);
+        let hot = t.node_ids().find(|&n| t.node(n).frame == 3).expect("hot kept");
+        assert_eq!(t.path(hot), vec![1, 2, 3]);
+        assert_eq!(t.node(hot).self_count, 50);
+        let others: Vec<_> = t.node_ids().filter(|&n| t.node(n).frame == FRAME_OTHER).collect();
+        let folded: u64 = others.iter().map(|&n| t.node(n).self_count).sum();
+        assert_eq!(folded, 21);
+        assert_eq!(t.stats().folded_samples, 21);
+        assert_eq!(t.stats().compactions, 1);
+        // Re-adding a known hot context goes to the same place.
+        let again = t.add(&[1, 2, 3], 1);
+        assert_eq!(again, hot);
+    }
+
+    /// A trie too small to make room by folding still stays within its bound, counting every
+    /// folded sample, with consistent totals.
+    #[test]
+    fn tiny_trie_stays_bounded() {
         let mut t = ContextTrie::new(2); // root + 1 node, spare 0
-        t.add(&[1], 1);
-        let n = t.add(&[1, 2, 3], 5);
-        assert_eq!(t.node(n).frame, 1);
-        assert_eq!(t.node(n).self_count, 6);
-        assert_eq!(t.stats().folded_samples, 5);
-        assert_eq!(t.len(), 2);
+        t.add(&[1], 10);
+        t.add(&[1, 2, 3], 5);
+        for i in 0..100 {
+            t.add(&[i, i + 1], 1);
+        }
+        assert!(t.len() <= t.node_limit());
+        assert_eq!(t.total_samples(), 115);
+        assert!(t.stats().folded_samples >= 105, "{:?}", t.stats());
         check_consistent(&t);
     }
 }
