@@ -51,13 +51,27 @@ impl Default for QemuOptions {
 }
 
 /// Run `prog args...` under qemu-user and return its exact executed path.
+///
+/// The log goes through a named pipe and is parsed while qemu runs (no disk space: a log
+/// line is ~100 bytes per instruction). When `max_insns` is reached the pipe is closed and
+/// qemu dies of SIGPIPE (`exit_code` is then `None`).
 pub fn run(prog: &Path, args: &[String], opts: &QemuOptions) -> Result<QemuRun, SynthError> {
     let tmp = tempfile::tempdir().map_err(|source| SynthError::Io { path: std::env::temp_dir(), source })?;
-    let log = tmp.path().join("exec.log");
+    let log = tmp.path().join("exec.fifo");
     let out = tmp.path().join("stdout");
     let err = tmp.path().join("stderr");
-    let mk = |p: &Path| File::create(p).map_err(|source| SynthError::Io { path: p.to_path_buf(), source });
-    let status = Command::new(&opts.qemu)
+    let io = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| SynthError::Io { path: p, source }
+    };
+    let mk = Command::new("mkfifo").arg(&log).status().map_err(|source| SynthError::Spawn {
+        program: PathBuf::from("mkfifo"),
+        source,
+    })?;
+    if !mk.success() {
+        return Err(SynthError::Io { path: log, source: std::io::Error::other("mkfifo failed") });
+    }
+    let mut child = Command::new(&opts.qemu)
         .env_clear()
         .arg("-singlestep")
         .arg("-d")
@@ -67,13 +81,29 @@ pub fn run(prog: &Path, args: &[String], opts: &QemuOptions) -> Result<QemuRun, 
         .arg(prog)
         .args(args)
         .stdin(Stdio::null())
-        .stdout(mk(&out)?)
-        .stderr(mk(&err)?)
-        .status()
+        .stdout(File::create(&out).map_err(io(&out))?)
+        .stderr(File::create(&err).map_err(io(&err))?)
+        .spawn()
         .map_err(|source| SynthError::Spawn { program: opts.qemu.clone(), source })?;
-    let f = File::open(&log).map_err(|source| SynthError::Io { path: log.clone(), source })?;
-    let (pcs, other_lines) = parse_log(BufReader::with_capacity(1 << 20, f), opts.max_insns)
-        .map_err(|source| SynthError::Io { path: log.clone(), source })?;
+    let (fifo, max) = (log.clone(), opts.max_insns);
+    let reader = std::thread::spawn(move || -> std::io::Result<(Vec<u64>, u64)> {
+        let f = File::open(&fifo)?;
+        parse_log(BufReader::with_capacity(1 << 20, f), max)
+    });
+    let status = child.wait().map_err(|source| SynthError::Spawn { program: opts.qemu.clone(), source })?;
+    // If qemu exited without opening the log, the reader is still blocked in open(): open the
+    // write side without blocking (fails with ENXIO until the reader is in open()) and close it,
+    // so the reader sees end of file.
+    while !reader.is_finished() {
+        use std::os::unix::fs::OpenOptionsExt;
+        const O_NONBLOCK: i32 = 0o4000; // Linux, all architectures we build for
+        drop(std::fs::OpenOptions::new().write(true).custom_flags(O_NONBLOCK).open(&log));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let (pcs, other_lines) = match reader.join() {
+        Ok(r) => r.map_err(io(&log))?,
+        Err(_) => return Err(SynthError::Io { path: log, source: std::io::Error::other("log reader panicked") }),
+    };
     if pcs.is_empty() {
         let stderr = std::fs::read_to_string(&err).unwrap_or_default();
         return Err(SynthError::EmptyTrace { program: prog.to_path_buf(), stderr });
