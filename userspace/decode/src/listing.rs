@@ -2,11 +2,11 @@
 //! `EtmV4ITrcPacket::toString`), so our output diffs against reference listings:
 //!
 //! ```text
-//! Idx:1704; ID:10;	I_ADDR_S_IS0 : Address, Short, IS0.; Addr=0xFFFFFFC000592B58 ~[0x12B58]
+//! Idx:1704; ID:10;<TAB>I_ADDR_S_IS0 : Address, Short, IS0.; Addr=0xFFFFFFC000592B58 ~[0x12B58]
 //! ```
 //!
-//! With raw bytes (as in `-decode` / `-pkt_mon` listings):
-//! `Idx:0; ID:0; [0x00 0x00 ... 0x80 ];	I_ASYNC : Alignment Synchronisation.`
+//! (`<TAB>` is a tab character.) With raw bytes (as in `-decode` / `-pkt_mon` listings):
+//! `Idx:0; ID:0; [0x00 0x00 ... 0x80 ];<TAB>I_ASYNC : Alignment Synchronisation.`
 
 use std::fmt::{self, Write};
 

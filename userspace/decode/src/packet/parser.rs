@@ -391,21 +391,21 @@ impl PacketParser {
         }
         let cond = cfg.has_cond_trace() && cfg.cond_trace_enabled();
         let ch = |h: H| if cond { h } else { H::InvalidCfg };
-        for i in 0x40..=0x42 {
-            t[i] = (T::CondIF2, ch(H::CondInstr));
+        for e in &mut t[0x40..=0x42] {
+            *e = (T::CondIF2, ch(H::CondInstr));
         }
         t[0x43] = (T::CondFlush, ch(H::NoPayload));
-        for i in 0x44..=0x46 {
-            t[i] = (T::CondResF4, ch(H::CondResult));
+        for e in &mut t[0x44..=0x46] {
+            *e = (T::CondResF4, ch(H::CondResult));
         }
         for i in (0x48..=0x4A).chain(0x4C..=0x4E) {
             t[i] = (T::CondResF2, ch(H::CondResult));
         }
-        for i in 0x50..=0x5F {
-            t[i] = (T::CondResF3, ch(H::CondResult));
+        for e in &mut t[0x50..=0x5F] {
+            *e = (T::CondResF3, ch(H::CondResult));
         }
-        for i in 0x68..=0x6B {
-            t[i] = (T::CondResF1, ch(H::CondResult));
+        for e in &mut t[0x68..=0x6B] {
+            *e = (T::CondResF1, ch(H::CondResult));
         }
         t[0x6C] = (T::CondIF1, ch(H::CondInstr));
         t[0x6D] = (T::CondIF3, ch(H::CondInstr));
@@ -454,26 +454,26 @@ impl PacketParser {
             t[0xB8] = (T::SrcAddrL64Is0, H::LongAddr);
             t[0xB9] = (T::SrcAddrL64Is1, H::LongAddr);
         }
-        for i in 0xC0..=0xD4 {
-            t[i] = (T::AtomF6, H::Atom);
+        for e in &mut t[0xC0..=0xD4] {
+            *e = (T::AtomF6, H::Atom);
         }
-        for i in 0xD5..=0xD7 {
-            t[i] = (T::AtomF5, H::Atom);
+        for e in &mut t[0xD5..=0xD7] {
+            *e = (T::AtomF5, H::Atom);
         }
-        for i in 0xD8..=0xDB {
-            t[i] = (T::AtomF2, H::Atom);
+        for e in &mut t[0xD8..=0xDB] {
+            *e = (T::AtomF2, H::Atom);
         }
-        for i in 0xDC..=0xDF {
-            t[i] = (T::AtomF4, H::Atom);
+        for e in &mut t[0xDC..=0xDF] {
+            *e = (T::AtomF4, H::Atom);
         }
-        for i in 0xE0..=0xF4 {
-            t[i] = (T::AtomF6, H::Atom);
+        for e in &mut t[0xE0..=0xF4] {
+            *e = (T::AtomF6, H::Atom);
         }
         t[0xF5] = (T::AtomF5, H::Atom);
         t[0xF6] = (T::AtomF1, H::Atom);
         t[0xF7] = (T::AtomF1, H::Atom);
-        for i in 0xF8..=0xFF {
-            t[i] = (T::AtomF3, H::Atom);
+        for e in &mut t[0xF8..=0xFF] {
+            *e = (T::AtomF3, H::Atom);
         }
     }
 
@@ -916,11 +916,7 @@ impl PacketParser {
             self.f1p1 = false;
             self.f1p2 = false;
             match self.ty {
-                T::CondResF1 => {
-                    if b & 0xFC == 0x6C {
-                        self.f1p2 = true;
-                    }
-                }
+                T::CondResF1 if b & 0xFC == 0x6C => self.f1p2 = true,
                 T::CondResF2 | T::CondResF4 => {
                     let t = self.ty;
                     self.send(Packet::Conditional(t));
@@ -1257,6 +1253,7 @@ impl PacketParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::packet::{Context, Exception};
     use crate::snapshot::Protocol;
 
     fn parse(cfg: &EtmConfig, data: &[u8]) -> Vec<(u64, Packet)> {
@@ -1319,6 +1316,80 @@ mod tests {
             p.feed(split as u64, &d[split..], &mut s);
             p.finish(&mut s);
             assert_eq!(v, whole, "split at {split}");
+        }
+    }
+
+    fn parse_after_sync(cfg: &EtmConfig, body: &[u8]) -> Vec<Packet> {
+        let mut d = ASYNC.to_vec();
+        d.extend([0x01, 0x00]); // TINFO with no sections
+        d.extend(body);
+        parse(cfg, &d).into_iter().skip(2).map(|(_, p)| p).collect()
+    }
+
+    /// Timestamps (IHI 0064 §6.4.5): the first after TINFO replaces all 64 bits; later ones
+    /// replace only the low 7*n bits; header 0x03 adds a cycle count.
+    #[test]
+    fn timestamp_partial_update() {
+        let cfg = EtmConfig::generic(Protocol::Etmv4, 1);
+        // 0x02 [0x81 0x01] = 0x81: 7 bits 0x01 | (0x01 << 7) = 0x81
+        // then 0x03 [0x05] [0x0A]: low 7 bits := 5, CC = 10
+        let v = parse_after_sync(&cfg, &[0x02, 0x81, 0x01, 0x03, 0x05, 0x0A]);
+        assert_eq!(v[0], Packet::Timestamp { value: 0x81, bits: 64, cycle_count: None });
+        assert_eq!(v[1], Packet::Timestamp { value: 0x85, bits: 7, cycle_count: Some(10) });
+    }
+
+    /// Context packet 0x81 with info byte 0xF1 (EL1, SF, NS, VMID and CID follow): 8-bit VMID
+    /// then 32-bit context ID, little endian (IHI 0064 §6.4.11).
+    #[test]
+    fn context_with_vmid_and_cid() {
+        let cfg = EtmConfig::generic(Protocol::Etmv4, 1); // VMID 8 bits, CID 32 bits
+        let v = parse_after_sync(&cfg, &[0x81, 0xF1, 0x2A, 0x78, 0x56, 0x34, 0x12]);
+        assert_eq!(
+            v[0],
+            Packet::Context(Context {
+                updated: true,
+                el: 1,
+                sf: true,
+                ns: true,
+                nse: false,
+                context_id: Some(0x1234_5678),
+                vmid: Some(0x2A),
+            })
+        );
+    }
+
+    /// ETE exception packets of type 0 (PE reset) and 0x18 (transaction failure) always take
+    /// three bytes in OpenCSD (tme_tcancel: `06 31 70` is one TRANS_FAIL packet).
+    #[test]
+    fn ete_trans_fail_three_bytes() {
+        let cfg = EtmConfig::generic(Protocol::Ete, 1);
+        let v = parse_after_sync(&cfg, &[0x06, 0x31, 0x70, 0xF7]);
+        assert!(matches!(v[0], Packet::TransFail(Exception { exc_type: 0x18, addr_interp: 1, .. })));
+        assert_eq!(v[1], Packet::Atom { format: 1, atoms: Atoms { bits: 1, count: 1 } });
+    }
+
+    /// Cycle count format 1 with commit field then count (threshold 0), format 2 commit = AAAA+1,
+    /// format 3 count = bits[1:0], commit = bits[3:2]+1.
+    #[test]
+    fn cycle_count_formats() {
+        let cfg = EtmConfig::generic(Protocol::Etmv4, 1);
+        let v = parse_after_sync(&cfg, &[0x0E, 0x03, 0x85, 0x01, 0x0C, 0x52, 0x1B]);
+        assert_eq!(v[0], Packet::CycleCount { format: 1, count: 0x85, commit: Some(3) });
+        assert_eq!(v[1], Packet::CycleCount { format: 2, count: 2, commit: Some(6) });
+        assert_eq!(v[2], Packet::CycleCount { format: 3, count: 3, commit: Some(3) });
+    }
+
+    /// Q packet type 5 (short IS0 address + count) after a 64-bit address.
+    #[test]
+    fn q_packet_short_address() {
+        let cfg = EtmConfig::generic(Protocol::Etmv4, 1);
+        let v = parse_after_sync(&cfg, &[0x9D, 0, 0, 0, 0x40, 0, 0, 0, 0, 0xA5, 0x10, 0x03]);
+        match v[1] {
+            Packet::Q(q) => {
+                assert_eq!(q.count, Some(3));
+                assert_eq!(q.addr.map(|a| a.addr), Some(0x4000_0040));
+            }
+            ref p => panic!("expected Q, got {p:?}"),
         }
     }
 
