@@ -166,23 +166,6 @@ fn x86_64_end_to_end() {
     let _ = std::fs::remove_dir_all(&work);
 }
 
-/// Sum of the head totals of profile entries whose context mentions `func` (flat or nested
-/// text profile: top-level lines `[ctx]:total:head` or `name:total:head`, plus nested
-/// `N: name:total` inlinee lines).
-fn context_total(profile: &str, func: &str) -> u64 {
-    let mut total = 0;
-    for l in profile.lines() {
-        let t = l.trim_start();
-        if t.contains(func)
-            && let Some(n) = t.rsplit(':').nth(if l.starts_with(' ') { 0 } else { 1 })
-            && let Ok(v) = n.trim().parse::<u64>()
-        {
-            total += v;
-        }
-    }
-    total
-}
-
 fn bolt(t: &Tools, bin: &Path, pa: &Path, dir: &Path, expected_out: &str) {
     let (Some(p2b), Some(bolt)) = (&t.perf2bolt, &t.bolt) else {
         eprintln!("SKIP (BOLT part): perf2bolt-22/llvm-bolt-22 not installed");

@@ -80,3 +80,21 @@ pub fn convert(bin: &Path, script: &Path, binaries: &[&Path], dump: &Path) -> Ve
     }
     run_ok(&mut c).lines().map(PathBuf::from).collect()
 }
+
+/// Sum of the head totals of profile entries whose context mentions `func` (flat or nested
+/// text profile: top-level lines `[ctx]:total:head` or `name:total:head`, plus nested
+/// `N: name:total` inlinee lines).
+pub fn context_total(profile: &str, func: &str) -> u64 {
+    let mut total = 0;
+    for l in profile.lines() {
+        let t = l.trim_start();
+        if t.contains(func)
+            && let Some(n) = t.rsplit(':').nth(if l.starts_with(' ') { 0 } else { 1 })
+            && let Ok(v) = n.trim().parse::<u64>()
+        {
+            total += v;
+        }
+    }
+    total
+}
+
