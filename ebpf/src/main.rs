@@ -20,7 +20,7 @@ mod prog {
 
     use aya_ebpf::{
         EbpfContext,
-        bindings::BPF_F_USER_STACK,
+        bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
         helpers::{
             bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
             generated::{bpf_get_stack, bpf_read_branch_records},
@@ -33,7 +33,7 @@ mod prog {
         BranchEntry, CONFIG_ENTRIES, CONFIG_FLAGS, CONFIG_TGID, COUNTER_BRANCH_ENOENT,
         COUNTER_BRANCH_ERR, COUNTER_ENTRIES, COUNTER_FILTERED, COUNTER_RING_FULL, COUNTER_SAMPLES,
         COUNTER_STACK_ERR, FLAG_READ_BRANCHES, MAX_BRANCHES, MAX_STACK_DEPTH, REC_HAS_BRANCHES,
-        RING_BYTES, SampleRecord,
+        RING_BYTES, RING_WAKEUP_BYTES, SampleRecord,
     };
 
     #[map]
@@ -128,7 +128,13 @@ mod prog {
             addr_of_mut!((*rec).flags).write(rec_flags);
             addr_of_mut!((*rec).branch_count).write(nbranch);
         }
-        entry.submit(0);
+        // Wake user space only once enough is pending (it also drains on a timer).
+        let wake = if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= RING_WAKEUP_BYTES {
+            BPF_RB_FORCE_WAKEUP
+        } else {
+            BPF_RB_NO_WAKEUP
+        };
+        entry.submit(wake as u64);
         count(COUNTER_SAMPLES);
         Ok(())
     }

@@ -28,6 +28,9 @@ pub const COUNTERS_MAP: &str = "COUNTERS";
 
 /// Size of the sample ring buffer in bytes (power-of-two multiple of the page size).
 pub const RING_BYTES: u32 = 4 << 20;
+/// Records are submitted without waking user space until this many bytes are pending (user
+/// space also drains on a short timer): one wake-up per ~280 samples instead of per sample.
+pub const RING_WAKEUP_BYTES: u64 = (RING_BYTES / 8) as u64;
 
 /// `CONFIG[CONFIG_TGID]`: the process (thread-group) id to keep; 0 keeps every process.
 pub const CONFIG_TGID: u32 = 0;
@@ -150,9 +153,10 @@ mod tests {
     #[test]
     fn from_bytes_clamps_lengths() {
         let mut bytes = [0u8; SAMPLE_RECORD_SIZE];
-        bytes[16..20].copy_from_slice(&9999u32.to_ne_bytes()); // stack_len
-        bytes[12..16].copy_from_slice(&REC_HAS_BRANCHES.to_ne_bytes());
-        bytes[20..24].copy_from_slice(&77u32.to_ne_bytes());
+        let mut put = |off: usize, v: u32| bytes[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+        put(core::mem::offset_of!(SampleRecord, stack_len), 9999);
+        put(core::mem::offset_of!(SampleRecord, flags), REC_HAS_BRANCHES);
+        put(core::mem::offset_of!(SampleRecord, branch_count), 77);
         let r = SampleRecord::from_bytes(&bytes).unwrap();
         assert_eq!(r.stack().len(), MAX_STACK_DEPTH);
         assert_eq!(r.branches().len(), MAX_BRANCHES);

@@ -258,6 +258,9 @@ async fn run_loop(
     let mut dump_tick = tokio::time::interval(Duration::from_secs_f64(args.dump_every));
     dump_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     dump_tick.tick().await;
+    // The eBPF side wakes us only when a lot is pending; drain at least this often.
+    let mut drain_tick = tokio::time::interval(DRAIN_INTERVAL);
+    drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let deadline = tokio::time::sleep(Duration::from_secs_f64(args.duration.unwrap_or(1e9)));
     tokio::pin!(deadline);
 
@@ -288,15 +291,10 @@ async fn run_loop(
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard.context("wait for the ring buffer")?;
-                let rb = guard.get_inner_mut();
-                while let Some(item) = rb.next() {
-                    match SampleRecord::from_bytes(&item) {
-                        Some(rec) => collector.add_sample(rec.pid, rec.stack()),
-                        None => bad_records += 1,
-                    }
-                }
+                drain(guard.get_inner_mut(), collector, &mut bad_records);
                 guard.clear_ready();
             }
+            _ = drain_tick.tick() => drain(ring.get_mut(), collector, &mut bad_records),
             _ = tick.tick() => {
                 counters = bpf.counters().unwrap_or(counters);
                 let target_alive = alive(info.pid);
@@ -352,21 +350,26 @@ async fn run_loop(
 
     // Stop sampling, then drain what is left in the ring.
     bpf.disable_all();
-    {
-        let rb = ring.get_mut();
-        while let Some(item) = rb.next() {
-            match SampleRecord::from_bytes(&item) {
-                Some(rec) => collector.add_sample(rec.pid, rec.stack()),
-                None => bad_records += 1,
-            }
-        }
-    }
+    drain(ring.get_mut(), collector, &mut bad_records);
     counters = bpf.counters().unwrap_or(counters);
     if let Some(dir) = &args.dump_dir {
         write_dumps(dir, info, collector, &counters, bad_records, true)?;
     }
     print_summary(reason, info, collector, &counters, args.dump_dir.as_deref());
     Ok(ExitCode::SUCCESS)
+}
+
+/// How often the ring buffer is drained without a wake-up from the kernel side.
+const DRAIN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Feeds every pending ring-buffer record to the collector.
+fn drain(rb: &mut aya::maps::RingBuf<aya::maps::MapData>, c: &mut Collector, bad: &mut u64) {
+    while let Some(item) = rb.next() {
+        match SampleRecord::from_bytes(&item) {
+            Some(rec) => c.add_sample(rec.pid, rec.stack()),
+            None => *bad += 1,
+        }
+    }
 }
 
 fn snapshot(
@@ -513,6 +516,7 @@ fn write_dumps(
             "maps_reloads": st.maps_reloads,
             "contexts": ts.nodes - 1,
             "folded_samples": ts.folded_samples,
+            "trie_compactions": ts.compactions,
             "stack_depth_mean": st.depth.mean(),
             "stack_depth_max": st.depth.max,
             "shallow_stack_fraction": st.depth.shallow_fraction(),
