@@ -197,7 +197,8 @@ struct Mapping {
 #[derive(Debug, Default)]
 pub struct CodeMap {
     images: Vec<Image>,
-    by_pid: HashMap<u32, Vec<Mapping>>,
+    /// Per process (few: a linear scan beats hashing on the per-instruction path).
+    by_pid: Vec<(u32, Vec<Mapping>)>,
     /// Mappings of processes not seen in any MMAP2 (static images placed at their link-time
     /// addresses: synthetic sessions without sideband).
     any: Vec<Mapping>,
@@ -219,8 +220,12 @@ impl CodeMap {
         self.images.iter().find(|i| i.path == path).map(|i| i.data.as_slice())
     }
 
+    fn pid_maps(&self, pid: u32) -> Option<&Vec<Mapping>> {
+        self.by_pid.iter().find(|(p, _)| *p == pid).map(|(_, m)| m)
+    }
+
     fn mappings(&self, pid: u32) -> &[Mapping] {
-        match self.by_pid.get(&pid) {
+        match self.by_pid.iter().find(|(p, _)| *p == pid).map(|(_, m)| m) {
             Some(m) if !m.is_empty() => m,
             _ => &self.any,
         }
@@ -600,13 +605,14 @@ impl Pipeline {
             }
             Sideband::Fork { pid, ppid, .. } => {
                 if pid != ppid
-                    && let Some(m) = self.code.by_pid.get(ppid).cloned()
+                    && let Some(m) = self.code.pid_maps(*ppid).cloned()
+                    && self.code.pid_maps(*pid).is_none()
                 {
-                    self.code.by_pid.entry(*pid).or_insert(m);
+                    self.code.by_pid.push((*pid, m));
                 }
             }
             Sideband::Comm { pid, exec: true, .. } => {
-                self.code.by_pid.remove(pid);
+                self.code.by_pid.retain(|(p, _)| p != pid);
             }
             Sideband::AuxOutputHwId { hw_id, cpu: Some(cpu), .. } => {
                 self.trace_cpu.insert((hw_id & 0xff) as u8, *cpu);
@@ -618,7 +624,11 @@ impl Pipeline {
     fn on_mmap(&mut self, pid: u32, addr: u64, len: u64, pgoff: u64, filename: &str) {
         let Some(img) = self.code.image_for(filename) else { return };
         let m = Mapping { start: addr, end: addr.saturating_add(len), pgoff, image: img };
-        CodeMap::insert(self.code.by_pid.entry(pid).or_default(), m);
+        if self.code.pid_maps(pid).is_none() {
+            self.code.by_pid.push((pid, Vec::new()));
+        }
+        let list = &mut self.code.by_pid.iter_mut().find(|(p, _)| *p == pid).expect("just added").1;
+        CodeMap::insert(list, m);
         self.code.target.get_or_insert(pid);
         // Place the binary's exec segments for the resolver (runtime -> link-time bias).
         if let Some(bi) = self.resolver.binaries.iter().position(|(i, _)| *i == img) {
