@@ -87,7 +87,7 @@ pub fn run(prog: &Path, args: &[String], opts: &QemuOptions) -> Result<QemuRun, 
         .map_err(|source| SynthError::Spawn { program: opts.qemu.clone(), source })?;
     let (fifo, max) = (log.clone(), opts.max_insns);
     let reader = std::thread::spawn(move || -> std::io::Result<(Vec<u64>, u64)> {
-        let f = File::open(&fifo)?;
+        let f = BatchingReader { inner: File::open(&fifo)?, last: usize::MAX };
         parse_log(BufReader::with_capacity(1 << 20, f), max)
     });
     let status = child.wait().map_err(|source| SynthError::Spawn { program: opts.qemu.clone(), source })?;
@@ -110,6 +110,25 @@ pub fn run(prog: &Path, args: &[String], opts: &QemuOptions) -> Result<QemuRun, 
     }
     let stdout = std::fs::read(&out).unwrap_or_default();
     Ok(QemuRun { pcs, exit_code: status.code(), stdout, other_lines })
+}
+
+/// qemu writes its log line-buffered (one `write` per instruction): reading the pipe as soon
+/// as data arrives costs a context switch per line. After a short read, wait 2 ms so the pipe
+/// (64 KiB) fills with a few hundred lines first.
+struct BatchingReader {
+    inner: File,
+    last: usize,
+}
+
+impl std::io::Read for BatchingReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.last < 16 << 10 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let n = self.inner.read(buf)?;
+        self.last = n;
+        Ok(n)
+    }
 }
 
 /// Parse a `-d exec` log: the guest PC of every `Trace` line, up to `max` of them.
