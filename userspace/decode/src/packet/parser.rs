@@ -1,6 +1,6 @@
 //! Resumable byte-at-a-time ETMv4/ETE packet parser.
 //!
-//! The state machine follows IHI 0064 §6.2 (packet headers, Table 6-1) and DDI 0608 §6
+//! The state machine follows IHI 0064 (instruction trace packet headers) and DDI 0608 (ETE packets)
 //! (ETE packet encodings), with OpenCSD's `TrcPktProcEtmV4I` behaviour for
 //! synchronisation, error packets and index reporting, so that listings compare
 //! line-for-line with `trc_pkt_lister`.
@@ -1267,7 +1267,7 @@ mod tests {
     const ASYNC: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80];
 
     /// A-sync, trace info, a 64-bit address, a short address and an exact match resolve
-    /// through the address history as IHI 0064 §6.4.12 describes.
+    /// through the address history as IHI 0064 ("Address packets") describes.
     #[test]
     fn address_history() {
         let cfg = EtmConfig::generic(Protocol::Etmv4, 0x10);
@@ -1326,7 +1326,7 @@ mod tests {
         parse(cfg, &d).into_iter().skip(2).map(|(_, p)| p).collect()
     }
 
-    /// Timestamps (IHI 0064 §6.4.5): the first after TINFO replaces all 64 bits; later ones
+    /// Timestamps (IHI 0064, "Timestamp packets"): the first after TINFO replaces all 64 bits; later ones
     /// replace only the low 7*n bits; header 0x03 adds a cycle count.
     #[test]
     fn timestamp_partial_update() {
@@ -1339,7 +1339,7 @@ mod tests {
     }
 
     /// Context packet 0x81 with info byte 0xF1 (EL1, SF, NS, VMID and CID follow): 8-bit VMID
-    /// then 32-bit context ID, little endian (IHI 0064 §6.4.11).
+    /// then 32-bit context ID, little endian (IHI 0064, "Context packets").
     #[test]
     fn context_with_vmid_and_cid() {
         let cfg = EtmConfig::generic(Protocol::Etmv4, 1); // VMID 8 bits, CID 32 bits
