@@ -442,6 +442,27 @@ mod tests {
         assert_eq!(&enc.bytes()[n..], [0x95, 0xca, 0x1e]);
     }
 
+    /// Window-start packets match captures: A-sync, Trace Info `01 00`, Trace On `04` and
+    /// address-with-context `82 2e 08 0a 00 11` = 0xA10B8, AArch64 EL1 secure (ete_ip idx 0-15);
+    /// with a context ID the 4 CONTEXTIDR bytes follow the info byte, little endian
+    /// (trace_file_cid_vmid idx 15: `82 6e 08 0a 00 f1 <vmid 4> 00 43 00 00` = CID 0x4300; we
+    /// trace no VMID, so the info byte is 0xb1 and the CID follows it directly).
+    #[test]
+    fn window_start_packets_match_captures() {
+        let mut enc = Encoder::new(EncoderConfig::default());
+        enc.a_sync();
+        enc.trace_info();
+        enc.trace_on();
+        enc.address_with_context(0xA10B8, &Context { el: 1, ns: false, sf: true, context_id: None });
+        let mut want = A_SYNC.to_vec();
+        want.extend_from_slice(&[0x01, 0x00, 0x04, 0x82, 0x2e, 0x08, 0x0a, 0x00, 0x11]);
+        assert_eq!(enc.bytes(), &want[..]);
+
+        let mut enc = Encoder::new(EncoderConfig::default());
+        enc.address_with_context(0xA11B8, &Context { el: 1, ns: true, sf: true, context_id: Some(0x4300) });
+        assert_eq!(enc.bytes(), [0x82, 0x6e, 0x08, 0x0a, 0x00, 0xb1, 0x00, 0x43, 0x00, 0x00]);
+    }
+
     /// History: a repeated address is an exact match on its history entry, a nearby one a
     /// 1-byte short address, and Trace Info resets the history to zero.
     #[test]
