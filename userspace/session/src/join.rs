@@ -269,7 +269,10 @@ impl Segment {
             self.ring.push(b);
         } else if depth > 0 {
             self.ring[self.head] = b;
-            self.head = (self.head + 1) % depth;
+            self.head += 1;
+            if self.head == depth {
+                self.head = 0;
+            }
         }
     }
     /// Branches oldest to newest.
