@@ -147,6 +147,17 @@ fn check_program(
                 truth.len()
             ));
         }
+        // The unbroken chain up to the pause: branches after the last exception range.
+        let last_exc = want.iter().rposition(|t| t.last == RangeEnd::Exception);
+        let after: usize = got
+            .windows(2)
+            .enumerate()
+            .zip(want.iter())
+            .filter(|((i, pair), t)| last_exc.is_none_or(|x| *i > x) && pair[0].taken && t.last == RangeEnd::E)
+            .count();
+        if !(after as u64 == w.chain_len || after as u64 + 1 == w.chain_len) {
+            return Err(format!("{} window {k}: chain after the last svc {after} vs chain_len {}", bin.display(), w.chain_len));
+        }
         checked += got.len();
     }
     // The packet kinds the check exercised.

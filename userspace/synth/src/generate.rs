@@ -194,6 +194,12 @@ pub struct Window {
     pub insns: u64,
     /// Instructions after the last waypoint (not visible in the trace).
     pub untraced_tail: u64,
+    /// Taken branches after the window's last exception or gap (the newest ones): the chain a
+    /// decoder sees unbroken up to the pause.
+    pub chain_len: u64,
+    /// The window's last P0 element is a taken indirect branch whose target address was not
+    /// sent (return-stack compression): the target is only implied by the return stack.
+    pub final_target_implied: bool,
     /// Encoder counters.
     pub packets: ete::EncoderStats,
 }
@@ -220,6 +226,7 @@ pub fn synthesize(image: &mut CodeImage, pcs: &[u64], cfg: &SynthConfig) -> Synt
     let mut windows = Vec::with_capacity(plan.len());
     let mut next_w = 0usize;
     let mut cur: Option<(Encoder, WindowTruth)> = None;
+    let mut final_implied = false;
     for (i, &pc) in pcs.iter().enumerate() {
         let i64_ = i as u64;
         // Pause at this instruction: close the window (the instruction itself is not traced).
@@ -232,6 +239,7 @@ pub fn synthesize(image: &mut CodeImage, pcs: &[u64], cfg: &SynthConfig) -> Synt
                 }
                 let packets = enc.stats.clone();
                 let (s, e) = plan[next_w];
+                let chain_len = (wt.branches.len() - wt.chain_start) as u64;
                 windows.push(Window {
                     start_index: s,
                     pause_index: e,
@@ -246,6 +254,8 @@ pub fn synthesize(image: &mut CodeImage, pcs: &[u64], cfg: &SynthConfig) -> Synt
                     gaps: wt.gaps,
                     insns: wt.insns,
                     untraced_tail: wt.untraced_tail,
+                    chain_len,
+                    final_target_implied: final_implied,
                     packets,
                 });
             }
@@ -260,6 +270,7 @@ pub fn synthesize(image: &mut CodeImage, pcs: &[u64], cfg: &SynthConfig) -> Synt
             enc.trace_on();
             enc.address_with_context(pc, &ctx);
             cur = Some((enc, WindowTruth::default()));
+            final_implied = false;
         }
         let class = image.class(pc);
         if class.is_none() {
@@ -277,7 +288,12 @@ pub fn synthesize(image: &mut CodeImage, pcs: &[u64], cfg: &SynthConfig) -> Synt
         if let Some((enc, wt)) = cur.as_mut() {
             wt.step(pc, f);
             let last_in_window = next_w < plan.len() && plan[next_w].1 == i64_ + 1;
+            let hits = enc.stats.retstack_hits;
             encode_step(enc, pc, f, last_in_window, &ctx);
+            match f {
+                Flow::Seq | Flow::End => {}
+                _ => final_implied = enc.stats.retstack_hits > hits,
+            }
         }
         stack.apply(pc, f, &mut stats);
     }

@@ -27,6 +27,12 @@
 //!      the last waypoint of the window are in no range (`untraced_tail` counts them);
 //!    * `n_branches`, `n_ranges`, `insns` (instructions executed in the window), `gaps`
 //!      (discontinuities other than exceptions; 0 for well-behaved programs);
+//!    * `chain_len`: how many of the newest `branches` follow the window's last exception or
+//!      gap, i.e. the chain a decoder sees unbroken up to the pause (= `n_branches` when the
+//!      window has no `SVC`);
+//!    * `final_target_implied`: the window's last waypoint is a return whose target was not
+//!      sent (return-stack compression): a decoder knows `branches[0].to` only from its
+//!      return stack;
 //!    * `fault`: `null`, or the fault injected into this window's session data (`truncate`,
 //!      `corrupt`, `no_sync`, `lost`; see [`crate::generate::Fault`]). `aux_offset`/`aux_size`
 //!      describe the bytes as written (after the fault); with a `lost` fault the window has no `sample` line, so
@@ -108,6 +114,14 @@ pub struct GtWindow {
     /// Fault injected into this window's session data, if any.
     #[serde(default)]
     pub fault: Option<Fault>,
+    /// Number of newest branches after the window's last exception/gap (Trace On): the
+    /// unbroken chain ending at the pause is `branches[..chain_len]`.
+    #[serde(default)]
+    pub chain_len: u64,
+    /// The last branch is a return whose target the trace only implies through the return
+    /// stack (no address packet follows it before the pause).
+    #[serde(default)]
+    pub final_target_implied: bool,
 }
 
 /// Last line.
@@ -179,6 +193,8 @@ pub fn write(mut w: impl Write, meta: &GtMeta, syn: &Synthesis, aux: &[(u64, u64
             untraced_tail: win.untraced_tail,
             gaps: win.gaps,
             fault: syn.config.fault(k as u64),
+            chain_len: win.chain_len,
+            final_target_implied: win.final_target_implied,
         };
         line(&mut w, &GtLine::Window(g))?;
     }

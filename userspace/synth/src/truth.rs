@@ -255,6 +255,10 @@ pub struct WindowTruth {
     pub insns: u64,
     /// Instructions after the last waypoint (not visible in the trace).
     pub untraced_tail: u64,
+    /// Index in `branches` of the first branch after the window's last exception or gap (where
+    /// tracing restarted with Trace On): `branches[chain_start..]` is the unbroken chain that
+    /// ends at the pause.
+    pub chain_start: usize,
     cur_start: Option<u64>,
     cur_n: u64,
 }
@@ -284,12 +288,14 @@ impl WindowTruth {
             Flow::Exception { .. } => {
                 self.ranges.push(TrueRange { start, end, n_insns: self.cur_n, last: RangeEnd::Exception });
                 self.exceptions.push(pc);
+                self.chain_start = self.branches.len();
                 self.cur_start = None;
                 self.cur_n = 0;
             }
             Flow::Gap { .. } => {
                 // Hardware traces nothing for the instructions since the last waypoint.
                 self.gaps += 1;
+                self.chain_start = self.branches.len();
                 self.untraced_tail += self.cur_n;
                 self.cur_start = None;
                 self.cur_n = 0;
@@ -369,5 +375,7 @@ mod tests {
         assert_eq!(w.branches, vec![TrueBranch { from: 0x18, to: 0x40, kind: BranchKind::Uncond }]);
         assert_eq!(w.untraced_tail, 1);
         assert_eq!(w.insns, 5);
+        // The exception breaks the chain: no branch follows it.
+        assert_eq!(w.chain_start, 1);
     }
 }
