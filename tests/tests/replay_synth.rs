@@ -359,3 +359,50 @@ fn replay_faults_do_not_poison_other_samples() {
         }
     }
 }
+
+/// The replay's dumps are what llvm-profgen reads: the synthetic ETM session of a program with
+/// debug info gives a CSSPGO/AutoFDO text profile naming the functions the program calls
+/// through its function-pointer table (from the C source: op_add, op_sub, op_xor, op_mix).
+#[test]
+fn replay_dumps_feed_llvm_profgen() {
+    let profgen = "llvm-profgen-22";
+    if Command::new(profgen).arg("--version").output().is_err() {
+        eprintln!("SKIP: {profgen} not installed (scripts/setup.sh)");
+        return;
+    }
+    if let Err(e) = testprogs::qemu_available() {
+        eprintln!("SKIP: {e}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = tmp.path().join("indg");
+    let cc = Command::new("aarch64-linux-gnu-gcc")
+        .args(["-O2", "-g", "-static", "-fno-omit-frame-pointer", "-o"])
+        .arg(&prog)
+        .arg(testprogs::source_dir().join("indirect.c"))
+        .status();
+    if !cc.is_ok_and(|s| s.success()) {
+        eprintln!("SKIP: aarch64-linux-gnu-gcc cannot build indirect.c");
+        return;
+    }
+    let sess = tmp.path().join("session");
+    synth(&prog, &[], &sess, 1000, 20_000, false);
+    let r = replay(&sess, tmp.path(), "pg");
+    assert!(!r.samples.is_empty());
+    let out = tmp.path().join("indg.prof");
+    let st = Command::new(profgen)
+        .arg("--perfscript")
+        .arg(r.dumps.join("indg.perfscript"))
+        .arg("--binary")
+        .arg(&prog)
+        .arg("--format=text")
+        .arg("--output")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "llvm-profgen failed: {}", String::from_utf8_lossy(&st.stderr));
+    let text = std::fs::read_to_string(&out).unwrap();
+    for f in ["main", "apply", "op_add", "op_sub", "op_xor", "op_mix"] {
+        assert!(text.contains(f), "{f} missing from the llvm-profgen profile:\n{text}");
+    }
+}

@@ -89,7 +89,7 @@ pub const PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW: u64 = 0x0100;
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     /// A file of the session could not be read or written.
-    #[error("session file {path}: {source}")]
+    #[error("session file {path}")]
     Io {
         /// The file.
         path: PathBuf,
@@ -98,7 +98,7 @@ pub enum SessionError {
         source: io::Error,
     },
     /// `session.json` is not valid.
-    #[error("invalid {path}: {source}")]
+    #[error("invalid {path}")]
     Meta {
         /// The file.
         path: PathBuf,
