@@ -473,7 +473,7 @@ impl Pipeline {
     /// Feed one event.
     pub fn push(&mut self, ev: SessionEvent<'_>) {
         match ev {
-            SessionEvent::Aux { record, data } => self.push_aux(&record, data),
+            SessionEvent::Aux { record, data } => self.push_aux(&record, &[data]),
             SessionEvent::Sample(s) => self.push_sample(s),
             SessionEvent::Sideband(s) => self.push_sideband(s),
         }
@@ -503,10 +503,17 @@ impl Pipeline {
         joiner.flush(code, &mut |j| sink.accept(j));
     }
 
-    fn push_aux(&mut self, rec: &AuxRecord, data: &[u8]) {
+    /// Feed one AUX record whose bytes are in several pieces (the live driver's view of a
+    /// wrapped AUX ring: the tail of the buffer, then its head), without copying them.
+    pub fn push_aux_parts(&mut self, record: &AuxRecord, parts: &[&[u8]]) {
+        self.push_aux(record, parts);
+    }
+
+    fn push_aux(&mut self, rec: &AuxRecord, parts: &[&[u8]]) {
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
         self.stats.aux_records += 1;
-        self.stats.aux_bytes += data.len() as u64;
-        let short = (data.len() as u64) < rec.size;
+        self.stats.aux_bytes += len;
+        let short = len < rec.size;
         let truncated = rec.flags & PERF_AUX_FLAG_TRUNCATED != 0;
         if truncated {
             self.stats.aux_truncated += 1;
@@ -523,7 +530,7 @@ impl Pipeline {
         }
         // AUX ring offsets are monotonic: a record that does not start where the previous one
         // ended follows a gap (records lost or not recorded). 0 means "not provided".
-        let expected = self.next_aux_offset.insert(rec.cpu, rec.aux_offset.wrapping_add(rec.size.max(data.len() as u64)));
+        let expected = self.next_aux_offset.insert(rec.cpu, rec.aux_offset.wrapping_add(rec.size.max(len)));
         let gap = !overwrite && rec.aux_offset != 0 && expected.is_some_and(|e| e != rec.aux_offset);
         if gap {
             self.stats.aux_gaps += 1;
@@ -560,7 +567,9 @@ impl Pipeline {
             ws.out.stats.decoder_resets += 1;
             ws.break_cpus(false);
         }
-        st.decoder.feed(data, code, &mut ws);
+        for data in parts {
+            st.decoder.feed(data, code, &mut ws);
+        }
         if truncated || short {
             // Bytes at the end of this record are missing: the window open there is broken,
             // and the next bytes start afresh.
@@ -1033,6 +1042,19 @@ mod tests {
         let evs = vec![E::S(sample(0, 1600)), E::Aux(r1, d1), E::Aux(r2, d2), E::S(sample(0, 2600)), E::Aux(r3, d3)];
         feed(&mut p, &evs);
         assert_eq!(*got.borrow(), vec![(0, 1600, brs), (0, 2600, brs2)]);
+    }
+
+    /// A record fed in two pieces (a wrapped AUX ring) joins exactly like the whole record.
+    #[test]
+    fn record_in_parts() {
+        let (bytes, brs) = window(0, 1);
+        let (mut p, got) = pipeline(&[0]);
+        let (r, d) = aux(0, 1100, &bytes, 0);
+        p.push_aux_parts(&r, &[&d[..33], &d[33..]]);
+        p.push(SessionEvent::Sample(&sample(0, 1600)));
+        p.finish();
+        assert_eq!(*got.borrow(), vec![(0, 1600, brs)]);
+        assert_eq!(p.stats().aux_short, 0);
     }
 
     /// Samples carrying LBR records and stack-only samples (no ETM) reach the profile.
