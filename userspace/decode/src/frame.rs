@@ -140,18 +140,32 @@ impl Deformatter {
                 }
             }
             StreamFormat::Coresight => {
-                for &b in data {
-                    self.frame[self.n] = b;
-                    self.n += 1;
+                let mut rest = data;
+                // complete a partial frame first
+                if self.n > 0 {
+                    let take = (16 - self.n).min(rest.len());
+                    self.frame[self.n..self.n + take].copy_from_slice(&rest[..take]);
+                    self.n += take;
+                    self.index += take as u64;
+                    rest = &rest[take..];
                     if self.n == 16 {
                         self.n = 0;
-                        let sof = self.index - 15;
-                        self.index += 1;
-                        self.aligned_frame(sof, sink);
-                        continue;
+                        let f = self.frame;
+                        self.aligned_frame(&f, self.index - 16, sink);
                     }
-                    self.index += 1;
                 }
+                // whole frames straight from the input
+                let mut chunks = rest.chunks_exact(16);
+                for c in &mut chunks {
+                    let mut f = [0u8; 16];
+                    f.copy_from_slice(c);
+                    self.index += 16;
+                    self.aligned_frame(&f, self.index - 16, sink);
+                }
+                let tail = chunks.remainder();
+                self.frame[..tail.len()].copy_from_slice(tail);
+                self.n = tail.len();
+                self.index += tail.len() as u64;
             }
             StreamFormat::Tpiu => {
                 for &b in data {
@@ -171,9 +185,9 @@ impl Deformatter {
         }
     }
 
-    fn aligned_frame(&mut self, sof: u64, sink: &mut impl FrameSink) {
-        if self.frame[0..4] == FSYNC {
-            let words = self.frame.chunks(4).take_while(|w| *w == FSYNC).count();
+    fn aligned_frame(&mut self, frame: &[u8; 16], sof: u64, sink: &mut impl FrameSink) {
+        if frame[0..4] == FSYNC {
+            let words = frame.chunks(4).take_while(|w| *w == FSYNC).count();
             self.stats.fsyncs += words as u64;
             if words == 4 {
                 self.stats.resets += 1;
@@ -186,8 +200,7 @@ impl Deformatter {
             }
             return;
         }
-        let f = self.frame;
-        self.unpack(&f, sof, sink);
+        self.unpack(frame, sof, sink);
     }
 
     fn tpiu_byte(&mut self, b: u8, sink: &mut impl FrameSink) {
