@@ -148,11 +148,12 @@ impl Deformatter {
                     self.n += take;
                     self.index += take as u64;
                     rest = &rest[take..];
-                    if self.n == 16 {
-                        self.n = 0;
-                        let f = self.frame;
-                        self.aligned_frame(&f, self.index - 16, sink);
+                    if self.n < 16 {
+                        return; // input exhausted inside the frame
                     }
+                    self.n = 0;
+                    let f = self.frame;
+                    self.aligned_frame(&f, self.index - 16, sink);
                 }
                 // whole frames straight from the input
                 let mut chunks = rest.chunks_exact(16);
@@ -339,6 +340,32 @@ mod tests {
         d.push(&f, &mut s);
         assert_eq!(s.runs[0], (0x10, 0, vec![0xAA, 0x03, 0xBB, 0xCC]));
         assert_eq!(s.runs[1], (0x11, 4, vec![2, 4, 6, 8, 10, 12, 14, 16, 0x09]));
+    }
+
+    /// Aligned frames split at every byte boundary across three pushes give the same runs.
+    #[test]
+    fn coresight_split_frames() {
+        let mut buf = Vec::new();
+        for k in 0..3u8 {
+            let mut f = [0u8; 16];
+            f[0] = ((0x10 + k) << 1) | 1;
+            for (i, b) in f[1..15].iter_mut().enumerate() {
+                *b = ((i as u8) + k) << 1;
+            }
+            buf.extend(f);
+        }
+        let mut whole = Collect::default();
+        Deformatter::new(StreamFormat::Coresight).push(&buf, &mut whole);
+        for a in 0..buf.len() {
+            for b in a..buf.len() {
+                let mut d = Deformatter::new(StreamFormat::Coresight);
+                let mut s = Collect::default();
+                d.push(&buf[..a], &mut s);
+                d.push(&buf[a..b], &mut s);
+                d.push(&buf[b..], &mut s);
+                assert_eq!(s.runs, whole.runs, "split {a} {b}");
+            }
+        }
     }
 
     /// Four FSYNC words in an aligned frame reset decoders and produce no data.
