@@ -80,6 +80,12 @@ pub fn main(args: SynthArgs) -> anyhow::Result<ExitCode> {
         w.aux_bytes,
         args.out.display()
     );
+    if w.windows == 0 {
+        eprintln!(
+            "etm-bpf synth: warning: the run ({} instructions) is not longer than --period {}: no window written",
+            s.insns, cfg.period
+        );
+    }
     if s.gaps > 0 || s.outside_image > 0 || s.unmatched_returns > 0 {
         log::warn!(
             "path anomalies: {} gaps, {} instructions outside the image, {} unmatched returns",
