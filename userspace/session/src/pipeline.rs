@@ -356,6 +356,9 @@ impl AddressResolver for Resolver {
     }
 }
 
+/// A callback seeing every joined sample.
+pub type Observer = Box<dyn FnMut(&Joined<'_>)>;
+
 /// Per-AUX-buffer decoder state.
 struct AuxState {
     decoder: Box<dyn WindowDecoder>,
@@ -383,7 +386,7 @@ pub struct Pipeline {
     next_aux_offset: HashMap<i32, u64>,
     scratch_branches: Vec<Branch>,
     scratch_frames: Vec<FrameId>,
-    observer: Option<Box<dyn FnMut(&Joined<'_>)>>,
+    observer: Option<Observer>,
 }
 
 impl Pipeline {
@@ -419,7 +422,7 @@ impl Pipeline {
     }
 
     /// Call `f` with every joined (accepted) sample, before it is profiled.
-    pub fn set_observer(&mut self, f: Box<dyn FnMut(&Joined<'_>)>) {
+    pub fn set_observer(&mut self, f: Observer) {
         self.observer = Some(f);
     }
 
@@ -672,7 +675,7 @@ struct Sink<'a> {
     stats: &'a mut PipelineStats,
     scratch_branches: &'a mut Vec<Branch>,
     scratch_frames: &'a mut Vec<FrameId>,
-    observer: &'a mut Option<Box<dyn FnMut(&Joined<'_>)>>,
+    observer: &'a mut Option<Observer>,
 }
 
 impl Sink<'_> {
@@ -856,7 +859,8 @@ mod tests {
     use crate::join::RejectReason;
     use crate::session::PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW;
 
-    type Got = Rc<RefCell<Vec<(i32, u64, Vec<BranchPair>)>>>;
+    type Joins = (i32, u64, Vec<BranchPair>);
+    type Got = Rc<RefCell<Vec<Joins>>>;
 
     fn pipeline(cpus: &[i32]) -> (Pipeline, Got) {
         let cfg = PipelineConfig {
@@ -932,7 +936,7 @@ mod tests {
 
     /// Per-pause AUX records on two CPUs, samples arriving after their AUX data: every sample
     /// gets its own window's branches, and the profile and trie count them.
-    fn clean_session(n: u64) -> (Vec<E>, Vec<(i32, u64, Vec<BranchPair>)>) {
+    fn clean_session(n: u64) -> (Vec<E>, Vec<Joins>) {
         let mut evs = Vec::new();
         let mut expect = Vec::new();
         for k in 1..=n {
