@@ -9,4 +9,4 @@ export ETM_BPF_SHARED="${ETM_BPF_SHARED:-$(cd .. && pwd)/shared}"
 # The end-to-end tests run the release binary.
 cargo build --release --locked -p etm-bpf
 # Root tests share kernel state (perf events, BPF maps): one test thread per binary for them.
-cargo test --release --locked --workspace -- --test-threads=1
+cargo test --release --locked --workspace --no-fail-fast -- --test-threads=1
