@@ -10,9 +10,10 @@
 //!   profiling context", and the optimized program computes the same result under
 //!   qemu-aarch64.
 //!
-//! Context-sensitive output is not checked here: in a static binary the root frames are glibc
-//! functions without debug info, and llvm-profgen-22 then drops the whole context (empty CS
-//! profile) -- the x86-64 test covers CSSPGO with a dynamic binary.
+//! * llvm-profgen-22's context-sensitive profile from the perf-script dump is non-empty with
+//!   the hot contexts through caller_a: in a static binary the root frames are glibc code
+//!   without debug info, which llvm-profgen would let empty every context; our writer marks
+//!   them external (`ElfCodeFacts`), as a shared libc's frames are.
 
 mod common_profgen;
 
@@ -91,6 +92,13 @@ fn aarch64_etm_end_to_end() {
         let (hot_a, hot_b) = (context_total(&afdo, "caller_a"), context_total(&afdo, "caller_b"));
         eprintln!("{variant}: samples through caller_a {hot_a}, through caller_b {hot_b}");
         assert!(hot_a > 10 * hot_b.max(1), "{variant}: caller_a ({hot_a}) not hotter than caller_b ({hot_b})");
+
+        // Context-sensitive: the static glibc root frames are written as external, so the
+        // contexts survive; the hot one runs through caller_a.
+        let cs = profgen("--perfscript", &dump.join("prog.perfscript"), "cs.prof", &[]);
+        let (cs_a, cs_b) = (context_total(&cs, "caller_a"), context_total(&cs, "caller_b"));
+        eprintln!("{variant}: CS contexts through caller_a {cs_a}, through caller_b {cs_b}");
+        assert!(cs_a > 10 * cs_b.max(1), "{variant}: CS profile: caller_a ({cs_a}) not hotter than caller_b ({cs_b}):\n{cs}");
 
         let opt = dir.join("prog.pgo");
         let o = run(Command::new(&clang)

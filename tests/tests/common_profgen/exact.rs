@@ -113,7 +113,7 @@ pub fn sample(bin: &Path, args: &[&str], insts: &HashMap<u64, (u64, Kind)>, peri
         }
         prev = Some(pc);
         n += 1;
-        if n % period == 0 && lbr.len() == depth {
+        if n.is_multiple_of(period) && lbr.len() == depth {
             let mut stack = vec![pc];
             stack.extend(shadow.iter().rev());
             samples.push(Sample { stack, branches: lbr.iter().copied().collect() });

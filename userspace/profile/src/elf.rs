@@ -58,10 +58,47 @@ impl BinaryInfo {
 /// llvm-profgen's "unconditional branches" -- calls, returns and direct jumps (a fall-through
 /// range crossing one is bogus). x86-64 (iced-x86) and
 /// AArch64 (fixed width) are decoded; other architectures give empty sets.
+///
+/// For a *static* binary (no `.interp`) it also records the code covered by DWARF compile
+/// units: stack frames outside it (glibc's `__libc_start_main`, `_start`) are written as
+/// external by [`crate::write::write_perfscript_with`], as they would be with a shared libc --
+/// llvm-profgen otherwise drops every context whose frames include code without debug info,
+/// which leaves a static binary with an empty context-sensitive profile.
 #[derive(Clone, Debug, Default)]
 pub struct ElfCodeFacts {
     prolog_epilog: Vec<u64>,
     uncond_branches: Vec<u64>,
+    /// Sorted, merged [start, end) ranges of DWARF-covered code; `None` unless static.
+    debug_ranges: Option<Vec<(u64, u64)>>,
+}
+
+fn dwarf_ranges(file: &object::File<'_>) -> Option<Vec<(u64, u64)>> {
+    let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+    let load = |id: gimli::SectionId| -> Result<gimli::EndianSlice<'_, gimli::RunTimeEndian>, gimli::Error> {
+        let data = file.section_by_name(id.name()).and_then(|s| s.data().ok()).unwrap_or(&[]);
+        Ok(gimli::EndianSlice::new(data, endian))
+    };
+    let dwarf = gimli::Dwarf::load(load).ok()?;
+    let mut out = Vec::new();
+    let mut units = dwarf.units();
+    while let Ok(Some(header)) = units.next() {
+        let Ok(unit) = dwarf.unit(header) else { continue };
+        let Ok(mut ranges) = dwarf.unit_ranges(&unit) else { continue };
+        while let Ok(Some(r)) = ranges.next() {
+            if r.begin < r.end {
+                out.push((r.begin, r.end));
+            }
+        }
+    }
+    out.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(out.len());
+    for (b, e) in out {
+        match merged.last_mut() {
+            Some(last) if b <= last.1 => last.1 = last.1.max(e),
+            _ => merged.push((b, e)),
+        }
+    }
+    Some(merged)
 }
 
 impl ElfCodeFacts {
@@ -108,6 +145,9 @@ impl ElfCodeFacts {
                     }
                 }
             }
+        }
+        if file.section_by_name(".interp").is_none() {
+            out.debug_ranges = dwarf_ranges(&file);
         }
         out.prolog_epilog.sort_unstable();
         out.prolog_epilog.dedup();
@@ -166,6 +206,11 @@ fn decode(arch: object::Architecture, start: u64, code: &[u8], out: &mut Vec<(u6
 impl crate::write::CodeFacts for ElfCodeFacts {
     fn in_prolog_epilog(&self, addr: u64) -> bool {
         self.prolog_epilog.binary_search(&addr).is_ok()
+    }
+    fn frame_is_external(&self, addr: u64) -> bool {
+        let Some(r) = &self.debug_ranges else { return false };
+        let i = r.partition_point(|&(_, e)| e <= addr);
+        !r.get(i).is_some_and(|&(b, e)| b <= addr && addr < e)
     }
     fn range_crosses_uncond_branch(&self, start: u64, end: u64) -> bool {
         if start >= end {

@@ -31,6 +31,11 @@ pub trait CodeFacts {
     /// Whether a call, return or direct jump lies in `[start, end)` (llvm-profgen's
     /// `rangeCrossUncondBranch`: such a fall-through range is bogus).
     fn range_crosses_uncond_branch(&self, start: u64, end: u64) -> bool;
+    /// Whether a stack frame at this address is to be written as external (code of a static
+    /// binary without debug info, see [`crate::elf::ElfCodeFacts`]). Default: never.
+    fn frame_is_external(&self, _addr: u64) -> bool {
+        false
+    }
 }
 
 /// One sample as seen from one binary.
@@ -44,15 +49,26 @@ fn loc(l: Loc, b: ProfileBinary) -> u64 {
     l.in_binary(b).unwrap_or(EXTERNAL_ADDR)
 }
 
+/// (branch-only, stack, branches) -> count, for one binary.
+type ViewMap = BTreeMap<(bool, Vec<u64>, Vec<(u64, u64)>), u64>;
+
 /// Samples touching `b`, translated to b's view (externals collapsed, external-to-external
 /// branches dropped as llvm-profgen does), aggregated and sorted for deterministic output.
-fn views(p: &HybridProfile, b: ProfileBinary) -> (BTreeMap<(bool, Vec<u64>, Vec<(u64, u64)>), u64>, u64) {
+fn views(
+    p: &HybridProfile,
+    b: ProfileBinary,
+    facts: Option<&dyn CodeFacts>,
+) -> (ViewMap, u64) {
+    let frame = |l: Loc| match (loc(l, b), facts) {
+        (a, Some(f)) if a != EXTERNAL_ADDR && f.frame_is_external(a) => EXTERNAL_ADDR,
+        (a, _) => a,
+    };
     let mut out = BTreeMap::new();
     let mut skipped = 0;
     for s in p.samples().filter(|s| s.touches(b)) {
         let v = View {
             branch_only: s.is_branch_only(),
-            stack: s.stack().map(|l| loc(l, b)).collect(),
+            stack: s.stack().map(frame).collect(),
             branches: s
                 .branches()
                 .map(|(f, t)| (loc(f, b), loc(t, b)))
@@ -72,8 +88,19 @@ fn views(p: &HybridProfile, b: ProfileBinary) -> (BTreeMap<(bool, Vec<u64>, Vec<
 /// line). Hybrid layout when the binary has any sample with a stack, else branch-only layout;
 /// in hybrid layout branch-only samples appear with their IP as a one-frame stack.
 /// Stack-only samples (no branches) cannot be expressed and are skipped.
-pub fn write_perfscript<W: Write>(p: &HybridProfile, b: ProfileBinary, mut w: W) -> io::Result<WriteStats> {
-    let (views, skipped) = views(p, b);
+pub fn write_perfscript<W: Write>(p: &HybridProfile, b: ProfileBinary, w: W) -> io::Result<WriteStats> {
+    write_perfscript_with(p, b, None, w)
+}
+
+/// [`write_perfscript`] with code facts: stack frames `facts` calls external are written as
+/// external (static binaries: see [`crate::elf::ElfCodeFacts`]).
+pub fn write_perfscript_with<W: Write>(
+    p: &HybridProfile,
+    b: ProfileBinary,
+    facts: Option<&dyn CodeFacts>,
+    mut w: W,
+) -> io::Result<WriteStats> {
+    let (views, skipped) = views(p, b, facts);
     let hybrid = views.keys().any(|(bo, _, _)| !bo);
     let mut st = WriteStats { records: 0, skipped };
     let mut line = String::with_capacity(1024);
@@ -154,7 +181,7 @@ pub fn write_unsymbolized<W: Write>(
     let info = &p.binaries()[b];
     let base = info.first_exec_vaddr().unwrap_or(0) & !0xfff;
     let is_code = |a: u64| info.is_code(a);
-    let (views, skipped) = views(p, b);
+    let (views, skipped) = views(p, b, None);
     let mut ranges = Counter::new();
     let mut brs = Counter::new();
     for ((branch_only, stack, branches), count) in &views {
@@ -186,7 +213,7 @@ pub fn write_unsymbolized<W: Write>(
 /// at least one end in the binary (the other as `X:0`), and `F start end count` per
 /// fall-through between consecutive branches inside the binary (start <= end).
 pub fn write_bolt_pa<W: Write>(p: &HybridProfile, b: ProfileBinary, w: W) -> io::Result<WriteStats> {
-    let (views, skipped) = views(p, b);
+    let (views, skipped) = views(p, b, None);
     let mut brs = Counter::new();
     let mut fts = Counter::new();
     for ((_, _, branches), count) in &views {
@@ -253,6 +280,27 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "2\n\t          401104\n\t               1\n 0x401010/0x401100/P/-/-/0  0x1/0x401000/P/-/-/0\n"
         );
+    }
+
+    struct NoDebugAbove(u64);
+    impl CodeFacts for NoDebugAbove {
+        fn in_prolog_epilog(&self, _: u64) -> bool {
+            false
+        }
+        fn range_crosses_uncond_branch(&self, _: u64, _: u64) -> bool {
+            false
+        }
+        fn frame_is_external(&self, a: u64) -> bool {
+            a >= self.0
+        }
+    }
+
+    /// Frames the code facts call external are written as the external address.
+    #[test]
+    fn perfscript_external_frames() {
+        let mut out = Vec::new();
+        write_perfscript_with(&profile(), 0, Some(&NoDebugAbove(0x401100)), &mut out).unwrap();
+        assert!(String::from_utf8(out).unwrap().starts_with("2\n\t               1\n\t               1\n"));
     }
 
     /// The unsymbolized dump counts the fall-through between the two branches and both

@@ -118,7 +118,7 @@ pub fn write_profile_dumps<'f>(
         used_names.push(name.clone());
         let [ps, unsym, bolt] = write::dump_file_names(&name);
         let path = dir.join(&ps);
-        write_atomic(&path, |w| write::write_perfscript(profile, b, w).map(drop))?;
+        write_atomic(&path, |w| write::write_perfscript_with(profile, b, facts(info), w).map(drop))?;
         written.push(path);
         let path = dir.join(&unsym);
         write_atomic(&path, |w| write::write_unsymbolized(profile, b, facts(info), w).map(drop))?;
