@@ -8,4 +8,8 @@ cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 cargo build --release -p etm-profile --example bench_profile
 bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_profile"
-/usr/bin/time -f "max RSS (time -f %%M): %M KiB, elapsed %e s, user %U s, sys %S s" "$bin" "$@"
+if [ -x /usr/bin/time ]; then
+  /usr/bin/time -f "max RSS (time -f %%M): %M KiB, elapsed %e s, user %U s, sys %S s" "$bin" "$@"
+else
+  "$bin" "$@"   # peak RSS is also printed by the program (VmHWM)
+fi
