@@ -254,7 +254,16 @@ impl HybridProfile {
         }
     }
 
-    /// Aggregate one hybrid sample (runtime addresses) once.
+    /// Forget the resolver-to-profile binary id cache. The cache is keyed by the resolver's
+    /// address and cleared when a different resolver is passed; call this if a resolver is
+    /// dropped and a new one (with other `BinaryId`s) may be created at the same address.
+    pub fn forget_resolver(&mut self) {
+        self.last_resolver = 0;
+        self.id_cache.clear();
+    }
+
+    /// Aggregate one hybrid sample (runtime addresses) once. The resolver's `BinaryId`s must be
+    /// stable while it is used with this profile (see [`HybridProfile::forget_resolver`]).
     pub fn add(&mut self, sample: &HybridSample<'_>, resolver: &dyn AddressResolver) {
         self.add_counted(sample, resolver, 1)
     }

@@ -65,7 +65,7 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<ExitCode> {
     for (text, path) in texts.iter().zip(&args.perfscript) {
         // Each file has its own load bases and its own profile, merged into the total.
         let mut resolver = MmapResolver::new(infos.clone());
-        let mut one = HybridProfile::new(limits);
+        let mut one = HybridProfile::new(limits); // fresh id cache for this file's resolver
         let s = perfscript::read_perfscript(text, &mut resolver, &mut one);
         log::info!("{}: {s:?}; profile: {:?}", path.display(), one.stats());
         if s.hybrid_samples + s.branch_only_samples == 0 {
