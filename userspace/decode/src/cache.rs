@@ -22,10 +22,12 @@ pub struct Block {
 #[derive(Clone, Copy, Default)]
 struct Entry {
     start: u64,
+    /// tag with bit 63 set (0 = empty slot)
     tag: u64,
-    valid: bool,
     block: Block,
 }
+
+const VALID: u64 = 1 << 63;
 
 /// The cache.
 pub struct BlockCache {
@@ -46,16 +48,17 @@ impl BlockCache {
 
     #[inline]
     fn slot(&self, start: u64) -> usize {
-        ((start >> 2) ^ (start >> 17)) as usize & self.mask
+        (start >> 2) as usize & self.mask
     }
 
     /// Looks up the block starting at `start` under `tag`.
     #[inline]
-    pub fn get(&mut self, start: u64, tag: u64) -> Option<Block> {
-        let e = &self.entries[self.slot(start)];
-        if e.valid && e.start == start && e.tag == tag {
+    pub fn get(&mut self, start: u64, tag: u64) -> Option<&Block> {
+        let i = self.slot(start);
+        let e = &self.entries[i];
+        if e.start == start && e.tag == tag | VALID {
             self.hits += 1;
-            Some(e.block)
+            Some(&self.entries[i].block)
         } else {
             None
         }
@@ -66,12 +69,12 @@ impl BlockCache {
     pub fn put(&mut self, start: u64, tag: u64, block: Block) {
         let i = self.slot(start);
         self.misses += 1;
-        self.entries[i] = Entry { start, tag, valid: true, block };
+        self.entries[i] = Entry { start, tag: tag | VALID, block };
     }
 
     /// Forgets everything (e.g. the code image changed).
     pub fn clear(&mut self) {
-        self.entries.iter_mut().for_each(|e| e.valid = false);
+        self.entries.iter_mut().for_each(|e| e.tag = 0);
     }
 }
 
@@ -86,6 +89,7 @@ mod tests {
         let b = Block { end: 0x1010, num_instr: 4, last: InstrInfo::default() };
         c.put(0x1000, 7, b);
         assert_eq!(c.get(0x1000, 7).map(|b| b.end), Some(0x1010));
+        assert!(BlockCache::new(4).get(0, 0).is_none()); // empty slots never match
         assert!(c.get(0x1000, 8).is_none());
         assert!(c.get(0x1004, 7).is_none());
         c.clear();

@@ -292,7 +292,7 @@ impl Decoder {
             ctx: PeContext::default(),
             out: Vec::with_capacity(64),
             cur_index: 0,
-            cache: BlockCache::new(14),
+            cache: BlockCache::new(15),
             space: MemSpace::S,
             tag: MemSpace::S.0 as u64,
             scratch: Vec::new(),
@@ -346,7 +346,6 @@ impl Decoder {
     /// Drops buffered (unsent) elements, as OpenCSD does when an error resets the decoder.
     fn discard_out(&mut self) {
         for e in &self.out {
-            self.stats.elements -= 1;
             match e.kind {
                 ElementKind::InstrRange(r) => {
                     self.stats.ranges -= 1;
@@ -489,15 +488,16 @@ impl Decoder {
 
     #[inline]
     fn add(&mut self, index: u64, kind: ElementKind) {
-        self.stats.elements += 1;
         if let ElementKind::AddrNacc { .. } = kind {
             self.stats.nacc += 1;
         }
         self.out.push(Element { index, trace_id: self.cfg.trace_id, kind });
     }
 
+
     #[inline]
     fn flush<S: ElementSink + ?Sized>(&mut self, sink: &mut S) {
+        self.stats.elements += self.out.len() as u64;
         if !self.stopped && sink.elements(&self.out).is_break() {
             self.stopped = true;
         }
@@ -799,18 +799,22 @@ impl Decoder {
     /// Applies committed atoms (oldest in bit 0) while `res.commit` allows.
     #[inline]
     fn apply_atoms<M: MemoryAccess + ?Sized>(&mut self, bits: &mut u32, num: &mut u8, index: u64, mem: &M) -> Result<(), DecodeErr> {
-        while self.res.commit > 0 && *num > 0 {
-            let taken = *bits & 1 != 0;
-            *bits >>= 1;
-            *num -= 1;
+        let n = (*num as i64).min(self.res.commit.max(0)) as u8;
+        let mut b = *bits;
+        for _ in 0..n {
+            let taken = b & 1 != 0;
+            b >>= 1;
             if self.ret.pop_pending {
+                // on error the decoder has been reset: nothing to write back
                 self.return_stack_pop()?;
             }
             if !self.need_ctxt && !self.need_addr {
                 self.process_atom(taken, index, mem)?;
             }
-            self.res.commit -= 1;
         }
+        *bits = b;
+        *num -= n;
+        self.res.commit -= n as i64;
         Ok(())
     }
 
@@ -1064,47 +1068,48 @@ impl Decoder {
         if self.walk.isa == Isa::A64 {
             if let Some(b) = self.cache.get(start, self.tag) {
                 // hot path: a cached A64 block ending in a waypoint
-                let last = &b.last;
-                let mut eret = false;
-                match last.ty {
-                    InstrType::Br if taken => {
-                        self.walk.addr = last.branch_addr;
-                        if last.is_link {
-                            self.ret.push(b.end, Isa::A64);
-                        }
-                    }
-                    InstrType::BrIndirect if taken => {
-                        self.walk.addr = b.end;
-                        self.need_addr = true;
-                        if last.is_link {
-                            self.ret.push(b.end, Isa::A64);
-                        }
-                        self.ret.set_pop_pending();
-                        eret = self.cfg.ete && last.subtype == InstrSubtype::V8Eret;
-                    }
-                    _ => self.walk.addr = b.end,
-                }
+                let (end, num_instr) = (b.end, b.num_instr);
+                let (ty, sub, cond, link, target) =
+                    (b.last.ty, b.last.subtype, b.last.is_cond, b.last.is_link, b.last.branch_addr);
                 self.walk.it.remaining = 0;
                 self.stats.ranges += 1;
-                self.stats.instructions += b.num_instr as u64;
-                self.stats.elements += 1;
+                self.stats.instructions += num_instr as u64;
                 self.out.push(Element {
                     index,
                     trace_id: self.cfg.trace_id,
                     kind: ElementKind::InstrRange(InstrRange {
                         start,
-                        end: b.end,
-                        num_instr: b.num_instr,
+                        end,
+                        num_instr,
                         isa: Isa::A64,
                         last_size: 4,
                         executed: taken,
-                        last_type: last.ty,
-                        last_subtype: last.subtype,
-                        last_cond: last.is_cond,
+                        last_type: ty,
+                        last_subtype: sub,
+                        last_cond: cond,
                     }),
                 });
-                if eret {
-                    self.add(index, ElementKind::ExceptionRet);
+                self.walk.addr = end;
+                if taken {
+                    match ty {
+                        InstrType::Br => {
+                            self.walk.addr = target;
+                            if link {
+                                self.ret.push(end, Isa::A64);
+                            }
+                        }
+                        InstrType::BrIndirect => {
+                            self.need_addr = true;
+                            if link {
+                                self.ret.push(end, Isa::A64);
+                            }
+                            self.ret.set_pop_pending();
+                            if self.cfg.ete && sub == InstrSubtype::V8Eret {
+                                self.add(index, ElementKind::ExceptionRet);
+                            }
+                        }
+                        _ => {}
+                    }
                 }
                 return Ok(());
             }

@@ -90,9 +90,10 @@ pub fn walk<M: MemoryAccess + ?Sized>(
         let mut cache = cache;
         if let Some((c, tag)) = cache.as_mut() {
             if let Some(b) = c.get(start, *tag) {
-                st.addr = b.end;
-                st.last = b.last;
-                return (RawRange { start, end: b.end, num: b.num_instr }, WpRes::Found);
+                let (end, num, last) = (b.end, b.num_instr, b.last);
+                st.addr = end;
+                st.last = last;
+                return (RawRange { start, end, num }, WpRes::Found);
             }
         }
         let res = walk_a64(st, mem, space, cfg, &mut num);
