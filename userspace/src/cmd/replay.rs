@@ -124,7 +124,7 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         }
         pipeline.push(ev);
         if let Some(v) = view.as_mut()
-            && events % 4096 == 0
+            && events.is_multiple_of(4096)
             && v.tick(&pipeline, false)?
         {
             quit = true;
