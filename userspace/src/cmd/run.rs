@@ -311,7 +311,9 @@ async fn run_loop(
                     t.draw(&app)?;
                 } else {
                     let st = collector.stats();
-                    println!(
+                    // writeln, not println: a closed stdout must not panic.
+                    let _ = writeln!(
+                        std::io::stdout(),
                         "etm-bpf: {:>4.0}s samples {} ({:.0}/s) dropped {} contexts {} depth mean {:.1} shallow {:.0}% target {state}",
                         started.elapsed().as_secs_f64(), samples, rate, counters.dropped(),
                         collector.trie().len() - 1, st.depth.mean(), 100.0 * st.depth.shallow_fraction(),
