@@ -74,7 +74,7 @@ const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
 /// Fails unless this process may load BPF programs and open system-wide perf events.
-fn check_privileges() -> anyhow::Result<()> {
+pub(crate) fn check_privileges() -> anyhow::Result<()> {
     let status = std::fs::read_to_string("/proc/self/status").context("read /proc/self/status")?;
     let caps = status
         .lines()

@@ -150,14 +150,7 @@ mod tests {
     use etm_bpf_common::{FLAG_READ_BRANCHES, SampleRecord};
 
     fn can_bpf() -> bool {
-        let ok = std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("CapEff:"))
-                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            })
-            .is_some_and(|c| c & (1 << 21) != 0 || (c & (1 << 38) != 0 && c & (1 << 39) != 0));
+        let ok = crate::cmd::run::check_privileges().is_ok();
         if !ok {
             eprintln!("SKIP: needs CAP_BPF + CAP_PERFMON or CAP_SYS_ADMIN (run as root)");
         }
