@@ -75,11 +75,15 @@ struct Replay {
 }
 
 fn replay(session: &Path, work: &Path, tag: &str) -> Replay {
+    replay_with(session, work, tag, &[])
+}
+
+fn replay_with(session: &Path, work: &Path, tag: &str, extra: &[&str]) -> Replay {
     let samples_path = work.join(format!("{tag}.samples.jsonl"));
     let dumps = work.join(format!("{tag}.dumps"));
     let mut c = Command::new(etm_bpf_bin());
     c.arg("replay").arg(session).args(["--headless", "--json", "--depth", &DEPTH.to_string()]);
-    c.arg("--samples-out").arg(&samples_path).arg("--dump-dir").arg(&dumps);
+    c.arg("--samples-out").arg(&samples_path).arg("--dump-dir").arg(&dumps).args(extra);
     let stats: serde_json::Value = serde_json::from_str(&run(&mut c)).expect("--json summary");
     let text = std::fs::read_to_string(&samples_path).expect("samples written");
     let samples = text
@@ -250,6 +254,22 @@ fn replay_is_deterministic() {
         let y = std::fs::read(b.dumps.join(&name)).unwrap();
         assert!(x == y, "{name:?} differs between two replays");
     }
+}
+
+/// The live driver's watermark ("all trace of this CPU up to T is in") joins each sample as
+/// soon as it arrives, with exactly the same result as waiting for the next window.
+#[test]
+fn replay_watermark_joins_early_with_same_result() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(prog) = build("indirect", tmp.path()) else { return };
+    let sess = tmp.path().join("session");
+    let gt = synth(&prog, &[], &sess, 1000, 20_000, false);
+    let a = replay(&sess, tmp.path(), "wait");
+    let b = replay_with(&sess, tmp.path(), "wm", &["--watermark"]);
+    assert_eq!(a.samples, b.samples);
+    assert_eq!(a.stats["join"]["by_watermark"], 0);
+    assert_eq!(b.stats["join"]["by_watermark"].as_u64(), Some(gt.windows.len() as u64), "{}", b.stats);
+    assert_eq!(check_samples(&gt, &b, &[]), gt.windows.iter().filter(|w| !w.branches.is_empty()).count());
 }
 
 /// Rewrite events.jsonl with `edit(line index, json) -> Some(new lines)`.

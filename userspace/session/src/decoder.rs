@@ -103,11 +103,21 @@ struct IdState {
     last_ts: Option<(u64, u64)>,
     /// Emulated return stack (return addresses of taken calls), depth 16 like the hardware's.
     ret: Vec<u64>,
+    /// The pending branch already emitted by [`WindowDecoder::complete_pending`] (the record
+    /// the builder makes when the next range arrives is then not emitted again).
+    completed: Option<(u64, u64)>,
 }
 
 impl IdState {
     fn new() -> Self {
-        IdState { builder: BranchBuilder::new(1), last_range_index: 0, last_addr: None, last_ts: None, ret: Vec::with_capacity(16) }
+        IdState {
+            builder: BranchBuilder::new(1),
+            last_range_index: 0,
+            last_addr: None,
+            last_ts: None,
+            ret: Vec::with_capacity(16),
+            completed: None,
+        }
     }
 }
 
@@ -151,6 +161,9 @@ impl EtmWindowDecoder {
         let Some(st) = self.ids[(id & 0x7f) as usize].as_mut() else { return };
         let Some((r, true)) = st.builder.last_range() else { return };
         let from = r.last_instr_addr();
+        if st.completed.is_some_and(|(f, _)| f == from) {
+            return;
+        }
         let target = match r.last_type {
             InstrType::Br => code.read_u32(None, from).map(|w| decode_a64(from, w, &self.insn_cfg).branch_addr),
             InstrType::BrIndirect => match st.last_addr {
@@ -161,6 +174,7 @@ impl EtmWindowDecoder {
             _ => None,
         };
         if let Some(to) = target {
+            st.completed = Some((from, to));
             sink.branch(if raw { None } else { Some(id) }, from, to);
         }
     }
@@ -215,8 +229,14 @@ impl EtmWindowDecoder {
                 }
             }
         }
-        if let Some(rec) = st.builder.element(e) {
-            sink.branch(id, rec.from, rec.to);
+        let rec = st.builder.element(e);
+        if matches!(e.kind, ElementKind::InstrRange(_)) || rec.is_some() {
+            let done = st.completed.take();
+            if let Some(rec) = rec
+                && done != Some((rec.from, rec.to))
+            {
+                sink.branch(id, rec.from, rec.to);
+            }
         }
     }
 
@@ -309,6 +329,13 @@ impl WindowDecoder for EtmWindowDecoder {
         for (id, cfg, _) in &self.sources {
             self.side_packets.add(*id, cfg);
             self.ids[(*id & 0x7f) as usize] = Some(IdState::new());
+        }
+    }
+
+    fn complete_pending(&mut self, code: &CodeMap, sink: &mut dyn WindowSink) {
+        let ids: Vec<u8> = self.sources.iter().map(|s| s.0).collect();
+        for id in ids {
+            EtmWindowDecoder::complete_pending(self, id, code, sink);
         }
     }
 

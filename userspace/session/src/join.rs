@@ -214,6 +214,8 @@ pub struct JoinStats {
     pub joined: u64,
     /// Samples resolved early because the per-CPU backlog was full.
     pub forced: u64,
+    /// Samples resolved by the driver's watermark ([`Joiner::trace_complete_until`]).
+    pub by_watermark: u64,
     /// Joined samples whose code checks could not run (no code image for some address).
     pub unverified: u64,
     /// Joined samples whose stack lacked the leaf frame's return address.
@@ -436,6 +438,16 @@ impl Joiner {
         }
         // A segment that already began after this sample makes it certain.
         self.resolve(cpu, oracle, out);
+    }
+
+    /// All trace of `cpu` up to `time` has been seen (the live driver drained the AUX buffer
+    /// after that time): samples before it are certain and are resolved even if no later
+    /// segment began (an idle CPU).
+    pub fn trace_complete_until(&mut self, cpu: i32, time: u64, oracle: &dyn CodeOracle, out: &mut dyn FnMut(&Joined<'_>)) {
+        while self.cpus.get(cpu).and_then(|c| c.samples.front()).is_some_and(|s| s.time < time) {
+            self.stats.by_watermark += 1;
+            self.resolve_front(cpu, oracle, out);
+        }
     }
 
     /// Resolve every pending sample of every CPU with what is known (end of stream).
@@ -1005,6 +1017,25 @@ mod tests {
         let (got, st) = run_segs(&[(10, &w[..3], false), (20, &w[3..], true)]);
         assert!(got.is_empty());
         assert_eq!(st.rejected.get(RejectReason::BrokenWindow), 1);
+    }
+
+    /// An idle CPU's sample is resolved by the driver's "trace complete until" watermark
+    /// without waiting for a later window; samples after the watermark still wait.
+    #[test]
+    fn watermark_resolves_idle_cpu() {
+        let oracle = toy();
+        let mut j = Joiner::new(JoinConfig::default());
+        let got = std::cell::RefCell::new(Vec::new());
+        let mut out = |s: &Joined<'_>| got.borrow_mut().push(s.time);
+        j.begin_segment(0, 10, true, &oracle, &mut out);
+        for b in window_path() {
+            j.branch(0, b);
+        }
+        j.sample(0, 1, 1, 20, &[0x2044, 0x1014], &oracle, &mut out);
+        j.sample(0, 1, 1, 40, &[0x2044, 0x1014], &oracle, &mut out);
+        j.trace_complete_until(0, 30, &oracle, &mut out);
+        assert_eq!(*got.borrow(), vec![20]);
+        assert_eq!(j.stats().rejected.total(), 0);
     }
 
     /// Without code the checks are skipped and the sample counted as unverified.

@@ -65,6 +65,10 @@ pub trait WindowDecoder {
     fn reset(&mut self);
     /// End of the stream: emit what is still buffered.
     fn finish(&mut self, _code: &CodeMap, _sink: &mut dyn WindowSink) {}
+    /// Emit the last taken branch of the trace so far if its record is still pending (it is
+    /// normally emitted when the next range starts), without changing the decode state; the
+    /// record is not emitted a second time when the trace continues.
+    fn complete_pending(&mut self, _code: &CodeMap, _sink: &mut dyn WindowSink) {}
 }
 
 /// Creates the decoder of an AUX buffer.
@@ -479,6 +483,39 @@ impl Pipeline {
             SessionEvent::Aux { record, data } => self.push_aux(&record, &[data]),
             SessionEvent::Sample(s) => self.push_sample(s),
             SessionEvent::Sideband(s) => self.push_sideband(s),
+        }
+    }
+
+    /// The live driver drained every AUX buffer feeding `cpu` (all CPUs with `None`) after
+    /// perf time `time`: pause samples of those CPUs before `time` are joined now instead of
+    /// waiting for the CPU's next window (bounded latency for the live view on idle CPUs).
+    pub fn trace_complete_until(&mut self, cpu: Option<i32>, time: u64) {
+        let cpus: Vec<i32> = match cpu {
+            Some(c) => vec![c],
+            None => self.cfg.cpus.iter().map(|c| c.cpu).collect(),
+        };
+        let Pipeline { aux, joiner, code, profile, resolver, trie, frames, frame_cache, namer, stats, trace_cpu, pending_begin, cfg, scratch_branches, scratch_frames, observer, .. } = self;
+        let mut sink = Sink { profile, resolver, trie, frames, frame_cache, namer: namer.as_mut(), code, stats, scratch_branches, scratch_frames, observer };
+        // The windows' last branches are complete: nothing more of them can arrive.
+        for (&aux_cpu, st) in aux.iter_mut() {
+            if aux_cpu >= 0 && !cpus.contains(&aux_cpu) {
+                continue;
+            }
+            let mut ws = WinSink {
+                aux_cpu,
+                aux_time: time,
+                raw: st.raw,
+                trace_cpu,
+                pending_begin,
+                clock: cfg.clock,
+                joiner,
+                out: &mut sink,
+                touched: Vec::new(),
+            };
+            st.decoder.complete_pending(code, &mut ws);
+        }
+        for c in cpus {
+            joiner.trace_complete_until(c, time, code, &mut |j| sink.accept(j));
         }
     }
 

@@ -48,6 +48,11 @@ pub struct ReplayArgs {
     /// Print the summary as JSON instead of text (with --headless).
     #[arg(long)]
     json: bool,
+    /// After each sample, declare its CPU's trace complete up to the sample's time, as the
+    /// live driver does after draining the AUX buffers (joins samples without waiting for the
+    /// CPU's next window; needs sessions where a pause's AUX data precedes its sample).
+    #[arg(long)]
+    watermark: bool,
 }
 
 pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
@@ -122,7 +127,14 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        let sample_at = match ev {
+            etm_session::session::SessionEvent::Sample(s) if args.watermark => Some((s.cpu, s.time)),
+            _ => None,
+        };
         pipeline.push(ev);
+        if let Some((cpu, t)) = sample_at {
+            pipeline.trace_complete_until(Some(cpu), t.saturating_add(1));
+        }
         if let Some(v) = view.as_mut()
             && events.is_multiple_of(4096)
             && v.tick(&pipeline, false)?
@@ -189,7 +201,7 @@ fn summary_json(
             "segments": st.join.segments, "segments_unmatched": st.join.segments_unmatched,
             "segments_overflow": st.join.segments_overflow,
             "samples": st.samples, "joined": st.join.joined, "partial": st.join.partial,
-            "forced": st.join.forced, "unverified": st.join.unverified,
+            "forced": st.join.forced, "by_watermark": st.join.by_watermark, "unverified": st.join.unverified,
             "leaf_frame_missing": st.join.leaf_frame_missing,
             "rejected": st.join.rejected.total(), "rejected_by_reason": rejects(st),
         },
