@@ -426,3 +426,78 @@ fn replay_dumps_feed_llvm_profgen() {
         assert!(text.contains(f), "{f} missing from the llvm-profgen profile:\n{text}");
     }
 }
+
+/// CoreSight formatter frames (IHI 0029 "Trace Formatter", 16-byte frames as an ETR writes
+/// them): byte 0 switches to `id` (flag bit 0 = 0: immediately), bytes 1..=14 carry data (even
+/// bytes with their LSB moved to the flag byte 15); a short last frame ends with a switch to
+/// the null ID 0 (an ID byte's flag 1 keeps the following odd byte in the old ID).
+fn format_frames(data: &[u8], id: u8) -> Vec<u8> {
+    let mut out = Vec::new();
+    for chunk in data.chunks(14) {
+        let mut f = [0u8; 16];
+        f[0] = (id << 1) | 1;
+        let mut flags = 0u8;
+        let mut pos = 1;
+        for &b in chunk {
+            if pos % 2 == 0 {
+                f[pos] = b & 0xfe;
+                flags |= (b & 1) << (pos / 2);
+            } else {
+                f[pos] = b;
+            }
+            pos += 1;
+        }
+        if pos < 15 {
+            if pos % 2 == 0 {
+                f[pos] = 1; // switch to the null ID 0 at once: the rest is ignored
+            } else {
+                // The last data byte sits in an even slot: turn that slot into the switch to
+                // ID 0 with flag 1 ("the next byte still belongs to the old ID") and move the
+                // byte to the odd slot after it.
+                let k = (pos - 1) / 2;
+                let d = f[pos - 1] | ((flags >> k) & 1);
+                flags |= 1 << k;
+                f[pos - 1] = 1;
+                f[pos] = d;
+            }
+        }
+        f[15] = flags;
+        out.extend_from_slice(&f);
+    }
+    out
+}
+
+/// The same session written as formatted (ETR-style, trace ID demultiplexed) AUX data instead
+/// of raw TRBE data joins the same samples: the formatted path (deformatter, trace ID -> CPU
+/// from AUX_OUTPUT_HW_ID) against the ground truth.
+#[test]
+fn replay_formatted_aux_matches_truth() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(prog) = build("indirect", tmp.path()) else { return };
+    let sess = tmp.path().join("session");
+    let gt = synth(&prog, &[], &sess, 1000, 20_000, false);
+    let aux = sess.join("aux").join(format!("cpu{}.bin", gt.meta.cpu));
+    let raw = std::fs::read(&aux).unwrap();
+    let mut formatted = Vec::new();
+    let mut ring = 0u64;
+    edit_events(&sess, |_, v| {
+        if v["type"] != "aux" {
+            return None;
+        }
+        let (off, size) = (v["offset"].as_u64().unwrap() as usize, v["size"].as_u64().unwrap() as usize);
+        let frames = format_frames(&raw[off..off + size], 0x10);
+        let mut v = v.clone();
+        v["offset"] = (formatted.len() as u64).into();
+        v["size"] = (frames.len() as u64).into();
+        v["aux_offset"] = ring.into();
+        v["flags"] = 0.into();
+        ring += frames.len() as u64;
+        formatted.extend_from_slice(&frames);
+        Some(vec![v])
+    });
+    std::fs::write(&aux, &formatted).unwrap();
+    let r = replay(&sess, tmp.path(), "fmt");
+    let with_branches = gt.windows.iter().filter(|w| !w.branches.is_empty()).count();
+    assert_eq!(check_samples(&gt, &r, &[]), with_branches, "{}", r.stats);
+    assert_eq!(r.stats["decode"]["unknown_trace_id"], 0, "{}", r.stats);
+}
