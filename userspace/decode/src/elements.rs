@@ -324,9 +324,104 @@ impl fmt::Display for Element {
     }
 }
 
+#[inline]
+fn push_hex(out: &mut Vec<u8>, v: u64) {
+    const D: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 16];
+    let mut i = 16;
+    let mut x = v;
+    loop {
+        i -= 1;
+        buf[i] = D[(x & 0xF) as usize];
+        x >>= 4;
+        if x == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+#[inline]
+fn push_dec(out: &mut Vec<u8>, v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = 20;
+    let mut x = v;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (x % 10) as u8;
+        x /= 10;
+        if x == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+impl Element {
+    /// Appends the listing line (same text as `Display`, plus `\n`) to `out`. Instruction
+    /// ranges, by far the most common element, are formatted without `core::fmt`.
+    pub fn write_line(&self, out: &mut Vec<u8>) {
+        if let ElementKind::InstrRange(r) = &self.kind {
+            out.extend_from_slice(b"Idx:");
+            push_dec(out, self.index);
+            out.extend_from_slice(b"; ID:");
+            push_hex(out, self.trace_id as u64);
+            out.extend_from_slice(b"; OCSD_GEN_TRC_ELEM_INSTR_RANGE(exec range=0x");
+            push_hex(out, r.start);
+            out.extend_from_slice(b":[0x");
+            push_hex(out, r.end);
+            out.extend_from_slice(b"] num_i(");
+            push_dec(out, r.num_instr as u64);
+            out.extend_from_slice(b") last_sz(");
+            push_dec(out, r.last_size as u64);
+            out.extend_from_slice(b") (ISA=");
+            out.extend_from_slice(r.isa.name().as_bytes());
+            out.extend_from_slice(if r.executed { b") E " } else { b") N " });
+            out.extend_from_slice(r.last_type.name().as_bytes());
+            out.extend_from_slice(r.last_subtype.name().as_bytes());
+            if r.last_cond {
+                out.extend_from_slice(b" <cond>");
+            }
+            out.extend_from_slice(b")\n");
+        } else {
+            use std::io::Write;
+            let _ = writeln!(out, "{self}");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fast line writer gives exactly the `Display` text for every element kind.
+    #[test]
+    fn write_line_matches_display() {
+        let r = InstrRange {
+            start: 0xffff_ffc0_0008_3400,
+            end: 0xffff_ffc0_0008_3404,
+            num_instr: 1,
+            isa: Isa::A64,
+            last_size: 4,
+            executed: false,
+            last_type: InstrType::BrIndirect,
+            last_subtype: InstrSubtype::V8Ret,
+            last_cond: true,
+        };
+        let kinds = [
+            ElementKind::InstrRange(r),
+            ElementKind::InstrRange(InstrRange { start: 0, end: 2, isa: Isa::Thumb2, last_size: 2, executed: true, last_subtype: InstrSubtype::None, last_cond: false, ..r }),
+            ElementKind::NoSync(UnsyncReason::InitDecoder),
+            ElementKind::Timestamp { ts: 0x1234, cc: Some(7) },
+            ElementKind::AddrNacc { addr: 0x10, space: MemSpace::EL3 },
+        ];
+        for (i, k) in kinds.into_iter().enumerate() {
+            let e = Element { index: 1234567 * i as u64, trace_id: 0x1a, kind: k };
+            let mut v = Vec::new();
+            e.write_line(&mut v);
+            assert_eq!(String::from_utf8(v).unwrap(), format!("{e}\n"));
+        }
+    }
 
     /// Range lines render exactly like trc_pkt_lister's (text copied from an OpenCSD listing).
     #[test]

@@ -205,8 +205,12 @@ fn elements_match_opencsd_references() {
             None => snap.first_buffer().unwrap().clone(),
         };
         let mut ours = Vec::new();
+        let mut line = Vec::new();
         decode_snapshot_buffer(&snap, &files, &buf, &mut |e| {
-            ours.push(norm(&e.to_string()));
+            // the listing writer the CLI uses (its text equals `Display`, see unit tests)
+            line.clear();
+            e.write_line(&mut line);
+            ours.push(norm(std::str::from_utf8(&line).unwrap()));
             ControlFlow::Continue(())
         })
         .unwrap();

@@ -170,6 +170,7 @@ fn decode_elements(
     }
     let mut dec = BufferDecoder::for_snapshot(snap, buffer);
     let mut builders: Vec<Option<BranchBuilder>> = (0..128).map(|_| None).collect();
+    let mut line: Vec<u8> = Vec::with_capacity(256);
     let mut io_err: Option<std::io::Error> = None;
     let mut halted = false;
     let start = Instant::now();
@@ -179,11 +180,12 @@ fn decode_elements(
                 halted = true;
                 return ControlFlow::Break(());
             }
-            if args.stats {
-                return ControlFlow::Continue(());
-            }
             let r = match args.format {
-                Format::Elements => writeln!(out, "{e}"),
+                Format::Elements => {
+                    line.clear();
+                    e.write_line(&mut line);
+                    out.write_all(&line)
+                }
                 Format::Branches => {
                     let b = builders[(e.trace_id & 0x7F) as usize].get_or_insert_with(|| BranchBuilder::new(64));
                     match b.element(e) {
@@ -200,15 +202,13 @@ fn decode_elements(
                 }
             }
         };
-        let mut stopped = false;
-        for chunk in data.chunks(64 * 1024) {
-            if dec.push(chunk, &image, &mut sink).is_break() {
-                stopped = true;
-                break;
-            }
-        }
-        if !stopped {
-            let _ = dec.finish(&image, &mut sink);
+        if args.stats {
+            // --stats: decode everything, look only for decode errors (for --halt-on-error)
+            let mut count_only = CountOnly { halt_on_error: args.halt_on_error, halted: false };
+            run_decoder(&mut dec, &data, &image, &mut count_only);
+            halted |= count_only.halted;
+        } else {
+            run_decoder(&mut dec, &data, &image, &mut sink);
         }
     }
     let elapsed = start.elapsed();
@@ -239,4 +239,46 @@ fn decode_elements(
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Feeds the whole buffer to the decoders, then flushes them at end of trace.
+fn run_decoder<S: etm_decode::decoder::ElementSink>(
+    dec: &mut etm_decode::pipeline::BufferDecoder,
+    data: &[u8],
+    image: &etm_decode::image::MemoryImage,
+    sink: &mut S,
+) {
+    for chunk in data.chunks(64 * 1024) {
+        if dec.push(chunk, image, sink).is_break() {
+            return;
+        }
+    }
+    let _ = dec.finish(image, sink);
+}
+
+/// `--stats` sink: elements are only counted (by the decoder); with `--halt-on-error` it
+/// stops at the first decode error.
+struct CountOnly {
+    halt_on_error: bool,
+    halted: bool,
+}
+
+impl etm_decode::decoder::ElementSink for CountOnly {
+    fn element(&mut self, e: &etm_decode::elements::Element) -> std::ops::ControlFlow<()> {
+        use etm_decode::elements::{ElementKind, UnsyncReason};
+        if self.halt_on_error && matches!(e.kind, ElementKind::NoSync(UnsyncReason::BadPacket | UnsyncReason::BadImage)) {
+            self.halted = true;
+            return std::ops::ControlFlow::Break(());
+        }
+        std::ops::ControlFlow::Continue(())
+    }
+
+    fn elements(&mut self, es: &[etm_decode::elements::Element]) -> std::ops::ControlFlow<()> {
+        if self.halt_on_error {
+            for e in es {
+                self.element(e)?;
+            }
+        }
+        std::ops::ControlFlow::Continue(())
+    }
 }
