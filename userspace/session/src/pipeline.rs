@@ -314,6 +314,20 @@ impl CodeOracle for CodeMap {
 pub trait FrameNamer {
     /// A frame for runtime address `addr`, resolved to `binary`/`link` if known.
     fn frame(&mut self, binary: Option<&BinaryInfo>, symbol: Option<&str>, link: u64, addr: u64) -> Frame;
+    /// All frames of `addr` interned into `table` and appended to `out`, outermost first (a
+    /// function, then the callees inlined at that address). Only single-frame results are
+    /// cached by the pipeline. Default: the one [`FrameNamer::frame`].
+    fn frame_ids(
+        &mut self,
+        binary: Option<&BinaryInfo>,
+        symbol: Option<&str>,
+        link: u64,
+        addr: u64,
+        table: &mut FrameTable,
+        out: &mut Vec<FrameId>,
+    ) {
+        out.push(table.intern(self.frame(binary, symbol, link, addr)));
+    }
 }
 
 /// Default frame names: the ELF function symbol if known, else `file+0xoffset`.
@@ -448,6 +462,12 @@ impl Pipeline {
             self.resolver.binaries.push((idx, info.clone()));
         }
         self.code.images.push(Image { path: path.to_string(), data, symbols });
+    }
+
+    /// Forget the runtime-address -> frame cache of the context trie (the live driver calls
+    /// this when the target's mappings changed, e.g. after exec or dlclose).
+    pub fn clear_frame_cache(&mut self) {
+        self.frame_cache.clear();
     }
 
     /// The code map (for tests and drivers).
@@ -733,8 +753,8 @@ impl Sink<'_> {
         for (i, &a) in j.stack.iter().enumerate().rev() {
             // Return addresses point after the call: name the call site.
             let a2 = if i == 0 { a } else { a.saturating_sub(1) };
-            let id = match self.frame_cache.get(&a) {
-                Some(&id) => id,
+            match self.frame_cache.get(&a) {
+                Some(&id) => self.scratch_frames.push(id),
                 None => {
                     let r = self.resolver.resolve(a2);
                     let bin = r.and_then(|(b, _)| self.resolver.binary(b));
@@ -743,15 +763,13 @@ impl Sink<'_> {
                         let img = self.resolver.binaries.get(b.0 as usize)?.0;
                         lookup_symbol(&self.code.images[img].symbols, l)
                     });
-                    let f = self.namer.frame(bin, sym, link, a2);
-                    let id = self.frames.intern(f);
-                    if self.frame_cache.len() < 1 << 20 {
-                        self.frame_cache.insert(a, id);
+                    let start = self.scratch_frames.len();
+                    self.namer.frame_ids(bin, sym, link, a2, self.frames, self.scratch_frames);
+                    if r.is_some() && self.scratch_frames.len() == start + 1 && self.frame_cache.len() < 1 << 20 {
+                        self.frame_cache.insert(a, self.scratch_frames[start]);
                     }
-                    id
                 }
-            };
-            self.scratch_frames.push(id);
+            }
         }
         self.trie.add(self.scratch_frames, 1);
     }
