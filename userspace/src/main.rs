@@ -4,6 +4,7 @@
 
 mod cmd;
 mod dump;
+mod engine;
 mod live;
 mod logging;
 mod symbolize;

@@ -3,7 +3,6 @@
 //! timestamps, then dump the profile with the same writers. The result depends only on the
 //! session's contents and order: a replay is deterministic.
 
-use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -16,6 +15,7 @@ use etm_session::session::SessionReader;
 use etm_session::{Pipeline, PipelineConfig, PipelineStats};
 
 use crate::dump::{check_writable_dir, write_atomic};
+use crate::engine::{DumpMeta, Engine, pipeline_json, write_profile_files};
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -74,13 +74,14 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         cfg.join.depth = d;
     }
     cfg.join.validate = !args.no_validate;
-    let mut pipeline = Pipeline::new(cfg);
+    // The same engine (pipeline, symbolizer, writers) as `run`.
+    let mut engine = Engine::new(cfg, None);
 
     let mut missing_images = Vec::new();
     for img in &meta.images {
         let path = reader.image_path(img);
         match std::fs::read(&path) {
-            Ok(bytes) => pipeline.add_image(&img.path, Arc::new(bytes)),
+            Ok(bytes) => engine.add_image(&img.path, &path, Arc::new(bytes)),
             Err(e) => {
                 log::warn!("code image {} ({}): {e}", img.path, path.display());
                 missing_images.push(img.path.clone());
@@ -93,7 +94,7 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
             let f = std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?;
             let w = std::rc::Rc::new(std::cell::RefCell::new(std::io::BufWriter::new(f)));
             let w2 = w.clone();
-            pipeline.set_observer(Box::new(move |j| {
+            engine.pipeline_mut().set_observer(Box::new(move |j| {
                 let v = serde_json::json!({
                     "cpu": j.cpu, "pid": j.pid, "tid": j.tid, "time": j.time,
                     "stack": j.stack,
@@ -131,19 +132,20 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
             etm_session::session::SessionEvent::Sample(s) if args.watermark => Some((s.cpu, s.time)),
             _ => None,
         };
-        pipeline.push(ev);
+        engine.push(ev);
         if let Some((cpu, t)) = sample_at {
-            pipeline.trace_complete_until(Some(cpu), t.saturating_add(1));
+            engine.pipeline_mut().trace_complete_until(Some(cpu), t.saturating_add(1));
         }
         if let Some(v) = view.as_mut()
             && events.is_multiple_of(4096)
-            && v.tick(&pipeline, false)?
+            && v.tick(engine.pipeline(), false)?
         {
             quit = true;
             break;
         }
     }
-    pipeline.finish();
+    engine.pipeline_mut().finish();
+    let pipeline = engine.pipeline();
     let elapsed = started.elapsed();
     if let Some(w) = &samples_out {
         w.borrow_mut().flush().context("writing --samples-out")?;
@@ -152,67 +154,40 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let rs = reader.stats();
 
     if let Some(dir) = &args.dump_dir {
-        write_dumps(dir, &pipeline, &args.dir, &st, &rs, elapsed, events)?;
+        write_dumps(dir, &engine, &args.dir, &rs, elapsed, events)?;
     }
     if let Some(mut v) = view.take()
         && !quit
     {
         // Keep the final view until the user quits.
-        while !v.tick(&pipeline, true)? {}
+        while !v.tick(pipeline, true)? {}
     }
-    let summary = summary_json(&st, &rs, &pipeline, elapsed, events, &missing_images);
+    let summary = summary_json(&rs, pipeline, elapsed, events, &missing_images);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
-        print_summary(&args.dir, &st, &rs, &pipeline, elapsed, events, &missing_images);
+        print_summary(&args.dir, &st, &rs, pipeline, elapsed, events, &missing_images);
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn rejects(st: &PipelineStats) -> BTreeMap<&'static str, u64> {
+fn rejects(st: &PipelineStats) -> Vec<(&'static str, u64)> {
     RejectReason::ALL.iter().map(|&r| (r.name(), st.rejected().get(r))).filter(|&(_, n)| n > 0).collect()
 }
 
 fn summary_json(
-    st: &PipelineStats,
     rs: &etm_session::session::ReaderStats,
     p: &Pipeline,
     elapsed: Duration,
     events: u64,
     missing_images: &[String],
 ) -> serde_json::Value {
-    let ps = p.profile().stats();
-    serde_json::json!({
-        "events": events,
-        "elapsed_s": elapsed.as_secs_f64(),
-        "reader": {"lines": rs.lines, "bad_lines": rs.bad_lines, "aux_short": rs.aux_short, "aux_missing": rs.aux_missing},
-        "missing_images": missing_images,
-        "aux": {
-            "records": st.aux_records, "bytes": st.aux_bytes, "truncated": st.aux_truncated,
-            "short": st.aux_short, "gaps": st.aux_gaps, "partial_collision": st.aux_partial_collision,
-            "overwrite": st.aux_overwrite, "undecoded": st.aux_undecoded,
-        },
-        "decode": {
-            "resets": st.decoder_resets, "overflows": st.decode_overflows, "nosync": st.decode_nosync,
-            "errors": st.decode_errors, "nocode": st.decode_nocode, "trace_on": st.trace_on,
-            "branches": st.branches, "unknown_trace_id": st.unknown_trace_id,
-        },
-        "join": {
-            "segments": st.join.segments, "segments_unmatched": st.join.segments_unmatched,
-            "segments_overflow": st.join.segments_overflow,
-            "samples": st.samples, "joined": st.join.joined, "partial": st.join.partial,
-            "forced": st.join.forced, "by_watermark": st.join.by_watermark, "unverified": st.join.unverified,
-            "leaf_frame_missing": st.join.leaf_frame_missing,
-            "rejected": st.join.rejected.total(), "rejected_by_reason": rejects(st),
-        },
-        "samples": {"lbr": st.lbr_samples, "stack_only": st.stack_only_samples, "profiled": st.profiled},
-        "sideband": {"records": st.sideband, "lost_records": st.lost_records, "lost_events": st.lost_events},
-        "profile": {
-            "samples": ps.samples, "distinct": p.profile().distinct_samples(), "folded": ps.folded,
-            "dropped": ps.dropped, "unresolved_addresses": ps.unresolved_addresses,
-        },
-        "contexts": p.trie().0.len().saturating_sub(1),
-    })
+    let mut v = pipeline_json(p);
+    v["events"] = serde_json::json!(events);
+    v["elapsed_s"] = serde_json::json!(elapsed.as_secs_f64());
+    v["reader"] = serde_json::json!({"lines": rs.lines, "bad_lines": rs.bad_lines, "aux_short": rs.aux_short, "aux_missing": rs.aux_missing});
+    v["missing_images"] = serde_json::json!(missing_images);
+    v
 }
 
 fn print_summary(
@@ -267,44 +242,21 @@ fn print_summary(
 
 fn write_dumps(
     dir: &Path,
-    p: &Pipeline,
+    e: &Engine,
     session: &Path,
-    st: &PipelineStats,
     rs: &etm_session::session::ReaderStats,
     elapsed: Duration,
     events: u64,
 ) -> anyhow::Result<()> {
-    // Per-binary PGO dumps with the same writers as `convert` (code facts from the images).
-    let infos: Vec<(String, etm_profile::elf::ElfCodeFacts)> = p
-        .profile()
-        .binaries()
-        .iter()
-        .filter_map(|b| {
-            let data = p.code().image_bytes(&b.path)?;
-            Some((b.path.clone(), etm_profile::elf::ElfCodeFacts::from_elf(data).ok()?))
-        })
-        .collect();
-    let facts = |b: &etm_profile::BinaryInfo| -> Option<&dyn etm_profile::write::CodeFacts> {
-        infos.iter().find(|(p, _)| *p == b.path).map(|(_, f)| f as &dyn etm_profile::write::CodeFacts)
-    };
-    let mut files: Vec<String> = crate::cmd::convert::write_profile_dumps(p.profile(), dir, &facts)?
-        .iter()
-        .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .collect();
-    let (trie, frames) = p.trie();
-    write_atomic(&dir.join("profile.folded"), |w| etm_stacks::folded::write_folded(trie, frames, w))?;
-    let meta = etm_stacks::pprof::PprofMeta {
+    let meta = DumpMeta {
         period_ns: 0,
         time_nanos: 0,
         duration_nanos: 0,
-        comments: vec![format!("etm-bpf replay {}", session.display())],
+        comment: format!("etm-bpf replay {}", session.display()),
     };
-    let profile = etm_stacks::pprof::build_profile(trie, frames, &[], &meta);
-    write_atomic(&dir.join("profile.pb.gz"), |w| etm_stacks::pprof::write_pprof_gz(&profile, w))?;
-    files.push("profile.folded".into());
-    files.push("profile.pb.gz".into());
+    let mut files = write_profile_files(dir, e, &meta, true)?;
     files.push("replay-stats.json".into());
-    let mut s = summary_json(st, rs, p, elapsed, events, &[]);
+    let mut s = summary_json(rs, e.pipeline(), elapsed, events, &[]);
     s["files"] = serde_json::json!(files);
     s["session"] = serde_json::json!(session.display().to_string());
     // Wall time is not part of the deterministic result.

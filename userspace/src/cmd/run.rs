@@ -13,24 +13,42 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
 use etm_bpf_common::{FLAG_READ_BRANCHES, SampleRecord};
+use etm_perf::attr::{WindowMode, WindowParams};
+use etm_session::PipelineConfig;
+use etm_session::session::{BranchPair, PauseSample, SessionEvent, SessionMeta, SessionSource, TargetInfo};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::dump::{check_writable_dir, write_atomic};
+use crate::engine::{DumpMeta, Engine, pipeline_json, write_profile_files};
 use crate::live::bpf::{BpfCounters, SampleBpf};
-use crate::live::collector::Collector;
+use crate::live::etm::{EtmConfig, EtmLive, Recorder, cs_etm_present};
+use crate::live::maps::{MapsTracker, load_image};
 use crate::live::perf_event::{SampleEvent, open_per_cpu};
 use crate::tui::app::{App, Key, Snapshot, Status, rows_from_trie};
 
 /// Where branch records come from.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Branches {
-    /// LBR when the PMU has it, else none.
+    /// ETM when a cs_etm PMU exists, else LBR when the PMU has it, else none.
     Auto,
     /// Stack-only samples.
     None,
     /// Intel LBR / Arm BRBE through perf branch sampling (fails if unavailable).
     Lbr,
+    /// CoreSight ETM/ETE windows closed by a pause event (fails without a cs_etm PMU).
+    Etm,
+}
+
+/// ETM window mode (`--branches etm`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    /// Hardware stagger: pause on the PMU's trcextout1 event.
+    Hw,
+    /// Free-running pause/resume on cycles with aperiodic periods.
+    Free,
+    /// autofdo strobing preset (kernels without AUX pause).
+    Strobe,
 }
 
 #[derive(clap::Args, Debug)]
@@ -61,6 +79,28 @@ pub struct RunArgs {
     /// Branch-history source joined to each stack.
     #[arg(long, value_enum, default_value_t = Branches::Auto)]
     pub branches: Branches,
+    /// ETM window mode (default: the best the kernel and PMU support).
+    #[arg(long, value_enum)]
+    pub window: Option<Window>,
+    /// ETM window length W in cycles (hw: pause period; free: mean window).
+    #[arg(long, default_value_t = WindowParams::default().window)]
+    pub etm_window: u64,
+    /// ETM distance between window starts R in cycles (strobe: sampling period).
+    #[arg(long, default_value_t = WindowParams::default().period)]
+    pub etm_period: u64,
+    /// autofdo strobing preset for `--window strobe` (1..=9).
+    #[arg(long, default_value_t = WindowParams::default().strobe_preset)]
+    pub strobe_preset: u8,
+    /// Branch records kept per hybrid sample.
+    #[arg(long, default_value_t = 32)]
+    pub depth: u32,
+    /// Save everything the live path consumed (samples, sideband, AUX data, code images) as
+    /// a session directory that `etm-bpf replay` reads.
+    #[arg(long)]
+    pub record: Option<PathBuf>,
+    /// sysfs root for cs_etm discovery.
+    #[arg(long, default_value = "/sys", hide = true)]
+    pub sysfs_root: PathBuf,
     /// Memory bound of the context trie (number of contexts).
     #[arg(long, default_value_t = 200_000)]
     pub max_contexts: usize,
@@ -117,10 +157,125 @@ fn cmdline(pid: u32) -> Vec<String> {
 struct RunInfo {
     pid: u32,
     command: Vec<String>,
-    event: SampleEvent,
+    /// The sampling event (stack-only/LBR) or the ETM mode.
+    event: String,
     branches: &'static str,
     freq: u64,
     start: SystemTime,
+    window_line: Option<String>,
+}
+
+/// CLOCK_MONOTONIC now, in ns (the clock of eBPF sample times).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The live driver's side of the one pipeline: everything collected goes through
+/// [`Feed::event`] into the [`Engine`] (and the recording), exactly as `replay` feeds it.
+struct Feed {
+    pid: u32,
+    engine: Engine,
+    maps: MapsTracker,
+    /// `--branches etm`: events pass through the ETM collection (its recorder).
+    etm: Option<EtmLive>,
+    /// Stack-only/LBR `--record`.
+    recorder: Option<Recorder>,
+    /// Ring-buffer records that were too short.
+    bad_records: u64,
+    /// Records of another process (the kernel side filters; counted if it does not).
+    foreign: u64,
+    /// Records with an empty stack.
+    empty: u64,
+    /// Newest sample time pushed (for the ETM watermark).
+    last_time: u64,
+    sideband: Vec<etm_session::session::Sideband>,
+    /// Why the loop stopped.
+    stop: Option<StopReason>,
+}
+
+impl Feed {
+    fn event(&mut self, ev: SessionEvent<'_>) {
+        match self.etm.as_mut() {
+            Some(etm) => etm.push_event(ev, Some(&mut self.engine)),
+            None => {
+                if let Some(r) = self.recorder.as_mut() {
+                    r.event(&ev);
+                }
+                self.engine.push(ev);
+            }
+        }
+    }
+
+    /// Re-reads the target's maps and feeds new executable mappings as MMAP2 records.
+    fn reload_maps(&mut self) -> std::io::Result<()> {
+        let mut sb = std::mem::take(&mut self.sideband);
+        sb.clear();
+        let changed = self.maps.reload(monotonic_ns(), &mut sb)?;
+        if changed {
+            // Old addresses may now belong to other code (exec, dlclose + dlopen).
+            self.engine.pipeline_mut().clear_frame_cache();
+        }
+        for s in &sb {
+            self.event(SessionEvent::Sideband(s));
+        }
+        self.sideband = sb;
+        Ok(())
+    }
+
+    /// One record of the eBPF ring.
+    fn sample(&mut self, bytes: &[u8]) {
+        let Some(rec) = SampleRecord::from_bytes(bytes) else {
+            self.bad_records += 1;
+            return;
+        };
+        if rec.pid != self.pid {
+            self.foreign += 1;
+            return;
+        }
+        let stack = rec.stack();
+        if stack.is_empty() {
+            self.empty += 1;
+            return;
+        }
+        if !self.engine.resolves(stack)
+            && self.maps.reload_due()
+            && let Err(e) = self.reload_maps()
+        {
+            log::debug!("re-reading maps of {}: {e}", self.pid);
+        }
+        self.last_time = self.last_time.max(rec.time_ns);
+        if let Some(etm) = self.etm.as_mut() {
+            etm.push_bpf_sample(&rec, Some(&mut self.engine));
+            return;
+        }
+        let br = rec.branches();
+        let s = PauseSample {
+            cpu: rec.cpu as i32,
+            pid: rec.pid,
+            tid: rec.tid,
+            time: rec.time_ns,
+            stack: stack.to_vec(),
+            branches: (!br.is_empty()).then(|| br.iter().map(|b| BranchPair { from: b.from, to: b.to }).collect()),
+        };
+        self.event(SessionEvent::Sample(&s));
+    }
+
+    /// Drains the ETM buffers and lets the join complete samples up to the newest one seen
+    /// before the drain (their windows' AUX records were written at the same pause).
+    fn drain_etm(&mut self) {
+        let until = self.last_time;
+        if let Some(etm) = self.etm.as_mut() {
+            if let Err(e) = etm.poll(0, Some(&mut self.engine)) {
+                log::warn!("ETM poll: {e:#}");
+            }
+            if until > 0 {
+                self.engine.pipeline_mut().trace_complete_until(None, until.saturating_add(1));
+            }
+        }
+    }
 }
 
 pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -135,6 +290,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     {
         bail!("--duration must be a positive number of seconds");
     }
+    if args.depth == 0 || args.depth > 1024 {
+        bail!("--depth must be between 1 and 1024");
+    }
     if !args.headless && !std::io::stdout().is_terminal() {
         bail!("the live view needs a terminal on stdout; use --headless");
     }
@@ -144,6 +302,19 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(d) = &args.dump_dir {
         check_writable_dir(d)?;
+    }
+    if let Some(d) = &args.record {
+        check_writable_dir(d).context("--record")?;
+    }
+    let has_etm = cs_etm_present(&args.sysfs_root);
+    if args.branches == Branches::Etm && !has_etm {
+        bail!(
+            "--branches etm: no cs_etm PMU ({} is missing): this machine has no CoreSight ETM/ETE trace",
+            args.sysfs_root.join(etm_perf::discovery::EVENT_SOURCE).join(etm_perf::discovery::CS_ETM).display()
+        );
+    }
+    if args.branches != Branches::Etm && args.window.is_some() {
+        bail!("--window applies to --branches etm only");
     }
     check_privileges()?;
     if args.headless {
@@ -157,41 +328,169 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
 
     let command = cmdline(pid);
-    let mut collector = Collector::new(pid, args.max_contexts);
-    if let Err(e) = collector.reload_maps() {
+    let mut maps = MapsTracker::new(pid);
+    let mut initial = Vec::new();
+    if let Err(e) = maps.reload(monotonic_ns(), &mut initial) {
         if !alive(pid) {
             bail!("process {pid} exited during start-up");
         }
         return Err(e).with_context(|| format!("cannot read /proc/{pid}/maps"));
     }
-
+    let loader: crate::engine::ImageLoader = Box::new(move |f, addr, len| load_image(pid, f, addr, len));
+    let use_etm = args.branches == Branches::Etm || (args.branches == Branches::Auto && has_etm);
     let cpus = aya::util::online_cpus()
         .map_err(|(what, e)| anyhow::anyhow!("cannot list online CPUs ({what}): {e}"))?;
-    let (event, fds, branches) = open_events(args.freq, args.branches, &cpus)?;
-    let flags = if branches == "lbr" { FLAG_READ_BRANCHES } else { 0 };
-    let mut bpf = SampleBpf::load(pid, flags)
-        .context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
-    for fd in fds {
-        bpf.attach_perf_fd(fd)
-            .context("cannot attach the eBPF program to the perf event")?;
+
+    let (mut bpf, info, feed) = if use_etm {
+        let mut bpf = SampleBpf::load(pid, 0)
+            .context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
+        let cfg = EtmConfig {
+            sysfs_root: args.sysfs_root.clone(),
+            pid: Some(pid as i32),
+            window: args.window.map(|w| match w {
+                Window::Hw => WindowMode::Hw,
+                Window::Free => WindowMode::Free,
+                Window::Strobe => WindowMode::Strobe,
+            }),
+            params: WindowParams { window: args.etm_window, period: args.etm_period, strobe_preset: args.strobe_preset },
+            record: args.record.clone(),
+            branch_depth: args.depth,
+            command: command.clone(),
+            ..Default::default()
+        };
+        let mut hook = |fd| bpf.attach_perf_fd(fd);
+        let etm = EtmLive::open(&cfg, Some(&mut hook)).context("--branches etm")?;
+        let mode = etm.mode_line().to_string();
+        let mut pc = etm.pipeline_config(args.depth as usize);
+        pc.trie_nodes = args.max_contexts;
+        let engine = Engine::new(pc, Some(loader));
+        let info = RunInfo {
+            pid,
+            command,
+            event: "cs_etm pause".into(),
+            branches: "etm",
+            freq: args.freq,
+            start: SystemTime::now(),
+            window_line: Some(mode),
+        };
+        (bpf, info, Feed::new(pid, engine, maps, Some(etm), None))
+    } else {
+        let (event, fds, branches) = open_events(args.freq, args.branches, &cpus)?;
+        let flags = if branches == "lbr" { FLAG_READ_BRANCHES } else { 0 };
+        let mut bpf = SampleBpf::load(pid, flags)
+            .context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
+        for fd in fds {
+            bpf.attach_perf_fd(fd).context("cannot attach the eBPF program to the perf event")?;
+        }
+        let mut pc = PipelineConfig { trie_nodes: args.max_contexts, ..Default::default() };
+        pc.join.depth = args.depth as usize;
+        // The join's code checks decode A64; LBR samples of other architectures are kept
+        // unvalidated.
+        pc.join.validate = cfg!(target_arch = "aarch64");
+        let engine = Engine::new(pc, Some(loader));
+        let recorder = match &args.record {
+            Some(dir) => {
+                let mut notes = std::collections::HashMap::new();
+                notes.insert("event".to_string(), event.name().to_string());
+                notes.insert("frequency_hz".to_string(), args.freq.to_string());
+                notes.insert("branch_source".to_string(), branches.to_string());
+                notes.insert("clock".to_string(), "CLOCK_MONOTONIC".to_string());
+                let meta = SessionMeta {
+                    source: SessionSource::Live,
+                    target: TargetInfo { pid: i64::from(pid), command: command.clone() },
+                    branch_depth: args.depth,
+                    window: etm_session::session::WindowParams { mode: "none".into(), ..Default::default() },
+                    notes,
+                    ..Default::default()
+                };
+                Some(Recorder::create(dir, meta, true)?)
+            }
+            None => None,
+        };
+        let info = RunInfo {
+            pid,
+            command,
+            event: event.name().to_string(),
+            branches,
+            freq: args.freq,
+            start: SystemTime::now(),
+            window_line: None,
+        };
+        (bpf, info, Feed::new(pid, engine, maps, None, recorder))
+    };
+    let mut feed = feed;
+    for s in &initial {
+        feed.event(SessionEvent::Sideband(s));
+    }
+    if let Some(etm) = &feed.etm {
+        etm.enable().context("enabling the cs_etm events")?;
     }
     if !alive(pid) {
         bail!("process {pid} exited during start-up");
     }
+    if let Some(line) = &info.window_line {
+        log::info!("{line}");
+    }
     log::info!(
-        "profiling pid {pid} ({}) with {} at {} Hz on {} CPUs, branches {branches}",
-        command.join(" "),
-        event.name(),
+        "profiling pid {pid} ({}) with {} at {} Hz on {} CPUs, branches {}",
+        info.command.join(" "),
+        info.event,
         args.freq,
-        cpus.len()
+        cpus.len(),
+        info.branches
     );
-    let info = RunInfo { pid, command, event, branches, freq: args.freq, start: SystemTime::now() };
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("start the tokio runtime")?;
-    rt.block_on(run_loop(&args, &info, &mut bpf, &mut collector))
+    rt.block_on(run_loop(&args, &info, &mut bpf, &mut feed))?;
+    // Stop sampling, then drain what is left in the ring (done in run_loop); finish the
+    // collection, the recording and the pipeline.
+    let reason = feed_finish(&mut feed)?;
+    let counters = bpf.counters().unwrap_or_default();
+    if let Some(dir) = &args.dump_dir {
+        write_dumps(dir, &info, &feed, &counters, true)?;
+    }
+    print_summary(reason, &info, &feed, &counters, args.dump_dir.as_deref(), args.record.as_deref());
+    Ok(ExitCode::SUCCESS)
+}
+
+impl Feed {
+    fn new(pid: u32, engine: Engine, maps: MapsTracker, etm: Option<EtmLive>, recorder: Option<Recorder>) -> Feed {
+        Feed {
+            pid,
+            engine,
+            maps,
+            etm,
+            recorder,
+            bad_records: 0,
+            foreign: 0,
+            empty: 0,
+            last_time: 0,
+            sideband: Vec::new(),
+            stop: None,
+        }
+    }
+}
+
+/// Ends the collection: ETM groups disabled and drained, recordings finished, pending samples
+/// joined. Returns why the run stopped.
+fn feed_finish(feed: &mut Feed) -> anyhow::Result<StopReason> {
+    if let Some(etm) = feed.etm.take() {
+        for (cpu, st) in etm.stats() {
+            log::info!("ETM buffer of cpu {cpu}: {st:?}");
+        }
+        etm.finish(Some(&mut feed.engine)).context("finishing the ETM collection")?;
+    }
+    if let Some(r) = feed.recorder.take() {
+        if r.errors > 0 {
+            log::warn!("{} recording errors", r.errors);
+        }
+        r.finish().context("finishing the recording")?;
+    }
+    feed.engine.pipeline_mut().finish();
+    Ok(feed.stop.unwrap_or(StopReason::Signal))
 }
 
 /// Opens the sampling event on all CPUs: cycles if the PMU has them, else cpu-clock.
@@ -239,12 +538,7 @@ impl StopReason {
     }
 }
 
-async fn run_loop(
-    args: &RunArgs,
-    info: &RunInfo,
-    bpf: &mut SampleBpf,
-    collector: &mut Collector,
-) -> anyhow::Result<ExitCode> {
+async fn run_loop(args: &RunArgs, info: &RunInfo, bpf: &mut SampleBpf, feed: &mut Feed) -> anyhow::Result<()> {
     let ring = bpf.take_ring()?;
     // SAFETY: the RingBuf owns its map fd, which stays open and unchanged for as long as the
     // AsyncFd owns the RingBuf.
@@ -258,7 +552,8 @@ async fn run_loop(
     let mut dump_tick = tokio::time::interval(Duration::from_secs_f64(args.dump_every));
     dump_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     dump_tick.tick().await;
-    // The eBPF side wakes us only when a lot is pending; drain at least this often.
+    // The eBPF side wakes us only when a lot is pending; drain at least this often (and the
+    // ETM buffers on the same tick).
     let mut drain_tick = tokio::time::interval(DRAIN_INTERVAL);
     drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let deadline = tokio::time::sleep(Duration::from_secs_f64(args.duration.unwrap_or(1e9)));
@@ -284,39 +579,42 @@ async fn run_loop(
     let started = Instant::now();
     let mut last = (Instant::now(), 0u64);
     let mut counters = BpfCounters::default();
-    let mut bad_records = 0u64;
     let mut dump_error: Option<anyhow::Error> = None;
 
     let reason = loop {
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard.context("wait for the ring buffer")?;
-                drain(guard.get_inner_mut(), collector, &mut bad_records);
+                drain(guard.get_inner_mut(), feed);
                 guard.clear_ready();
             }
-            _ = drain_tick.tick() => drain(ring.get_mut(), collector, &mut bad_records),
+            _ = drain_tick.tick() => {
+                drain(ring.get_mut(), feed);
+                feed.drain_etm();
+            }
             _ = tick.tick() => {
                 counters = bpf.counters().unwrap_or(counters);
                 let target_alive = alive(info.pid);
-                if target_alive && let Err(e) = collector.reload_maps() {
+                if target_alive && let Err(e) = feed.reload_maps() {
                     log::debug!("maps: {e}");
                 }
                 let now = Instant::now();
-                let samples = collector.trie().total_samples();
+                let (trie, _) = feed.engine.pipeline().trie();
+                let samples = trie.total_samples();
                 let rate = (samples - last.1) as f64 / now.duration_since(last.0).as_secs_f64();
                 last = (now, samples);
                 let state = if target_alive { "running" } else { "exited" };
                 if let Some(t) = tui.as_mut() {
-                    app.set_snapshot(snapshot(info, collector, &counters, rate, state));
+                    app.set_snapshot(snapshot(info, feed, &counters, rate, state));
                     t.draw(&app)?;
                 } else {
-                    let st = collector.stats();
+                    let d = feed.engine.depth;
                     // writeln, not println: a closed stdout must not panic.
                     let _ = writeln!(
                         std::io::stdout(),
                         "etm-bpf: {:>4.0}s samples {} ({:.0}/s) dropped {} contexts {} depth mean {:.1} shallow {:.0}% target {state}",
                         started.elapsed().as_secs_f64(), samples, rate, counters.dropped(),
-                        collector.trie().len() - 1, st.depth.mean(), 100.0 * st.depth.shallow_fraction(),
+                        trie.len() - 1, d.mean(), 100.0 * d.shallow_fraction(),
                     );
                 }
                 if !target_alive {
@@ -325,7 +623,7 @@ async fn run_loop(
             }
             _ = dump_tick.tick(), if args.dump_dir.is_some() => {
                 let dir = args.dump_dir.as_deref().expect("checked");
-                if let Err(e) = write_dumps(dir, info, collector, &counters, bad_records, false) {
+                if let Err(e) = write_dumps(dir, info, feed, &counters, false) {
                     log::error!("dump failed: {e:#}");
                     dump_error = Some(e);
                     break StopReason::Signal;
@@ -349,53 +647,40 @@ async fn run_loop(
     if let Some(e) = dump_error {
         return Err(e);
     }
-
     // Stop sampling, then drain what is left in the ring.
     bpf.disable_all();
-    drain(ring.get_mut(), collector, &mut bad_records);
-    counters = bpf.counters().unwrap_or(counters);
-    if let Some(dir) = &args.dump_dir {
-        write_dumps(dir, info, collector, &counters, bad_records, true)?;
-    }
-    print_summary(reason, info, collector, &counters, args.dump_dir.as_deref());
-    Ok(ExitCode::SUCCESS)
+    drain(ring.get_mut(), feed);
+    feed.stop = Some(reason);
+    Ok(())
 }
 
 /// How often the ring buffer is drained without a wake-up from the kernel side.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Feeds every pending ring-buffer record to the collector.
-fn drain(rb: &mut aya::maps::RingBuf<aya::maps::MapData>, c: &mut Collector, bad: &mut u64) {
+/// Feeds every pending ring-buffer record into the pipeline.
+fn drain(rb: &mut aya::maps::RingBuf<aya::maps::MapData>, feed: &mut Feed) {
     while let Some(item) = rb.next() {
-        match SampleRecord::from_bytes(&item) {
-            Some(rec) => c.add_sample(rec.pid, rec.stack()),
-            None => *bad += 1,
-        }
+        feed.sample(&item);
     }
 }
 
-fn snapshot(
-    info: &RunInfo,
-    c: &Collector,
-    k: &BpfCounters,
-    rate: f64,
-    state: &str,
-) -> Snapshot {
-    let st = c.stats();
-    let trie = c.trie();
+fn snapshot(info: &RunInfo, feed: &Feed, k: &BpfCounters, rate: f64, state: &str) -> Snapshot {
+    let d = feed.engine.depth;
+    let (trie, frames) = feed.engine.pipeline().trie();
+    let st = feed.engine.pipeline().stats();
     Snapshot {
         total: trie.total_samples(),
-        rows: rows_from_trie(trie, c.frames(), 200),
+        rows: rows_from_trie(trie, frames, 200),
         status: Status {
             target: format!("pid {} ({})", info.pid, info.command.join(" ")),
             target_state: state.to_owned(),
             samples_per_s: rate,
             samples: trie.total_samples(),
-            dropped: k.dropped(),
-            event: format!("{} @ {} Hz", info.event.name(), info.freq),
+            dropped: k.dropped() + st.join.rejected.total(),
+            event: format!("{} @ {} Hz", info.event, info.freq),
             branches: info.branches.to_owned(),
-            depth_mean: st.depth.mean(),
-            shallow: st.depth.shallow_fraction(),
+            depth_mean: d.mean(),
+            shallow: d.shallow_fraction(),
             nodes: trie.len() - 1,
             folded: trie.stats().folded_samples,
         },
@@ -405,11 +690,12 @@ fn snapshot(
 fn print_summary(
     reason: StopReason,
     info: &RunInfo,
-    c: &Collector,
+    feed: &Feed,
     k: &BpfCounters,
     dump_dir: Option<&Path>,
+    record: Option<&Path>,
 ) {
-    let trie = c.trie();
+    let (trie, frames) = feed.engine.pipeline().trie();
     let total = trie.total_samples();
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
@@ -422,7 +708,18 @@ fn print_summary(
         k.ring_full,
         k.stack_err
     );
-    let rows = rows_from_trie(trie, c.frames(), 10);
+    if info.branches != "none" {
+        let st = feed.engine.pipeline().stats();
+        let _ = writeln!(
+            out,
+            "branches {}: samples with branches {} (joined {}), rejected {}",
+            info.branches,
+            feed.engine.branch_samples + st.join.joined,
+            st.join.joined,
+            st.join.rejected.total()
+        );
+    }
+    let rows = rows_from_trie(trie, frames, 10);
     let _ = writeln!(out, "top contexts by self samples (leaf <- callers):");
     for r in rows.iter().filter(|r| r.self_count > 0).take(10) {
         let _ = writeln!(
@@ -435,6 +732,9 @@ fn print_summary(
     }
     if let Some(d) = dump_dir {
         let _ = writeln!(out, "profile written to {}", d.display());
+    }
+    if let Some(d) = record {
+        let _ = writeln!(out, "session recorded to {} (etm-bpf replay {0})", d.display());
     }
 }
 
@@ -466,35 +766,25 @@ fn rfc3339(t: SystemTime) -> String {
     )
 }
 
-fn write_dumps(
-    dir: &Path,
-    info: &RunInfo,
-    c: &Collector,
-    k: &BpfCounters,
-    bad_records: u64,
-    final_dump: bool,
-) -> anyhow::Result<()> {
-    let trie = c.trie();
-    let frames = c.frames();
-    let binaries = c.space().binaries();
-    write_atomic(&dir.join("profile.folded"), |w| {
-        etm_stacks::folded::write_folded(trie, frames, w)
-    })?;
+fn write_dumps(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_dump: bool) -> anyhow::Result<()> {
+    let e = &feed.engine;
     let end = SystemTime::now();
-    let meta = etm_stacks::pprof::PprofMeta {
+    let meta = DumpMeta {
         period_ns: (1_000_000_000 / info.freq) as i64,
         time_nanos: unix_ns(info.start),
         duration_nanos: unix_ns(end) - unix_ns(info.start),
-        comments: vec![format!("etm-bpf run --pid {} ({})", info.pid, info.event.name())],
+        comment: format!("etm-bpf run --pid {} ({})", info.pid, info.event),
     };
-    let profile = etm_stacks::pprof::build_profile(trie, frames, binaries, &meta);
-    write_atomic(&dir.join("profile.pb.gz"), |w| etm_stacks::pprof::write_pprof_gz(&profile, w))?;
-    let st = c.stats();
+    // Per-binary PGO dumps only when samples carry branch records (LBR/BRBE or ETM).
+    let files = write_profile_files(dir, e, &meta, e.has_branches())?;
+    let (trie, _) = e.pipeline().trie();
     let ts = trie.stats();
-    let manifest = serde_json::json!({
+    let d = e.depth;
+    let binaries = e.binaries();
+    let mut manifest = serde_json::json!({
         "tool": "etm-bpf",
         "version": env!("CARGO_PKG_VERSION"),
-        "files": ["profile.folded", "profile.pb.gz"],
+        "files": files,
         "final": final_dump,
         "pid": info.pid,
         "command": info.command,
@@ -512,24 +802,30 @@ fn write_dumps(
             "dropped_stack_error": k.stack_err,
             "branch_read_errors": k.branch_err,
             "branch_read_enoent": k.branch_enoent,
-            "records_received": st.records,
-            "bad_records": bad_records + st.bad_records,
-            "unmapped_frames": st.unmapped_frames,
-            "maps_reloads": st.maps_reloads,
+            "records_received": d.samples + feed.bad_records + feed.foreign + feed.empty,
+            "bad_records": feed.bad_records + feed.empty,
+            "foreign_records": feed.foreign,
+            "unmapped_frames": e.unknown_frames(),
+            "maps_reloads": feed.maps.changes,
             "contexts": ts.nodes - 1,
             "folded_samples": ts.folded_samples,
             "trie_compactions": ts.compactions,
-            "stack_depth_mean": st.depth.mean(),
-            "stack_depth_max": st.depth.max,
-            "shallow_stack_fraction": st.depth.shallow_fraction(),
+            "stack_depth_mean": d.mean(),
+            "stack_depth_max": d.max,
+            "shallow_stack_fraction": d.shallow_fraction(),
         },
+        "pipeline": pipeline_json(e.pipeline()),
         "start_time": rfc3339(info.start),
         "end_time": rfc3339(end),
-        "event": info.event.name(),
+        "event": info.event,
         "frequency_hz": info.freq,
         "branch_source": info.branches,
         "clock": "CLOCK_MONOTONIC (bpf_ktime_get_ns)",
     });
+    if let Some(w) = &info.window_line {
+        manifest["etm_window"] = serde_json::json!(w);
+    }
+    drop(binaries);
     write_atomic(&dir.join("manifest.json"), |w| {
         serde_json::to_writer_pretty(&mut *w, &manifest)?;
         w.write_all(b"\n")

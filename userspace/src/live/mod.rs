@@ -1,7 +1,8 @@
-//! Live collection: perf events, the eBPF sampler, the ring-buffer drain and the target's
-//! process state. (`etm*` modules here belong to the live-ETM path.)
+//! Live collection: perf events, the eBPF sampler, the target's executable mappings as MMAP2
+//! sideband, and the live CoreSight ETM/ETE path (`etm`). Everything collected is fed to the
+//! shared pipeline (`crate::engine`).
 
 pub mod bpf;
 pub mod perf_event;
-pub mod collector;
+pub mod maps;
 pub mod etm;

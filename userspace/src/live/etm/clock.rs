@@ -2,7 +2,7 @@
 //! "perf now" from the CPU counter, and the CLOCK_MONOTONIC -> perf clock offset needed for
 //! eBPF records (which carry `bpf_ktime_get_ns()`), etm-interface.md §5.
 
-use etm_perf::clock::{ClockConv, read_clock};
+use etm_perf::clock::read_clock;
 use etm_perf::ring::UserPage;
 use etm_session::session::ClockParams;
 
@@ -41,8 +41,9 @@ pub fn counter() -> Option<u64> {
 }
 
 /// Perf-clock "now" through the user page (None without time_zero or counter).
+#[cfg(test)]
 pub fn perf_now(pg: &UserPage<'_>) -> Option<u64> {
-    let c: ClockConv = read_clock(pg, 1000).ok()?;
+    let c: etm_perf::clock::ClockConv = read_clock(pg, 1000).ok()?;
     Some(c.to_perf_time(counter()?))
 }
 

@@ -21,9 +21,6 @@
 //!
 //! Nothing here has run on Arm hardware; see docs/live-etm.md.
 
-// Until `cmd/run.rs` wires `--branches etm` to these entry points, parts are unused in the binary.
-#![allow(dead_code)]
-
 pub mod clock;
 pub mod stream;
 pub mod sys;
@@ -38,7 +35,7 @@ use etm_perf::attr::{
     choose_window_mode, flag,
 };
 use etm_perf::discovery::{CsEtmSystem, EtmCpu, KernelVersion, TraceArch, TsSource};
-use etm_session::pipeline::{Pipeline, PipelineConfig};
+use etm_session::pipeline::PipelineConfig;
 use etm_session::session::{
     ClockParams, CpuTraceConfig, PauseSample, SessionEvent, SessionMeta, SessionSource, SessionWriter, Sideband, TargetInfo,
 };
@@ -230,18 +227,18 @@ pub fn save_sysfs(sysfs_root: &Path, dest: &Path) -> anyhow::Result<usize> {
 }
 
 /// Feeds events to the pipeline and the recorder.
-pub struct Consumer<'a> {
-    pub pipeline: Option<&'a mut Pipeline>,
+pub struct Consumer<'a, 'b> {
+    pub pipeline: Option<&'a mut (dyn EventSink + 'b)>,
     pub recorder: Option<&'a mut Recorder>,
 }
 
-impl EventSink for Consumer<'_> {
+impl EventSink for Consumer<'_, '_> {
     fn event(&mut self, ev: SessionEvent<'_>) {
         if let Some(r) = self.recorder.as_deref_mut() {
             r.event(&ev);
         }
         if let Some(p) = self.pipeline.as_deref_mut() {
-            p.push(ev);
+            p.event(ev);
         }
     }
 }
@@ -419,7 +416,7 @@ impl EtmLive {
 
     /// Waits up to `timeout_ms` for data, then drains every buffer into `pipeline` (and the
     /// recording). Returns the number of records consumed.
-    pub fn poll(&mut self, timeout_ms: i32, pipeline: Option<&mut Pipeline>) -> anyhow::Result<usize> {
+    pub fn poll(&mut self, timeout_ms: i32, pipeline: Option<&mut dyn EventSink>) -> anyhow::Result<usize> {
         let mut fds: Vec<libc::pollfd> =
             self.buffers.iter().map(|(b, _)| libc::pollfd { fd: b.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
         // SAFETY: fds is a valid array of pollfd for the duration of the call.
@@ -434,7 +431,7 @@ impl EtmLive {
     }
 
     /// Drains every buffer now.
-    pub fn drain(&mut self, pipeline: Option<&mut Pipeline>) -> usize {
+    pub fn drain(&mut self, pipeline: Option<&mut dyn EventSink>) -> usize {
         let mut consumer = Consumer { pipeline, recorder: self.recorder.as_mut() };
         let mut n = 0;
         for (b, s) in &mut self.buffers {
@@ -444,7 +441,7 @@ impl EtmLive {
     }
 
     /// Feeds one eBPF pause record (CLOCK_MONOTONIC time) as a pause sample.
-    pub fn push_bpf_sample(&mut self, rec: &etm_bpf_common::SampleRecord, pipeline: Option<&mut Pipeline>) {
+    pub fn push_bpf_sample(&mut self, rec: &etm_bpf_common::SampleRecord, pipeline: Option<&mut dyn EventSink>) {
         let time = match self.perf_minus_mono {
             Some(off) => clock::monotonic_to_perf(rec.time_ns, off),
             None => rec.time_ns,
@@ -458,6 +455,12 @@ impl EtmLive {
         consumer.event(SessionEvent::Sample(&s));
     }
 
+    /// Feeds an event the driver made (MMAP2 of mappings that existed before the events were
+    /// opened) to the pipeline and the recording.
+    pub fn push_event(&mut self, ev: SessionEvent<'_>, pipeline: Option<&mut dyn EventSink>) {
+        Consumer { pipeline, recorder: self.recorder.as_mut() }.event(ev);
+    }
+
     /// Per-buffer counters.
     pub fn stats(&self) -> Vec<(i32, StreamStats)> {
         self.buffers.iter().map(|(_, s)| (s.cpu, s.stats)).collect()
@@ -465,7 +468,7 @@ impl EtmLive {
 
     /// Disables the groups, drains what is left, and finishes the recording (trace IDs from
     /// AUX_OUTPUT_HW_ID records are written into its metadata).
-    pub fn finish(mut self, pipeline: Option<&mut Pipeline>) -> anyhow::Result<Option<SessionMeta>> {
+    pub fn finish(mut self, pipeline: Option<&mut dyn EventSink>) -> anyhow::Result<Option<SessionMeta>> {
         for (b, _) in &self.buffers {
             let _ = sys::ioctl0(&b.fd, sys::PERF_EVENT_IOC_DISABLE);
         }
@@ -561,7 +564,8 @@ mod tests {
             if k != 4 {
                 want.push((1000 * k + 500, brs));
             }
-            let mut c = Consumer { pipeline: Some(&mut p), recorder: None };
+            let mut push = |ev: SessionEvent<'_>| p.push(ev);
+            let mut c = Consumer { pipeline: Some(&mut push), recorder: None };
             s.drain(&mut ring, &mut c);
         }
         p.finish();

@@ -21,6 +21,7 @@ pub const PERF_EVENT_IOC_SET_OUTPUT: libc::c_ulong = 0x2405;
 /// `_IOR('$', 7, u64)`.
 pub const PERF_EVENT_IOC_ID: libc::c_ulong = 0x8008_2407;
 /// `_IOW('$', 8, u32)`.
+#[cfg(test)] // (the BPF attach is `live::bpf::SampleBpf::attach_perf_fd`)
 pub const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
 
 /// `perf_event_open(attr, pid, cpu, group_fd, FD_CLOEXEC)` with the uapi bytes of `attr`.
@@ -63,15 +64,6 @@ pub fn event_id(fd: &OwnedFd) -> io::Result<u64> {
         return Err(io::Error::last_os_error());
     }
     Ok(id)
-}
-
-/// `PERF_EVENT_IOC_SET_BPF`: attach a BPF_PROG_TYPE_PERF_EVENT program.
-pub fn set_bpf(fd: &OwnedFd, prog_fd: i32) -> io::Result<()> {
-    // SAFETY: perf fd we own, integer argument.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, prog_fd) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// The system page size.

@@ -1,0 +1,325 @@
+//! The profile engine both drivers share: [`etm_session::Pipeline`] (decode -> join ->
+//! `HybridProfile` + `ContextTrie`) with the binary's symbolizer as its frame namer, the code
+//! images the pipeline reads, and the dump writers. `run` (live) and `replay` feed it the same
+//! [`SessionEvent`]s and write their profiles with [`write_profile_files`], so a recorded live
+//! run replays to the same profile.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use etm_profile::BinaryInfo;
+use etm_session::join::RejectReason;
+use etm_session::pipeline::FrameNamer;
+use etm_session::session::{SessionEvent, Sideband};
+use etm_session::{Pipeline, PipelineConfig, PipelineStats};
+use etm_stacks::addrspace::Binary;
+use etm_stacks::{Frame, FrameId, FrameTable};
+
+use crate::dump::write_atomic;
+use crate::live::etm::stream::EventSink;
+use crate::symbolize::Symbolizer;
+
+/// Reads the bytes of a code image named by an MMAP2 record (file name, address, length):
+/// `(local file, bytes)`.
+pub type ImageLoader = Box<dyn FnMut(&str, u64, u64) -> Option<(PathBuf, Vec<u8>)>>;
+
+/// Binaries known to the engine, shared with the frame namer.
+#[derive(Default)]
+struct Names {
+    symbolizer: Symbolizer,
+    /// In registration order; the index is the frames' (and pprof mappings') binary id.
+    bins: Vec<Binary>,
+    by_path: HashMap<String, u32>,
+    /// Original path -> the local file to symbolize from.
+    files: Vec<PathBuf>,
+    /// Frames whose address was in no known binary.
+    unknown_frames: u64,
+}
+
+/// Names trie frames with DWARF (inline frames included) through [`Symbolizer`].
+struct SymNamer(Rc<RefCell<Names>>);
+
+impl FrameNamer for SymNamer {
+    fn frame(&mut self, binary: Option<&BinaryInfo>, symbol: Option<&str>, link: u64, _addr: u64) -> Frame {
+        match (symbol, binary) {
+            (Some(s), _) => Frame::new(s, None),
+            (None, Some(b)) => Frame::new(format!("[{}+{link:#x}]", b.file_name()), None),
+            (None, None) => Frame::new("[unknown]", None),
+        }
+    }
+
+    fn frame_ids(
+        &mut self,
+        binary: Option<&BinaryInfo>,
+        symbol: Option<&str>,
+        link: u64,
+        addr: u64,
+        table: &mut FrameTable,
+        out: &mut Vec<FrameId>,
+    ) {
+        let mut n = self.0.borrow_mut();
+        let Some(b) = binary else {
+            n.unknown_frames += 1;
+            out.push(table.intern(Frame::new("[unknown]", None)));
+            return;
+        };
+        let Some(&id) = n.by_path.get(&b.path) else {
+            drop(n);
+            out.push(table.intern(self.frame(binary, symbol, link, addr)));
+            return;
+        };
+        if !b.path.starts_with('/') {
+            // [vdso] and other pseudo mappings: no file to symbolize from.
+            out.push(table.intern(Frame::new(b.path.clone(), Some(id))));
+            return;
+        }
+        let Names { symbolizer, bins, files, .. } = &mut *n;
+        let file = files[id as usize].to_string_lossy().into_owned();
+        symbolizer.frames(id, "", &file, bins[id as usize].build_id.as_deref(), link, table, out);
+    }
+}
+
+/// The pipeline plus what the binary adds around it.
+pub struct Engine {
+    pipeline: Pipeline,
+    names: Rc<RefCell<Names>>,
+    loader: Option<ImageLoader>,
+    /// Samples with at least one branch record that reached the profile.
+    pub branch_samples: u64,
+    /// Stack-depth statistics of the samples pushed.
+    pub depth: DepthStats,
+}
+
+/// Stack-depth statistics (how deep the frame-pointer chains are).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DepthStats {
+    /// Samples seen.
+    pub samples: u64,
+    /// Sum of depths.
+    pub sum: u64,
+    /// Samples with at most 2 frames (frame-pointer chain missing or broken).
+    pub shallow: u64,
+    /// Largest depth seen.
+    pub max: u32,
+}
+
+impl DepthStats {
+    fn add(&mut self, depth: usize) {
+        self.samples += 1;
+        self.sum += depth as u64;
+        self.max = self.max.max(depth as u32);
+        if depth <= 2 {
+            self.shallow += 1;
+        }
+    }
+    /// Average depth.
+    pub fn mean(&self) -> f64 {
+        if self.samples == 0 { 0.0 } else { self.sum as f64 / self.samples as f64 }
+    }
+    /// Fraction of samples with at most 2 frames.
+    pub fn shallow_fraction(&self) -> f64 {
+        if self.samples == 0 { 0.0 } else { self.shallow as f64 / self.samples as f64 }
+    }
+}
+
+impl Engine {
+    /// An engine over a pipeline built with `cfg`. `loader` reads code images named by MMAP2
+    /// records that were not registered with [`Engine::add_image`] (the live driver).
+    pub fn new(cfg: PipelineConfig, loader: Option<ImageLoader>) -> Engine {
+        let mut pipeline = Pipeline::new(cfg);
+        let names = Rc::new(RefCell::new(Names { symbolizer: Symbolizer::new(), ..Default::default() }));
+        pipeline.set_frame_namer(Box::new(SymNamer(names.clone())));
+        Engine { pipeline, names, loader, branch_samples: 0, depth: DepthStats::default() }
+    }
+
+    /// Registers the code image `path` (as MMAP2 records name it), read from `local`.
+    pub fn add_image(&mut self, path: &str, local: &Path, data: Arc<Vec<u8>>) {
+        let mut n = self.names.borrow_mut();
+        if n.by_path.contains_key(path) {
+            return;
+        }
+        let elf = etm_stacks::addrspace::parse_elf(&data).ok();
+        let info = BinaryInfo::from_elf(path, &data).unwrap_or_else(|_| BinaryInfo {
+            path: path.to_string(),
+            build_id: elf.as_ref().and_then(|e| e.build_id.clone()),
+            ..Default::default()
+        });
+        let id = n.bins.len() as u32;
+        n.bins.push(Binary {
+            path: path.to_string(),
+            build_id: info.build_id.clone(),
+            segments: elf.as_ref().map(|e| e.segments.clone()).unwrap_or_default(),
+            load_addresses: Vec::new(),
+            elf_ok: elf.is_some(),
+            info,
+        });
+        n.by_path.insert(path.to_string(), id);
+        n.files.push(local.to_path_buf());
+        drop(n);
+        self.pipeline.add_image(path, data);
+    }
+
+    /// Whether an image is registered under `path`.
+    pub fn has_image(&self, path: &str) -> bool {
+        self.names.borrow().by_path.contains_key(path)
+    }
+
+    /// The pipeline (stats, profile, trie).
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    /// The pipeline, mutably (watermarks, finish).
+    pub fn pipeline_mut(&mut self) -> &mut Pipeline {
+        &mut self.pipeline
+    }
+
+    /// Binaries seen, with the addresses their executable mappings were placed at.
+    pub fn binaries(&self) -> std::cell::Ref<'_, [Binary]> {
+        std::cell::Ref::map(self.names.borrow(), |n| n.bins.as_slice())
+    }
+
+    /// Trie frames whose address was in no known binary.
+    pub fn unknown_frames(&self) -> u64 {
+        self.names.borrow().unknown_frames
+    }
+
+    /// Whether every address of `stack` lies in a binary the pipeline has placed.
+    pub fn resolves(&self, stack: &[u64]) -> bool {
+        let r = self.pipeline.resolver();
+        stack.iter().enumerate().all(|(i, &a)| r.resolve(if i == 0 { a } else { a.saturating_sub(1) }).is_some())
+    }
+
+    /// Feeds one event (the one entry point of both drivers).
+    pub fn push(&mut self, ev: SessionEvent<'_>) {
+        match &ev {
+            SessionEvent::Sideband(Sideband::Mmap2 { filename, addr, len, prot, .. }) => {
+                if !self.has_image(filename)
+                    && (*prot == 0 || *prot & libc::PROT_EXEC as u32 != 0)
+                    && let Some(load) = self.loader.as_mut()
+                    && let Some((local, bytes)) = load(filename, *addr, *len)
+                {
+                    self.add_image(filename, &local, Arc::new(bytes));
+                }
+                let mut n = self.names.borrow_mut();
+                if let Some(&id) = n.by_path.get(filename.as_str()) {
+                    let la = &mut n.bins[id as usize].load_addresses;
+                    if let Err(pos) = la.binary_search(addr) {
+                        la.insert(pos, *addr);
+                    }
+                }
+            }
+            SessionEvent::Sample(s) => {
+                self.depth.add(s.stack.len());
+                if s.branches.as_ref().is_some_and(|b| !b.is_empty()) {
+                    self.branch_samples += 1;
+                }
+            }
+            _ => {}
+        }
+        self.pipeline.push(ev);
+    }
+}
+
+impl EventSink for Engine {
+    fn event(&mut self, ev: SessionEvent<'_>) {
+        self.push(ev);
+    }
+}
+
+fn rejects(st: &PipelineStats) -> std::collections::BTreeMap<&'static str, u64> {
+    RejectReason::ALL.iter().map(|&r| (r.name(), st.rejected().get(r))).filter(|&(_, n)| n > 0).collect()
+}
+
+/// The pipeline's counters as JSON (replay summary, `run` manifest).
+pub fn pipeline_json(p: &Pipeline) -> serde_json::Value {
+    let st = p.stats();
+    let ps = p.profile().stats();
+    serde_json::json!({
+        "aux": {
+            "records": st.aux_records, "bytes": st.aux_bytes, "truncated": st.aux_truncated,
+            "short": st.aux_short, "gaps": st.aux_gaps, "partial_collision": st.aux_partial_collision,
+            "overwrite": st.aux_overwrite, "undecoded": st.aux_undecoded,
+        },
+        "decode": {
+            "resets": st.decoder_resets, "overflows": st.decode_overflows, "nosync": st.decode_nosync,
+            "errors": st.decode_errors, "nocode": st.decode_nocode, "trace_on": st.trace_on,
+            "branches": st.branches, "unknown_trace_id": st.unknown_trace_id,
+        },
+        "join": {
+            "segments": st.join.segments, "segments_unmatched": st.join.segments_unmatched,
+            "segments_overflow": st.join.segments_overflow,
+            "samples": st.samples, "joined": st.join.joined, "partial": st.join.partial,
+            "forced": st.join.forced, "by_watermark": st.join.by_watermark, "unverified": st.join.unverified,
+            "leaf_frame_missing": st.join.leaf_frame_missing,
+            "rejected": st.join.rejected.total(), "rejected_by_reason": rejects(&st),
+        },
+        "samples": {"lbr": st.lbr_samples, "stack_only": st.stack_only_samples, "profiled": st.profiled},
+        "sideband": {"records": st.sideband, "lost_records": st.lost_records, "lost_events": st.lost_events},
+        "profile": {
+            "samples": ps.samples, "distinct": p.profile().distinct_samples(), "folded": ps.folded,
+            "dropped": ps.dropped, "unresolved_addresses": ps.unresolved_addresses,
+        },
+        "contexts": p.trie().0.len().saturating_sub(1),
+    })
+}
+
+/// Timing and labels of a pprof dump.
+pub struct DumpMeta {
+    pub period_ns: i64,
+    pub time_nanos: i64,
+    pub duration_nanos: i64,
+    pub comment: String,
+}
+
+/// Writes the engine's profile into `dir` atomically: the per-binary PGO dumps
+/// (`<binary>.perfscript`, `.unsym.txt`, `.bolt.pa`) with `pgo` (code facts from the
+/// registered images), `profile.folded` and `profile.pb.gz`. Returns the
+/// names of the files written.
+pub fn write_profile_files(dir: &Path, e: &Engine, meta: &DumpMeta, pgo: bool) -> anyhow::Result<Vec<String>> {
+    let p = &e.pipeline;
+    let mut files = Vec::new();
+    if pgo {
+        let infos: Vec<(String, etm_profile::elf::ElfCodeFacts)> = p
+            .profile()
+            .binaries()
+            .iter()
+            .filter_map(|b| {
+                let data = p.code().image_bytes(&b.path)?;
+                Some((b.path.clone(), etm_profile::elf::ElfCodeFacts::from_elf(data).ok()?))
+            })
+            .collect();
+        let facts = |b: &BinaryInfo| -> Option<&dyn etm_profile::write::CodeFacts> {
+            infos.iter().find(|(p, _)| *p == b.path).map(|(_, f)| f as &dyn etm_profile::write::CodeFacts)
+        };
+        files.extend(
+            crate::cmd::convert::write_profile_dumps(p.profile(), dir, &facts)?
+                .iter()
+                .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())),
+        );
+    }
+    let (trie, frames) = p.trie();
+    write_atomic(&dir.join("profile.folded"), |w| etm_stacks::folded::write_folded(trie, frames, w))?;
+    let pmeta = etm_stacks::pprof::PprofMeta {
+        period_ns: meta.period_ns,
+        time_nanos: meta.time_nanos,
+        duration_nanos: meta.duration_nanos,
+        comments: vec![meta.comment.clone()],
+    };
+    let profile = etm_stacks::pprof::build_profile(trie, frames, &e.binaries(), &pmeta);
+    write_atomic(&dir.join("profile.pb.gz"), |w| etm_stacks::pprof::write_pprof_gz(&profile, w))?;
+    files.push("profile.folded".into());
+    files.push("profile.pb.gz".into());
+    Ok(files)
+}
+
+impl Engine {
+    /// Whether any profiled sample carried branch records (ETM windows or LBR/BRBE).
+    pub fn has_branches(&self) -> bool {
+        let st = self.pipeline.stats();
+        st.join.joined > 0 || self.branch_samples > 0
+    }
+}
