@@ -198,3 +198,60 @@ fn run_stops_on_sigint_and_sigterm() {
         assert!(m.contains("\"final\": true"), "{m}");
     }
 }
+
+/// One pipeline, two drivers: a live stack-only run recorded with `--record` replays (through
+/// `etm-bpf replay`) to exactly the profile the live run dumped, and both hold the workload's
+/// known chains. The recording holds what the live path consumed: one sample line per
+/// profiled sample, MMAP2 records and a copy of the workload's image.
+#[test]
+fn recorded_run_replays_to_the_same_profile() {
+    if skip_unless_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_workload("chains", dir.path()) else { return };
+    let (_workload, ready) = spawn_ready(&exe, &["60"]);
+    let pid = ready.trim().strip_prefix("ready ").unwrap().to_owned();
+    let (dump, rec, rdump) = (dir.path().join("dump"), dir.path().join("rec"), dir.path().join("rdump"));
+    let o = Command::new(etm_bpf_bin())
+        .args(["run", "--pid", &pid, "--headless", "--duration", "2", "--branches", "none", "--dump-dir"])
+        .arg(&dump)
+        .arg("--record")
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "run: {}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new(etm_bpf_bin())
+        .args(["replay", "--headless", "--dump-dir"])
+        .arg(&rdump)
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "replay: {}", String::from_utf8_lossy(&o.stderr));
+
+    let live = parse_folded(&std::fs::read_to_string(dump.join("profile.folded")).unwrap());
+    let replayed = parse_folded(&std::fs::read_to_string(rdump.join("profile.folded")).unwrap());
+    let total: u64 = live.values().sum();
+    assert!(total >= 500, "too few samples: {total}");
+    assert!(ending_with(&live, &["main", "a", "hot1", "spin"]) > total / 3, "{live:#?}");
+    assert!(ending_with(&live, &["main", "b", "hot2", "spin"]) > total / 6, "{live:#?}");
+    assert_eq!(replayed, live, "replay differs from the live profile");
+
+    let events = std::fs::read_to_string(rec.join("events.jsonl")).unwrap();
+    let samples = events.lines().filter(|l| l.contains("\"sample\"")).count() as u64;
+    assert_eq!(samples, total, "one recorded sample per profiled sample");
+    assert!(events.lines().any(|l| l.contains("mmap2") && l.contains(exe.to_str().unwrap())));
+    let session: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(rec.join("session.json")).unwrap()).unwrap();
+    assert_eq!(session["target"]["pid"].to_string(), pid);
+    let img = session["images"].as_array().unwrap().iter().find(|i| i["path"] == exe.to_str().unwrap());
+    let copy = rec.join(img.expect("workload image recorded")["copy"].as_str().unwrap());
+    assert_eq!(std::fs::read(copy).unwrap(), std::fs::read(&exe).unwrap());
+
+    // Stack-only: no per-binary PGO dumps from `run`; the pipeline counters say why.
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dump.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["files"], serde_json::json!(["profile.folded", "profile.pb.gz"]));
+    assert_eq!(m["pipeline"]["samples"]["stack_only"], total);
+    assert_eq!(m["pipeline"]["samples"]["profiled"], total);
+}

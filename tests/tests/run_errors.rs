@@ -100,3 +100,30 @@ fn invalid_frequency() {
     let o = run(&["run", "--pid", &pid, "--headless", "--freq", "0"]);
     assert_clean_error(&o, "--freq");
 }
+
+/// `--branches etm` without a cs_etm PMU fails with one line naming what is missing, both on
+/// an empty sysfs tree (any machine) and on this machine's /sys when it has no CoreSight.
+#[test]
+fn branches_etm_without_cs_etm() {
+    let pid = std::process::id().to_string();
+    let empty = tempfile::tempdir().unwrap();
+    let o = run(&[
+        "run", "--pid", &pid, "--headless", "--duration", "1", "--branches", "etm",
+        "--sysfs-root", empty.path().to_str().unwrap(),
+    ]);
+    assert_clean_error(&o, "--branches etm: no cs_etm PMU");
+    if std::path::Path::new("/sys/bus/event_source/devices/cs_etm").exists() {
+        eprintln!("SKIP (real /sys part): this machine has a cs_etm PMU");
+        return;
+    }
+    let o = run(&["run", "--pid", &pid, "--headless", "--duration", "1", "--branches", "etm"]);
+    assert_clean_error(&o, "--branches etm: no cs_etm PMU (/sys/bus/event_source/devices/cs_etm is missing)");
+}
+
+/// ETM window options without `--branches etm` are a usage error, not silently ignored.
+#[test]
+fn window_needs_branches_etm() {
+    let pid = std::process::id().to_string();
+    let o = run(&["run", "--pid", &pid, "--headless", "--branches", "none", "--window", "free"]);
+    assert_clean_error(&o, "--window applies to --branches etm only");
+}

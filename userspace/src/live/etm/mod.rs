@@ -143,21 +143,45 @@ impl Recorder {
         Ok(Recorder { writer, copy_images, seen: HashSet::new(), errors: 0 })
     }
 
-    /// Records one event; executable file mappings also register (and copy) their image.
+    /// Records one event; executable file mappings also register (and copy) their image, and
+    /// `[vdso]` is saved from the target's memory (it has no file).
     pub fn event(&mut self, ev: &SessionEvent<'_>) {
-        if let SessionEvent::Sideband(Sideband::Mmap2 { filename, prot, build_id, .. }) = ev
+        if let SessionEvent::Sideband(Sideband::Mmap2 { pid, addr, len, filename, prot, build_id, .. }) = ev
             && prot & libc::PROT_EXEC as u32 != 0
-            && filename.starts_with('/')
-            && self.seen.insert(filename.clone())
-            && let Err(e) = self.writer.add_image(Path::new(filename), build_id.clone(), self.copy_images)
         {
-            log::warn!("recording image {filename}: {e}");
-            self.errors += 1;
+            if filename.starts_with('/')
+                && self.seen.insert(filename.clone())
+                && let Err(e) = self.writer.add_image(Path::new(filename), build_id.clone(), self.copy_images)
+            {
+                log::warn!("recording image {filename}: {e}");
+                self.errors += 1;
+            }
+            if filename == "[vdso]"
+                && self.seen.insert(filename.clone())
+                && let Err(e) = self.save_vdso(*pid, *addr, *len)
+            {
+                log::warn!("recording [vdso] of {pid}: {e:#}");
+                self.errors += 1;
+            }
         }
         if let Err(e) = self.writer.write_event(ev) {
             log::warn!("recording: {e}");
             self.errors += 1;
         }
+    }
+
+    fn save_vdso(&mut self, pid: u32, addr: u64, len: u64) -> anyhow::Result<()> {
+        let (_, bytes) = crate::live::maps::load_image(pid, "[vdso]", addr, len).context("cannot read the vdso")?;
+        let rel = Path::new(etm_session::session::IMAGES_DIR).join("vdso");
+        let dst = self.writer.dir().join(&rel);
+        std::fs::create_dir_all(dst.parent().expect("images dir")).with_context(|| format!("create {}", dst.display()))?;
+        std::fs::write(&dst, bytes).with_context(|| format!("write {}", dst.display()))?;
+        self.writer.meta_mut().images.push(etm_session::session::CodeImage {
+            path: "[vdso]".into(),
+            build_id: None,
+            copy: Some(rel.to_string_lossy().into_owned()),
+        });
+        Ok(())
     }
 
     pub fn meta_mut(&mut self) -> &mut SessionMeta {
