@@ -323,3 +323,127 @@ impl Engine {
         st.join.joined > 0 || self.branch_samples > 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etm_session::session::{BranchPair, PauseSample};
+    use std::process::Command;
+
+    /// Samples pushed through the engine (image + MMAP2 placing it at a PIE base) land in the
+    /// context trie with the frames `addr2line(1)` independently reports, inline frames
+    /// included; per-binary PGO dumps are written once a sample carries branch records.
+    #[test]
+    fn engine_names_inline_frames_and_writes_pgo_dumps_with_branches() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, exe) = (dir.path().join("t.c"), dir.path().join("t"));
+        std::fs::write(
+            &src,
+            "static inline __attribute__((always_inline)) int leaf(int x) { \
+               for (int i = 0; i < 100; i++) x = x * 3 + i; return x; }\n\
+             __attribute__((noinline)) int outer(int x) { return leaf(x) + 1; }\n\
+             __attribute__((noinline)) int a(int x) { return outer(x) * 2; }\n\
+             int main(int c, char **v) { return a(c); }\n",
+        )
+        .unwrap();
+        let Some(cc) = ["clang-22", "clang", "gcc", "cc"].into_iter().find(|c| Command::new(c).arg("--version").output().is_ok())
+        else {
+            eprintln!("SKIP: no C compiler found");
+            return;
+        };
+        assert!(Command::new(cc).args(["-O2", "-g", "-o"]).arg(&exe).arg(&src).status().unwrap().success());
+        let Some(nm) = Command::new("nm").arg(&exe).output().ok().filter(|o| o.status.success()) else {
+            eprintln!("SKIP: nm (binutils) not available");
+            return;
+        };
+        let nm = String::from_utf8(nm.stdout).unwrap();
+        let sym = |name: &str| {
+            nm.lines()
+                .find_map(|l| {
+                    let v: Vec<&str> = l.split_whitespace().collect();
+                    (v.len() == 3 && v[2] == name).then(|| u64::from_str_radix(v[0], 16).unwrap())
+                })
+                .unwrap()
+        };
+        let (outer, fa, main) = (sym("outer"), sym("a"), sym("main"));
+        // addr2line -a -f -i: per address, the function names innermost first.
+        let addrs: Vec<String> = (outer..outer + 64).map(|x| format!("{x:#x}")).collect();
+        let Some(o) = Command::new("addr2line").args(["-a", "-f", "-i", "-e"]).arg(&exe).args(&addrs).output().ok() else {
+            eprintln!("SKIP: addr2line (binutils) not available");
+            return;
+        };
+        let text = String::from_utf8(o.stdout).unwrap();
+        let mut inline_addr = None;
+        for group in text.split("\n0x") {
+            let lines: Vec<&str> = group.lines().collect();
+            let funcs: Vec<&str> = lines.iter().skip(1).step_by(2).copied().collect();
+            if funcs == ["leaf", "outer"] {
+                inline_addr = Some(u64::from_str_radix(lines[0].trim_start_matches("0x"), 16).unwrap());
+                break;
+            }
+        }
+        let x = inline_addr.expect("addr2line finds leaf inlined in outer");
+
+        let data = Arc::new(std::fs::read(&exe).unwrap());
+        let info = BinaryInfo::from_elf("/opt/t", &data).unwrap();
+        let seg = info.exec_segments[0];
+        let base = 0x5555_0000_0000u64;
+        let mut e = Engine::new(PipelineConfig::default(), None);
+        e.add_image("/opt/t", &exe, data);
+        e.push(SessionEvent::Sideband(&Sideband::Mmap2 {
+            pid: 9,
+            tid: 9,
+            addr: base + (seg.vaddr & !0xfff),
+            len: seg.memsz + (seg.vaddr & 0xfff),
+            pgoff: seg.offset & !0xfff,
+            prot: 5,
+            flags: 2,
+            filename: "/opt/t".into(),
+            build_id: None,
+            time: 0,
+            cpu: None,
+        }));
+        // Return addresses point after the call: +1 so that the lookup (addr - 1) is in a/main.
+        let stack = vec![base + x, base + fa + 1, base + main + 1];
+        assert!(e.resolves(&stack));
+        let s = PauseSample { cpu: 0, pid: 9, tid: 9, time: 1, stack: stack.clone(), branches: None };
+        e.push(SessionEvent::Sample(&s));
+        let (trie, frames) = e.pipeline().trie();
+        let folded = etm_stacks::folded::folded_lines(trie, frames);
+        assert_eq!(folded, vec!["main;a;outer;leaf 1".to_string()]);
+        assert_eq!(e.binaries()[0].load_addresses, vec![base + (seg.vaddr & !0xfff)]);
+
+        let meta = DumpMeta { period_ns: 1, time_nanos: 0, duration_nanos: 0, comment: "t".into() };
+        let out = tempfile::tempdir().unwrap();
+        assert!(!e.has_branches());
+        let files = write_profile_files(out.path(), &e, &meta, e.has_branches()).unwrap();
+        assert_eq!(files, ["profile.folded", "profile.pb.gz"]);
+
+        // An LBR-style sample: branch into outer from a (validation off: x86 code).
+        let mut cfg = PipelineConfig::default();
+        cfg.join.validate = false;
+        let mut e2 = Engine::new(cfg, None);
+        e2.add_image("/opt/t", &exe, Arc::new(std::fs::read(&exe).unwrap()));
+        e2.push(SessionEvent::Sideband(&Sideband::Mmap2 {
+            pid: 9,
+            tid: 9,
+            addr: base + (seg.vaddr & !0xfff),
+            len: seg.memsz + (seg.vaddr & 0xfff),
+            pgoff: seg.offset & !0xfff,
+            prot: 5,
+            flags: 2,
+            filename: "/opt/t".into(),
+            build_id: None,
+            time: 0,
+            cpu: None,
+        }));
+        let br = vec![BranchPair { from: base + fa + 4, to: base + outer }];
+        e2.push(SessionEvent::Sample(&PauseSample { branches: Some(br), ..s }));
+        assert!(e2.has_branches());
+        let files = write_profile_files(out.path(), &e2, &meta, e2.has_branches()).unwrap();
+        assert!(files.iter().any(|f| f == "t.perfscript"), "{files:?}");
+        let ps = std::fs::read_to_string(out.path().join("t.perfscript")).unwrap();
+        // The PGO dumps use link-time addresses (the MMAP2 bias removed).
+        assert!(ps.contains(&format!(" {:#x}/{:#x}/", fa + 4, outer)), "{ps}");
+    }
+}

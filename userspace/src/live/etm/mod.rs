@@ -560,7 +560,7 @@ mod tests {
             decoder: Some(std::sync::Arc::new(ToyFactory)),
             ..Default::default()
         };
-        let mut p = Pipeline::new(cfg);
+        let mut p = etm_session::Pipeline::new(cfg);
         type Joins = Rc<RefCell<Vec<(u64, Vec<BranchPair>)>>>;
         let got: Joins = Rc::default();
         let g = got.clone();
