@@ -1352,3 +1352,116 @@ impl Decoder {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::MemoryImage;
+    use crate::packet::{AddrForm, Address, Atoms, Exception, TraceInfo};
+
+    const NOP: u32 = 0xD503_201F;
+
+    /// 0x1000: nop; bl 0x2000; nop; b.eq 0x1000 ... 0x2000: nop; ret
+    fn image() -> MemoryImage {
+        let mut words = vec![NOP; 0x1010 / 4];
+        words[0x1000 / 4] = NOP;
+        words[0x1004 / 4] = 0x9400_03FF; // bl +0xffc -> 0x2000
+        words[0x1008 / 4] = NOP;
+        words[0x100C / 4] = 0x54FF_F7A0; // b.eq -0x10c -> 0xF00 (conditional)
+        let mut m = MemoryImage::new();
+        m.add(0, words.iter().flat_map(|w| w.to_le_bytes()).collect(), MemSpace::ANY);
+        m.add(0x2000, [NOP, 0xD65F_03C0].iter().flat_map(|w| w.to_le_bytes()).collect(), MemSpace::ANY);
+        m
+    }
+
+    fn cfg(max_spec: u32) -> DecoderConfig {
+        DecoderConfig {
+            trace_id: 1,
+            ete: false,
+            max_spec_depth: max_spec,
+            ret_stack: true,
+            cycle_count: false,
+            comm_trans_p0: true,
+            ts_marker: false,
+            m_profile: false,
+            insn: DecodeConfig { arch: ArchVersion::V8, wfi_wfe_branch: false, dsb_dmb_waypoints: false },
+        }
+    }
+
+    fn start_packets(addr: u64) -> Vec<Packet> {
+        let ctx = Context { updated: true, el: 0, sf: true, ns: true, nse: false, context_id: None, vmid: None };
+        vec![
+            Packet::Async,
+            Packet::TraceInfo(TraceInfo::default()),
+            Packet::TraceOn,
+            Packet::Address {
+                addr: Address { form: AddrForm::Long64, is: 0, addr, pkt_bits: 64 },
+                context: Some(ctx),
+                source: false,
+            },
+        ]
+    }
+
+    fn atom(e: bool) -> Packet {
+        Packet::Atom { format: 1, atoms: Atoms { bits: e as u32, count: 1 } }
+    }
+
+    fn run(cfg: DecoderConfig, pkts: &[Packet]) -> Vec<String> {
+        let img = image();
+        let mut d = Decoder::new(cfg);
+        let mut out = Vec::new();
+        let mut sink = |e: &Element| {
+            out.push(e.kind.to_string());
+            ControlFlow::Continue(())
+        };
+        for (i, p) in pkts.iter().enumerate() {
+            let _ = d.packet(i as u64, p, &img, &mut sink);
+        }
+        out.into_iter().filter(|l| l.contains("RANGE") || l.contains("EXCEPTION")).collect()
+    }
+
+    /// A BL is followed to its target, and an E atom on RET with no address packet returns
+    /// via the return stack (TRCCONFIGR.RS compression) to the instruction after the BL.
+    #[test]
+    fn call_and_compressed_return() {
+        let mut p = start_packets(0x1000);
+        p.extend([atom(true), atom(true), atom(false)]);
+        assert_eq!(
+            run(cfg(0), &p),
+            vec![
+                "OCSD_GEN_TRC_ELEM_INSTR_RANGE(exec range=0x1000:[0x1008] num_i(2) last_sz(4) (ISA=A64) E BR  b+link )",
+                "OCSD_GEN_TRC_ELEM_INSTR_RANGE(exec range=0x2000:[0x2008] num_i(2) last_sz(4) (ISA=A64) E iBR A64:ret )",
+                "OCSD_GEN_TRC_ELEM_INSTR_RANGE(exec range=0x1008:[0x1010] num_i(2) last_sz(4) (ISA=A64) N BR   <cond>)",
+            ]
+        );
+    }
+
+    /// An exception outputs the range executed up to its preferred return address, then the
+    /// exception with that address.
+    #[test]
+    fn exception_range_to_return_address() {
+        let mut p = start_packets(0x1000);
+        p.push(Packet::Exception(Exception { exc_type: 0x0e, addr_interp: 1, m_fault_pending: false, m_type: false }));
+        p.push(Packet::Address { addr: Address { form: AddrForm::Long64, is: 0, addr: 0x1008, pkt_bits: 64 }, context: None, source: false });
+        assert_eq!(
+            run(cfg(0), &p),
+            vec![
+                "OCSD_GEN_TRC_ELEM_INSTR_RANGE(exec range=0x1000:[0x1008] num_i(2) last_sz(4) (ISA=A64) E BR  b+link )",
+                "OCSD_GEN_TRC_ELEM_EXCEPTION(pref ret addr:0x1008; excep num (0x0e) )",
+            ]
+        );
+    }
+
+    /// With speculation (MAXSPEC > 0) atoms wait for a commit; cancelled atoms never execute.
+    #[test]
+    fn speculation_commit_and_cancel() {
+        let mut p = start_packets(0x1000);
+        p.extend([atom(true), atom(true)]);
+        assert!(run(cfg(8), &p).is_empty(), "nothing committed yet");
+        p.extend([Packet::Cancel { format: 1, count: 1, mispredict: false, atoms: Atoms::default() }, Packet::Commit(1)]);
+        assert_eq!(
+            run(cfg(8), &p),
+            vec!["OCSD_GEN_TRC_ELEM_INSTR_RANGE(exec range=0x1000:[0x1008] num_i(2) last_sz(4) (ISA=A64) E BR  b+link )"]
+        );
+    }
+}

@@ -5,7 +5,10 @@
 //! 1. [`frame`]: CoreSight formatter frames (IHI 0029 "Trace Formatter"), FSYNC handling,
 //!    demultiplexing by trace ID; unformatted single-source data; DSTREAM/TPIU framing.
 //! 2. [`packet`]: ETMv4 (IHI 0064) / ETE (DDI 0608) packet parser, resumable across chunks.
-//! 3. (element decoder: instruction walk, generic elements, branch records.)
+//! 3. [`decoder`]: instruction-level decoder (P0 speculation, exceptions, return stack, Q and
+//!    source-address elements) walking the code image ([`image`], [`walk`], [`insn`], with the
+//!    per-image block [`cache`]) and emitting generic [`elements`]; [`pipeline`] wires stages
+//!    1-3 for a buffer; [`branches`] turns elements into last-branch records (perf's rules).
 //!
 //! Inputs: [`snapshot`] reads OpenCSD snapshot directories (register configuration per
 //! trace ID, memory dumps, trace buffers). Output helpers: [`listing`] prints packets in
