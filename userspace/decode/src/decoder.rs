@@ -265,6 +265,8 @@ pub struct Decoder {
     space: MemSpace,
     tag: u64,
     scratch: Vec<P0>,
+    /// ETE source-address ranges are split at the waypoints they pass (OpenCSD -src_addr_n)
+    src_addr_n: bool,
     stopped: bool,
     stats: DecodeStats,
 }
@@ -296,6 +298,7 @@ impl Decoder {
             space: MemSpace::S,
             tag: MemSpace::S.0 as u64,
             scratch: Vec::new(),
+            src_addr_n: false,
             stopped: false,
             stats: DecodeStats::default(),
         };
@@ -314,6 +317,12 @@ impl Decoder {
         s.cache_hits = self.cache.hits;
         s.cache_misses = self.cache.misses;
         s
+    }
+
+    /// Splits ETE source-address ranges at the waypoints they pass, reporting those as not
+    /// taken (OpenCSD `ETE_OPFLG_PKTDEC_SRCADDR_N_ATOMS`, `trc_pkt_lister -src_addr_n`).
+    pub fn set_src_addr_n(&mut self, on: bool) {
+        self.src_addr_n = on;
     }
 
     /// Forgets cached code blocks (call when the code image changes).
@@ -1313,10 +1322,11 @@ impl Decoder {
         }
         let span = r.end.wrapping_sub(r.start);
         if span > last.size as u64 && r.end > r.start {
-            if self.walk.isa != Isa::Thumb2 {
+            if self.walk.isa != Isa::Thumb2 && !self.src_addr_n {
                 r.num = (span / 4) as u32;
             } else {
-                // count T32 instructions of mixed sizes
+                // count T32 instructions of mixed sizes, and/or split the range at every
+                // waypoint passed (they were N atoms: OpenCSD's -src_addr_n mode)
                 let mut tmp = WalkState { addr: r.start, isa: self.walk.isa, ..WalkState::default() };
                 r.num = 0;
                 while tmp.addr < r.end {
@@ -1327,6 +1337,27 @@ impl Decoder {
                         break;
                     }
                     r.num += 1;
+                    if self.src_addr_n && tmp.addr < r.end && tmp.last.ty != InstrType::Other {
+                        let l = tmp.last;
+                        self.stats.ranges += 1;
+                        self.stats.instructions += r.num as u64;
+                        self.add(
+                            index,
+                            ElementKind::InstrRange(InstrRange {
+                                start: r.start,
+                                end: tmp.addr,
+                                num_instr: r.num,
+                                isa: tmp.isa,
+                                last_size: l.size,
+                                executed: false,
+                                last_type: l.ty,
+                                last_subtype: l.subtype,
+                                last_cond: l.is_cond,
+                            }),
+                        );
+                        r.start = tmp.addr;
+                        r.num = 0;
+                    }
                 }
             }
         }

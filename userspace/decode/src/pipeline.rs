@@ -87,6 +87,13 @@ impl BufferDecoder {
         BufferDecoder { format, demux, decoders, deformatter: Deformatter::new(format) }
     }
 
+    /// Sets OpenCSD's `-src_addr_n` mode on every decoder (see [`Decoder::set_src_addr_n`]).
+    pub fn set_src_addr_n(&mut self, on: bool) {
+        for d in self.decoders.iter_mut().flatten() {
+            d.set_src_addr_n(on);
+        }
+    }
+
     /// The stream format.
     pub fn format(&self) -> StreamFormat {
         self.format
@@ -192,9 +199,21 @@ pub fn decode_snapshot_buffer(
     buffer: &TraceBuffer,
     sink: &mut dyn FnMut(&Element) -> ControlFlow<()>,
 ) -> Result<DecodeSummary, SnapshotError> {
+    decode_snapshot_buffer_with(snap, files, buffer, false, sink)
+}
+
+/// [`decode_snapshot_buffer`] with OpenCSD's `-src_addr_n` mode on or off.
+pub fn decode_snapshot_buffer_with(
+    snap: &Snapshot,
+    files: &dyn SnapshotFiles,
+    buffer: &TraceBuffer,
+    src_addr_n: bool,
+    sink: &mut dyn FnMut(&Element) -> ControlFlow<()>,
+) -> Result<DecodeSummary, SnapshotError> {
     let data = files.read(&buffer.file)?;
     let (img, _missing) = snapshot_image(snap, files);
     let mut bd = BufferDecoder::for_snapshot(snap, buffer);
+    bd.set_src_addr_n(src_addr_n);
     let mut s = |e: &Element| sink(e);
     for chunk in data.chunks(4096) {
         if bd.push(chunk, &img, &mut s).is_break() {

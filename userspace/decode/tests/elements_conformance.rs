@@ -1,7 +1,8 @@
 //! Element-level conformance against OpenCSD 1.8.0 reference decodes.
 //!
 //! For every snapshot under `$ETM_BPF_SHARED/testdata/etm` (default `<repo>/../shared`) and
-//! every full-decode reference `<name>[.<BUFFER>].decode.ppl.xz` in it, we decode the buffer
+//! every full-decode reference `<name>[.<BUFFER>].decode.ppl.xz` (and `<name>.decode.src_addr_n.ppl.xz`,
+//! made with `-src_addr_n`) in it, we decode the buffer
 //! with our deformatter + packet parser + instruction-level decoder over the snapshot's memory
 //! image and compare our `OCSD_GEN_TRC_ELEM_*` lines with the reference's element lines,
 //! normalising only whitespace (packet lines, header and OpenCSD's error messages are not
@@ -14,12 +15,13 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use etm_decode::pipeline::decode_snapshot_buffer;
+use etm_decode::pipeline::decode_snapshot_buffer_with;
 use etm_decode::snapshot::{DirFiles, Snapshot};
 
 /// Snapshot references whose element lines we reproduce exactly.
 const MUST_MATCH: &[&str] = &[
     "002-ack_test_scr",
+    "002-ack_test_scr.src_addr_n",
     "a55-test-tpiu",
     "a57_single_step",
     "armv8_1m_branches",
@@ -28,6 +30,7 @@ const MUST_MATCH: &[&str] = &[
     "ete-ite-instr",
     "ete-wfet",
     "ete_ip",
+    "ete_ip.src_addr_n",
     "ete_mem",
     "ete_spec_1",
     "ete_spec_2",
@@ -51,6 +54,7 @@ const MUST_MATCH: &[&str] = &[
     "rme_test",
     "s_9001",
     "src_addr",
+    "src_addr.src_addr_n",
     "ss_ib_el1ns",
     "texit-poe2",
     "tme_simple",
@@ -131,6 +135,8 @@ struct Case {
     dir: PathBuf,
     reference: PathBuf,
     buffer: Option<String>,
+    /// reference made with `-src_addr_n`
+    src_addr_n: bool,
 }
 
 fn cases(etm: &Path) -> Vec<Case> {
@@ -160,18 +166,24 @@ fn cases(etm: &Path) -> Vec<Case> {
             .filter(|p| {
                 let f = p.file_name().unwrap().to_string_lossy().into_owned();
                 // only the plain `-decode` references (not -src_addr_n, -multi_session, env variants)
-                f.ends_with(".decode.ppl.xz") && {
-                    let mid = f.trim_end_matches(".decode.ppl.xz");
-                    mid == stem || (mid.starts_with(&format!("{stem}.AUX_CPU")))
-                }
+                f == format!("{stem}.decode.src_addr_n.ppl.xz")
+                    || f.ends_with(".decode.ppl.xz") && {
+                        let mid = f.trim_end_matches(".decode.ppl.xz");
+                        mid == stem || (mid.starts_with(&format!("{stem}.AUX_CPU")))
+                    }
             })
             .collect();
         refs.sort();
         for r in refs {
             let fname = r.file_name().unwrap().to_string_lossy().into_owned();
+            if fname.ends_with(".decode.src_addr_n.ppl.xz") {
+                let label = format!("{stem}.src_addr_n");
+                v.push(Case { label, dir: d.clone(), reference: r, buffer: None, src_addr_n: true });
+                continue;
+            }
             let mid = fname.trim_end_matches(".decode.ppl.xz");
             let buffer = mid.strip_prefix(&format!("{stem}.")).map(str::to_string);
-            v.push(Case { label: mid.to_string(), dir: d.clone(), reference: r, buffer });
+            v.push(Case { label: mid.to_string(), dir: d.clone(), reference: r, buffer, src_addr_n: false });
         }
     }
     v
@@ -206,7 +218,7 @@ fn elements_match_opencsd_references() {
         };
         let mut ours = Vec::new();
         let mut line = Vec::new();
-        decode_snapshot_buffer(&snap, &files, &buf, &mut |e| {
+        decode_snapshot_buffer_with(&snap, &files, &buf, c.src_addr_n, &mut |e| {
             // the listing writer the CLI uses (its text equals `Display`, see unit tests)
             line.clear();
             e.write_line(&mut line);

@@ -169,6 +169,7 @@ fn decode_elements(
         log::warn!("memory image file {m} not found: its addresses decode as ADDR_NACC");
     }
     let mut dec = BufferDecoder::for_snapshot(snap, buffer);
+    dec.set_src_addr_n(args.src_addr_n);
     let mut builders: Vec<Option<BranchBuilder>> = (0..128).map(|_| None).collect();
     let mut line: Vec<u8> = Vec::with_capacity(256);
     let mut io_err: Option<std::io::Error> = None;
