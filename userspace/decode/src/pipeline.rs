@@ -94,6 +94,17 @@ impl BufferDecoder {
         }
     }
 
+    /// Starts a new trace session with the same decoders (trace index back to 0, parsers and
+    /// decoders reset and waiting for synchronisation), like `trc_pkt_lister -multi_session`
+    /// between buffers. Call [`finish`](Self::finish) on the previous session first.
+    pub fn restart(&mut self) {
+        self.deformatter = Deformatter::new(self.format);
+        self.demux.reset_all();
+        for d in self.decoders.iter_mut().flatten() {
+            d.reset();
+        }
+    }
+
     /// The stream format.
     pub fn format(&self) -> StreamFormat {
         self.format
@@ -221,6 +232,35 @@ pub fn decode_snapshot_buffer_with(
         }
     }
     let _ = bd.finish(&img, &mut s);
+    Ok(bd.summary())
+}
+
+/// Decodes every buffer of the snapshot in `trace.ini` order as consecutive sessions of the
+/// first buffer's decoders (`trc_pkt_lister -multi_session`): each buffer ends with
+/// `EO_TRACE`, then the decoders are reset for the next one.
+pub fn decode_snapshot_multi_session(
+    snap: &Snapshot,
+    files: &dyn SnapshotFiles,
+    sink: &mut dyn FnMut(&Element) -> ControlFlow<()>,
+) -> Result<DecodeSummary, SnapshotError> {
+    let (img, _missing) = snapshot_image(snap, files);
+    let Some(first) = snap.first_buffer() else { return Ok(DecodeSummary::default()) };
+    let mut bd = BufferDecoder::for_snapshot(snap, first);
+    let mut s = |e: &Element| sink(e);
+    for (i, buffer) in snap.buffers.iter().enumerate() {
+        if i > 0 {
+            bd.restart();
+        }
+        let data = files.read(&buffer.file)?;
+        for chunk in data.chunks(4096) {
+            if bd.push(chunk, &img, &mut s).is_break() {
+                return Ok(bd.summary());
+            }
+        }
+        if bd.finish(&img, &mut s).is_break() {
+            break;
+        }
+    }
     Ok(bd.summary())
 }
 

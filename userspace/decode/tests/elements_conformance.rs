@@ -1,8 +1,8 @@
 //! Element-level conformance against OpenCSD 1.8.0 reference decodes.
 //!
 //! For every snapshot under `$ETM_BPF_SHARED/testdata/etm` (default `<repo>/../shared`) and
-//! every full-decode reference `<name>[.<BUFFER>].decode.ppl.xz` (and `<name>.decode.src_addr_n.ppl.xz`,
-//! made with `-src_addr_n`) in it, we decode the buffer
+//! every full-decode reference `<name>[.<BUFFER>].decode.ppl.xz` (and the `-src_addr_n` and
+//! `-multi_session` variants `<name>.decode.{src_addr_n,multi_session}.ppl.xz`) in it, we decode the buffer
 //! with our deformatter + packet parser + instruction-level decoder over the snapshot's memory
 //! image and compare our `OCSD_GEN_TRC_ELEM_*` lines with the reference's element lines,
 //! normalising only whitespace (packet lines, header and OpenCSD's error messages are not
@@ -15,7 +15,7 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use etm_decode::pipeline::decode_snapshot_buffer_with;
+use etm_decode::pipeline::{decode_snapshot_buffer_with, decode_snapshot_multi_session};
 use etm_decode::snapshot::{DirFiles, Snapshot};
 
 /// Snapshot references whose element lines we reproduce exactly.
@@ -28,6 +28,7 @@ const MUST_MATCH: &[&str] = &[
     "bugfix-exact-match",
     "ete-bc-instr",
     "ete-ite-instr",
+    "ete-ite-instr.multi_session",
     "ete-wfet",
     "ete_ip",
     "ete_ip.src_addr_n",
@@ -45,17 +46,23 @@ const MUST_MATCH: &[&str] = &[
     "maxspec0_commopt1",
     "maxspec78_commopt0",
     "pauth_lr",
+    "pauth_lr.multi_session",
     "pauth_lr_Rm",
+    "pauth_lr_Rm.multi_session",
     "perf_etm.AUX_CPU7",
     "perf_kernel.AUX_CPU0",
     "perf_kernel.AUX_CPU6",
     "perf_with_unformatted_trace.AUX_CPU0",
     "q_elem",
+    "q_elem.multi_session",
     "rme_test",
+    "rme_test.multi_session",
     "s_9001",
+    "s_9001.multi_session",
     "src_addr",
     "src_addr.src_addr_n",
     "ss_ib_el1ns",
+    "ss_ib_el1ns.multi_session",
     "texit-poe2",
     "tme_simple",
     "tme_tcancel",
@@ -137,6 +144,8 @@ struct Case {
     buffer: Option<String>,
     /// reference made with `-src_addr_n`
     src_addr_n: bool,
+    /// reference made with `-multi_session` (all buffers, one decoder)
+    multi: bool,
 }
 
 fn cases(etm: &Path) -> Vec<Case> {
@@ -165,8 +174,9 @@ fn cases(etm: &Path) -> Vec<Case> {
             .map(|e| e.path())
             .filter(|p| {
                 let f = p.file_name().unwrap().to_string_lossy().into_owned();
-                // only the plain `-decode` references (not -src_addr_n, -multi_session, env variants)
+                // the `-decode` references and their -src_addr_n / -multi_session variants (not the env variants)
                 f == format!("{stem}.decode.src_addr_n.ppl.xz")
+                    || f == format!("{stem}.decode.multi_session.ppl.xz")
                     || f.ends_with(".decode.ppl.xz") && {
                         let mid = f.trim_end_matches(".decode.ppl.xz");
                         mid == stem || (mid.starts_with(&format!("{stem}.AUX_CPU")))
@@ -178,12 +188,17 @@ fn cases(etm: &Path) -> Vec<Case> {
             let fname = r.file_name().unwrap().to_string_lossy().into_owned();
             if fname.ends_with(".decode.src_addr_n.ppl.xz") {
                 let label = format!("{stem}.src_addr_n");
-                v.push(Case { label, dir: d.clone(), reference: r, buffer: None, src_addr_n: true });
+                v.push(Case { label, dir: d.clone(), reference: r, buffer: None, src_addr_n: true, multi: false });
+                continue;
+            }
+            if fname.ends_with(".decode.multi_session.ppl.xz") {
+                let label = format!("{stem}.multi_session");
+                v.push(Case { label, dir: d.clone(), reference: r, buffer: None, src_addr_n: false, multi: true });
                 continue;
             }
             let mid = fname.trim_end_matches(".decode.ppl.xz");
             let buffer = mid.strip_prefix(&format!("{stem}.")).map(str::to_string);
-            v.push(Case { label: mid.to_string(), dir: d.clone(), reference: r, buffer, src_addr_n: false });
+            v.push(Case { label: mid.to_string(), dir: d.clone(), reference: r, buffer, src_addr_n: false, multi: false });
         }
     }
     v
@@ -218,14 +233,18 @@ fn elements_match_opencsd_references() {
         };
         let mut ours = Vec::new();
         let mut line = Vec::new();
-        decode_snapshot_buffer_with(&snap, &files, &buf, c.src_addr_n, &mut |e| {
+        let mut push = |e: &etm_decode::elements::Element| {
             // the listing writer the CLI uses (its text equals `Display`, see unit tests)
             line.clear();
             e.write_line(&mut line);
             ours.push(norm(std::str::from_utf8(&line).unwrap()));
             ControlFlow::Continue(())
-        })
-        .unwrap();
+        };
+        if c.multi {
+            decode_snapshot_multi_session(&snap, &files, &mut push).unwrap();
+        } else {
+            decode_snapshot_buffer_with(&snap, &files, &buf, c.src_addr_n, &mut push).unwrap();
+        }
         let reference = reference_elements(&xz_text(&c.reference));
         if let Some(d) = &dump {
             let _ = std::fs::create_dir_all(d);
