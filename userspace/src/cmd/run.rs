@@ -189,11 +189,11 @@ struct Feed {
     foreign: u64,
     /// Records with an empty stack.
     empty: u64,
-    /// Newest sample time pushed (for the ETM watermark).
-    last_time: u64,
     sideband: Vec<etm_session::session::Sideband>,
     /// Why the loop stopped.
     stop: Option<StopReason>,
+    scratch: PauseSample,
+    spare_branches: Option<Vec<BranchPair>>,
 }
 
 impl Feed {
@@ -246,28 +246,38 @@ impl Feed {
         {
             log::debug!("re-reading maps of {}: {e}", self.pid);
         }
-        self.last_time = self.last_time.max(rec.time_ns);
         if let Some(etm) = self.etm.as_mut() {
             etm.push_bpf_sample(&rec, Some(&mut self.engine));
             return;
         }
+        // One sample buffer reused for every record (no allocation per sample).
+        let mut s = std::mem::take(&mut self.scratch);
+        s.cpu = rec.cpu as i32;
+        s.pid = rec.pid;
+        s.tid = rec.tid;
+        s.time = rec.time_ns;
+        s.stack.clear();
+        s.stack.extend_from_slice(stack);
         let br = rec.branches();
-        let s = PauseSample {
-            cpu: rec.cpu as i32,
-            pid: rec.pid,
-            tid: rec.tid,
-            time: rec.time_ns,
-            stack: stack.to_vec(),
-            branches: (!br.is_empty()).then(|| br.iter().map(|b| BranchPair { from: b.from, to: b.to }).collect()),
-        };
+        s.branches = (!br.is_empty()).then(|| {
+            let mut v = self.spare_branches.take().unwrap_or_default();
+            v.clear();
+            v.extend(br.iter().map(|b| BranchPair { from: b.from, to: b.to }));
+            v
+        });
         self.event(SessionEvent::Sample(&s));
+        if let Some(v) = s.branches.take() {
+            self.spare_branches = Some(v);
+        }
+        self.scratch = s;
     }
 
     /// Drains the ETM buffers and lets the join complete samples up to the newest one seen
     /// before the drain (their windows' AUX records were written at the same pause).
     fn drain_etm(&mut self) {
-        let until = self.last_time;
         if let Some(etm) = self.etm.as_mut() {
+            // In the perf clock (the pipeline's), read before the drain.
+            let until = etm.last_bpf_time();
             if let Err(e) = etm.poll(0, Some(&mut self.engine)) {
                 log::warn!("ETM poll: {e:#}");
             }
@@ -467,9 +477,10 @@ impl Feed {
             bad_records: 0,
             foreign: 0,
             empty: 0,
-            last_time: 0,
             sideband: Vec::new(),
             stop: None,
+            scratch: PauseSample::default(),
+            spare_branches: None,
         }
     }
 }

@@ -302,6 +302,8 @@ pub struct EtmLive {
     recorder: Option<Recorder>,
     /// Stack-only samples pushed from the eBPF ring.
     pub bpf_samples: u64,
+    /// Perf-clock time of the newest eBPF sample pushed.
+    last_bpf_time: u64,
 }
 
 impl EtmLive {
@@ -341,6 +343,7 @@ impl EtmLive {
             bpf_attached: attach_pause.is_some(),
             recorder: None,
             bpf_samples: 0,
+            last_bpf_time: 0,
         };
         let mut trcconfigr = 0;
         for &cpu in &targets {
@@ -475,6 +478,7 @@ impl EtmLive {
         }
         let s = PauseSample { cpu: rec.cpu as i32, pid: rec.pid, tid: rec.tid, time, stack: rec.stack().to_vec(), branches: None };
         self.bpf_samples += 1;
+        self.last_bpf_time = self.last_bpf_time.max(time);
         let mut consumer = Consumer { pipeline, recorder: self.recorder.as_mut() };
         consumer.event(SessionEvent::Sample(&s));
     }
@@ -483,6 +487,12 @@ impl EtmLive {
     /// opened) to the pipeline and the recording.
     pub fn push_event(&mut self, ev: SessionEvent<'_>, pipeline: Option<&mut dyn EventSink>) {
         Consumer { pipeline, recorder: self.recorder.as_mut() }.event(ev);
+    }
+
+    /// Perf-clock time of the newest eBPF pause sample pushed (0: none yet): the watermark up
+    /// to which the join may complete samples once the buffers are drained.
+    pub fn last_bpf_time(&self) -> u64 {
+        self.last_bpf_time
     }
 
     /// Per-buffer counters.
