@@ -127,3 +127,21 @@ fn window_needs_branches_etm() {
     let o = run(&["run", "--pid", &pid, "--headless", "--branches", "none", "--window", "free"]);
     assert_clean_error(&o, "--window applies to --branches etm only");
 }
+
+/// `--branches auto` picks ETM when a cs_etm PMU exists: with the Neoverse N1 fixture sysfs
+/// tree (a PMU type this kernel does not have), the run gets as far as opening the cs_etm
+/// event for the target and fails there with one line (needs root: BPF is loaded first).
+#[test]
+fn auto_picks_etm_when_cs_etm_exists() {
+    if !is_root() {
+        eprintln!("SKIP: needs root (the eBPF program is loaded before the cs_etm events)");
+        return;
+    }
+    let fixture = etm_bpf_tests::repo_root().join("userspace/perf/tests/fixtures/n1-etr");
+    let pid = std::process::id().to_string();
+    let o = run(&[
+        "run", "--pid", &pid, "--headless", "--duration", "1", "--branches", "auto",
+        "--sysfs-root", fixture.to_str().unwrap(),
+    ]);
+    assert_clean_error(&o, &format!("--branches etm: perf_event_open(cs_etm, pid {pid}, cpu "));
+}

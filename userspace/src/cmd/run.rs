@@ -440,6 +440,10 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(line) = &info.window_line {
         log::info!("{line}");
+        if args.headless {
+            // The one line saying which window mode was chosen and why.
+            let _ = writeln!(std::io::stdout(), "etm-bpf: ETM window: {line}");
+        }
     }
     log::info!(
         "profiling pid {pid} ({}) with {} at {} Hz on {} CPUs, branches {}",
