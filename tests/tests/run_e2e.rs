@@ -254,4 +254,22 @@ fn recorded_run_replays_to_the_same_profile() {
     assert_eq!(m["files"], serde_json::json!(["profile.folded", "profile.pb.gz"]));
     assert_eq!(m["pipeline"]["samples"]["stack_only"], total);
     assert_eq!(m["pipeline"]["samples"]["profiled"], total);
+
+    // With the trie's memory bound hit (--max-contexts 4: contexts fold into [other]), the
+    // replay bounds its trie the same way (recorded in the session) and still agrees.
+    let (dump, rec, rdump) = (dir.path().join("dump4"), dir.path().join("rec4"), dir.path().join("rdump4"));
+    let o = Command::new(etm_bpf_bin())
+        .args(["run", "--pid", &pid, "--headless", "--duration", "1", "--max-contexts", "4", "--dump-dir"])
+        .arg(&dump)
+        .arg("--record")
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "run: {}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new(etm_bpf_bin()).args(["replay", "--headless", "--dump-dir"]).arg(&rdump).arg(&rec).output().unwrap();
+    assert!(o.status.success(), "replay: {}", String::from_utf8_lossy(&o.stderr));
+    let live = std::fs::read_to_string(dump.join("profile.folded")).unwrap();
+    let replayed = std::fs::read_to_string(rdump.join("profile.folded")).unwrap();
+    assert!(live.contains("[other]"), "bound not hit: {live}");
+    assert_eq!(parse_folded(&replayed), parse_folded(&live));
 }

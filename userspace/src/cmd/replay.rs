@@ -69,6 +69,10 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     }
     let meta = reader.meta().clone();
     let mut cfg = PipelineConfig::from_meta(&meta);
+    // The live run's context bound (recorded by `run --record`): same trie, same profile.
+    if let Some(n) = meta.notes.get(crate::cmd::run::TRIE_NODES_NOTE).and_then(|n| n.parse().ok()) {
+        cfg.trie_nodes = n;
+    }
     if let Some(d) = args.depth {
         anyhow::ensure!(d > 0, "--depth must be at least 1");
         cfg.join.depth = d;

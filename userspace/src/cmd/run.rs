@@ -153,6 +153,9 @@ fn cmdline(pid: u32) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Session note with the context trie's node bound, so a replay bounds it the same way.
+pub const TRIE_NODES_NOTE: &str = "trie_nodes";
+
 /// Everything the dumps and the status line report.
 struct RunInfo {
     pid: u32,
@@ -369,7 +372,8 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             ..Default::default()
         };
         let mut hook = |fd| bpf.attach_perf_fd(fd);
-        let etm = EtmLive::open(&cfg, Some(&mut hook)).context("--branches etm")?;
+        let mut etm = EtmLive::open(&cfg, Some(&mut hook)).context("--branches etm")?;
+        etm.note(TRIE_NODES_NOTE, args.max_contexts.to_string());
         let mode = etm.mode_line().to_string();
         let mut pc = etm.pipeline_config(args.depth as usize);
         pc.trie_nodes = args.max_contexts;
@@ -405,6 +409,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
                 notes.insert("frequency_hz".to_string(), args.freq.to_string());
                 notes.insert("branch_source".to_string(), branches.to_string());
                 notes.insert("clock".to_string(), "CLOCK_MONOTONIC".to_string());
+                notes.insert(TRIE_NODES_NOTE.to_string(), args.max_contexts.to_string());
                 let meta = SessionMeta {
                     source: SessionSource::Live,
                     target: TargetInfo { pid: i64::from(pid), command: command.clone() },

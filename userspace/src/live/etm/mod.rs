@@ -489,6 +489,13 @@ impl EtmLive {
         Consumer { pipeline, recorder: self.recorder.as_mut() }.event(ev);
     }
 
+    /// Adds a note to the recording's metadata (no-op without `--record`).
+    pub fn note(&mut self, key: &str, value: String) {
+        if let Some(r) = self.recorder.as_mut() {
+            r.meta_mut().notes.insert(key.to_string(), value);
+        }
+    }
+
     /// Perf-clock time of the newest eBPF pause sample pushed (0: none yet): the watermark up
     /// to which the join may complete samples once the buffers are drained.
     pub fn last_bpf_time(&self) -> u64 {
