@@ -5,12 +5,14 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use etm_decode::elements::Element;
 use etm_decode::pipeline::{snapshot_image, BufferDecoder};
 use etm_decode::snapshot::{DirFiles, Snapshot, SnapshotFiles};
+
+mod common;
+use common::{shared_dir};
 
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
@@ -32,12 +34,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn shared_dir() -> PathBuf {
-    match std::env::var_os("ETM_BPF_SHARED") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
-    }
-}
 
 /// No heap allocation while decoding after warm-up.
 #[test]

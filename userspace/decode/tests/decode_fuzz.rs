@@ -3,16 +3,12 @@
 //! PRNG (byte flips, insertions, deletions, splices), must never panic, must give the same
 //! elements whole and chunked, and must stay within a bounded element count per input byte.
 
-use std::path::{Path, PathBuf};
 
 use etm_decode::pipeline::fuzz::{check_with, code_image};
 
-fn shared_dir() -> PathBuf {
-    match std::env::var_os("ETM_BPF_SHARED") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
-    }
-}
+mod common;
+use common::{shared_dir};
+
 
 struct Rng(u64);
 impl Rng {

@@ -18,6 +18,9 @@ use std::path::{Path, PathBuf};
 use etm_decode::pipeline::{decode_snapshot_buffer_with, decode_snapshot_multi_session};
 use etm_decode::snapshot::{DirFiles, Snapshot};
 
+mod common;
+use common::{shared_dir, xz_text, norm, matched_lines};
+
 /// Snapshot references whose element lines we reproduce exactly.
 const MUST_MATCH: &[&str] = &[
     "002-ack_test_scr",
@@ -73,23 +76,8 @@ const MUST_MATCH: &[&str] = &[
     "ts_marker",
 ];
 
-fn shared_dir() -> PathBuf {
-    match std::env::var_os("ETM_BPF_SHARED") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
-    }
-}
 
-fn xz_text(path: &Path) -> String {
-    let data = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    let mut out = Vec::new();
-    lzma_rs::xz_decompress(&mut &data[..], &mut out).unwrap_or_else(|e| panic!("xz {}: {e:?}", path.display()));
-    String::from_utf8_lossy(&out).into_owned()
-}
 
-fn norm(l: &str) -> String {
-    l.split_whitespace().collect::<Vec<_>>().join(" ")
-}
 
 /// Element lines of a reference listing. OpenCSD error messages have no trailing newline, so
 /// an element line may be glued to one: keep the text from the last `Idx:` before the element.
@@ -104,38 +92,6 @@ fn reference_elements(text: &str) -> Vec<String> {
     v
 }
 
-/// Number of lines matched by a greedy alignment that resynchronises within a window.
-fn matched_lines(a: &[String], b: &[String]) -> usize {
-    let (mut i, mut j, mut m) = (0, 0, 0);
-    while i < a.len() && j < b.len() {
-        if a[i] == b[j] {
-            m += 1;
-            i += 1;
-            j += 1;
-            continue;
-        }
-        let mut found = None;
-        'w: for d in 1..64 {
-            for (di, dj) in [(d, 0), (0, d), (d, d)] {
-                if i + di < a.len() && j + dj < b.len() && a[i + di] == b[j + dj] {
-                    found = Some((di, dj));
-                    break 'w;
-                }
-            }
-        }
-        match found {
-            Some((di, dj)) => {
-                i += di;
-                j += dj;
-            }
-            None => {
-                i += 1;
-                j += 1;
-            }
-        }
-    }
-    m
-}
 
 struct Case {
     label: String,

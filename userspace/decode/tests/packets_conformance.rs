@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 use etm_decode::listing::{list_buffer, ListOptions};
 use etm_decode::snapshot::{DirFiles, Snapshot};
 
+mod common;
+use common::{shared_dir, xz_text, norm, matched_lines};
+
 /// Snapshot references (directory/reference stem) that we reproduce exactly.
 const MUST_MATCH: &[&str] = &[
     "002-ack_test_scr",
@@ -59,23 +62,8 @@ const MUST_MATCH: &[&str] = &[
     "ts_marker",
 ];
 
-fn shared_dir() -> PathBuf {
-    match std::env::var_os("ETM_BPF_SHARED") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
-    }
-}
 
-fn xz_text(path: &Path) -> String {
-    let data = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    let mut out = Vec::new();
-    lzma_rs::xz_decompress(&mut &data[..], &mut out).unwrap_or_else(|e| panic!("xz {}: {e:?}", path.display()));
-    String::from_utf8_lossy(&out).into_owned()
-}
 
-fn norm(l: &str) -> String {
-    l.split_whitespace().collect::<Vec<_>>().join(" ")
-}
 
 /// Reference lines from the first `Protocol printer` line on.
 fn reference_lines(text: &str) -> Vec<String> {
@@ -92,38 +80,6 @@ fn reference_lines(text: &str) -> Vec<String> {
     v
 }
 
-/// Number of lines matched by a greedy alignment that resynchronises within a window.
-fn matched_lines(a: &[String], b: &[String]) -> usize {
-    let (mut i, mut j, mut m) = (0, 0, 0);
-    while i < a.len() && j < b.len() {
-        if a[i] == b[j] {
-            m += 1;
-            i += 1;
-            j += 1;
-            continue;
-        }
-        let mut found = None;
-        'w: for d in 1..64 {
-            for (di, dj) in [(d, 0), (0, d), (d, d)] {
-                if i + di < a.len() && j + dj < b.len() && a[i + di] == b[j + dj] {
-                    found = Some((di, dj));
-                    break 'w;
-                }
-            }
-        }
-        match found {
-            Some((di, dj)) => {
-                i += di;
-                j += dj;
-            }
-            None => {
-                i += 1;
-                j += 1;
-            }
-        }
-    }
-    m
-}
 
 struct Case {
     label: String,

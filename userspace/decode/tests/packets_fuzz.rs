@@ -4,9 +4,11 @@
 //! and once split at pseudo-random chunk boundaries; any panic or any difference between the
 //! two runs fails the test. Run with `--release` (the suite does); debug builds run 1/10th.
 
-use std::path::{Path, PathBuf};
 
 use etm_decode::packet::fuzz::check;
+
+mod common;
+use common::{shared_dir};
 
 struct Rng(u64);
 impl Rng {
@@ -22,12 +24,6 @@ impl Rng {
     }
 }
 
-fn shared_dir() -> PathBuf {
-    match std::env::var_os("ETM_BPF_SHARED") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
-    }
-}
 
 /// Seed byte streams: the trace buffers of the snapshots (whole files), or synthetic data.
 fn seeds() -> Vec<Vec<u8>> {

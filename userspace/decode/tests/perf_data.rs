@@ -14,7 +14,6 @@
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
 
 use etm_decode::branches::BranchBuilder;
 use etm_decode::elements::ElementKind;
@@ -22,12 +21,9 @@ use etm_decode::insn::InstrType;
 use etm_decode::pipeline::decode_snapshot_buffer;
 use etm_decode::snapshot::{DirFiles, Snapshot};
 
-fn shared_dir() -> PathBuf {
-    match std::env::var_os("ETM_BPF_SHARED") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared"),
-    }
-}
+mod common;
+use common::{shared_dir};
+
 
 type Counts = BTreeMap<(u64, u64), u64>;
 
