@@ -52,6 +52,12 @@ impl BinaryInfo {
     }
 }
 
+/// Whether the ELF image carries pseudo probes (a `.pseudo_probe` section): llvm-profgen then
+/// keys contexts by probe addresses instead of DWARF inline frames.
+pub fn has_pseudo_probes(data: &[u8]) -> bool {
+    object::File::parse(data).is_ok_and(|f| f.section_by_name(".pseudo_probe").is_some())
+}
+
 /// Code facts llvm-profgen derives by disassembling the binary, needed to reproduce its
 /// context-insensitive counters exactly: the prolog/epilog addresses (first two instructions
 /// of each function, each return and the instruction before it) and the addresses of
@@ -70,6 +76,12 @@ pub struct ElfCodeFacts {
     uncond_branches: Vec<u64>,
     /// Sorted, merged [start, end) ranges of DWARF-covered code; `None` unless static.
     debug_ranges: Option<Vec<(u64, u64)>>,
+    /// Every decoded instruction address, sorted (llvm-profgen's `CodeAddrVecs`).
+    insts: Vec<u64>,
+    /// Call instructions, sorted.
+    calls: Vec<u64>,
+    /// Return instructions, sorted.
+    rets: Vec<u64>,
 }
 
 fn dwarf_ranges(file: &object::File<'_>) -> Option<Vec<(u64, u64)>> {
@@ -132,15 +144,21 @@ impl ElfCodeFacts {
                     out.prolog_epilog.push(a);
                 }
                 for (j, &(a, k)) in insts.iter().enumerate() {
+                    out.insts.push(a);
                     match k {
                         Kind::Ret => {
+                            out.rets.push(a);
                             out.uncond_branches.push(a);
                             out.prolog_epilog.push(a);
                             if j > 0 {
                                 out.prolog_epilog.push(insts[j - 1].0);
                             }
                         }
-                        Kind::UncondBranch | Kind::Call => out.uncond_branches.push(a),
+                        Kind::Call => {
+                            out.calls.push(a);
+                            out.uncond_branches.push(a);
+                        }
+                        Kind::UncondBranch => out.uncond_branches.push(a),
                         Kind::Other => {}
                     }
                 }
@@ -151,8 +169,10 @@ impl ElfCodeFacts {
         }
         out.prolog_epilog.sort_unstable();
         out.prolog_epilog.dedup();
-        out.uncond_branches.sort_unstable();
-        out.uncond_branches.dedup();
+        for v in [&mut out.uncond_branches, &mut out.insts, &mut out.calls, &mut out.rets] {
+            v.sort_unstable();
+            v.dedup();
+        }
         Ok(out)
     }
 }
@@ -218,5 +238,20 @@ impl crate::write::CodeFacts for ElfCodeFacts {
         }
         let i = self.uncond_branches.partition_point(|&a| a < start);
         self.uncond_branches.get(i).is_some_and(|&a| a < end)
+    }
+}
+
+impl crate::unwind::InstFacts for ElfCodeFacts {
+    fn is_call(&self, addr: u64) -> bool {
+        self.calls.binary_search(&addr).is_ok()
+    }
+    fn is_return(&self, addr: u64) -> bool {
+        self.rets.binary_search(&addr).is_ok()
+    }
+    fn inst_index(&self, addr: u64) -> usize {
+        self.insts.partition_point(|&a| a < addr)
+    }
+    fn inst_at(&self, index: usize) -> Option<u64> {
+        self.insts.get(index).copied()
     }
 }

@@ -63,6 +63,8 @@ pub mod elf;
 mod model;
 pub mod perfscript;
 pub mod resolve;
+pub mod symbolize;
+pub mod unwind;
 pub mod write;
 
 pub use elf::ElfError;

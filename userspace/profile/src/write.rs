@@ -50,11 +50,11 @@ fn loc(l: Loc, b: ProfileBinary) -> u64 {
 }
 
 /// (branch-only, stack, branches) -> count, for one binary.
-type ViewMap = BTreeMap<(bool, Vec<u64>, Vec<(u64, u64)>), u64>;
+pub(crate) type ViewMap = BTreeMap<(bool, Vec<u64>, Vec<(u64, u64)>), u64>;
 
 /// Samples touching `b`, translated to b's view (externals collapsed, external-to-external
 /// branches dropped as llvm-profgen does), aggregated and sorted for deterministic output.
-fn views(
+pub(crate) fn views(
     p: &HybridProfile,
     b: ProfileBinary,
     facts: Option<&dyn CodeFacts>,

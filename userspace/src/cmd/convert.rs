@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 
 use crate::dump::write_atomic;
+use etm_profile::symbolize::{DwarfSymbolizer, Symbolizer};
+use etm_profile::unwind::{self, InstFacts};
 use etm_profile::write::{self, CodeFacts};
 use etm_profile::{BinaryInfo, HybridProfile, MmapResolver, ProfileLimits, perfscript};
 
@@ -86,9 +88,24 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<ExitCode> {
         .zip(&images)
         .filter_map(|(b, img)| Some((b.path.clone(), etm_profile::elf::ElfCodeFacts::from_elf(img).ok()?)))
         .collect();
-    let files = write_profile_dumps(&profile, &args.dump_dir, &|b: &BinaryInfo| {
-        facts.iter().find(|(p, _)| *p == b.path).map(|(_, f)| f as &dyn CodeFacts)
-    })?;
+    // DWARF (non-probe) binaries get the context-sensitive unsymbolized profile.
+    let mut syms: Vec<(String, DwarfSymbolizer)> = Vec::new();
+    for (b, img) in infos.iter().zip(&images) {
+        if !etm_profile::elf::has_pseudo_probes(img) {
+            let s = DwarfSymbolizer::from_elf(img).with_context(|| format!("reading DWARF of {}", b.path))?;
+            syms.push((b.path.clone(), s));
+        }
+    }
+    let fact = |b: &BinaryInfo| facts.iter().find(|(p, _)| *p == b.path).map(|(_, f)| f);
+    let files = write_profile_dumps_with(
+        &profile,
+        &args.dump_dir,
+        &|b: &BinaryInfo| fact(b).map(|f| f as &dyn CodeFacts),
+        &|b: &BinaryInfo| {
+            let s = syms.iter().find(|(p, _)| *p == b.path).map(|(_, s)| s as &dyn Symbolizer)?;
+            Some((fact(b)? as &dyn InstFacts, s))
+        },
+    )?;
     write_manifest(&args.dump_dir, &files, &profile, &st)?;
     for f in &files {
         println!("{}", f.display());
@@ -103,6 +120,22 @@ pub fn write_profile_dumps<'f>(
     profile: &HybridProfile,
     dir: &Path,
     facts: &dyn Fn(&BinaryInfo) -> Option<&'f dyn CodeFacts>,
+) -> anyhow::Result<Vec<PathBuf>> {
+    write_profile_dumps_with(profile, dir, facts, &|_| None)
+}
+
+/// Instruction facts and symbolizer of a DWARF binary, for the context-sensitive
+/// unsymbolized profile.
+pub type CsTools<'f> = (&'f dyn InstFacts, &'f dyn Symbolizer);
+
+/// [`write_profile_dumps`], writing `<binary>.unsym.txt` in llvm-profgen's context-sensitive
+/// form for binaries with hybrid samples for which `cs` gives DWARF tools (non-probe
+/// binaries); context-free otherwise.
+pub fn write_profile_dumps_with<'f>(
+    profile: &HybridProfile,
+    dir: &Path,
+    facts: &dyn Fn(&BinaryInfo) -> Option<&'f dyn CodeFacts>,
+    cs: &dyn Fn(&BinaryInfo) -> Option<CsTools<'f>>,
 ) -> anyhow::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut written = Vec::new();
@@ -121,7 +154,12 @@ pub fn write_profile_dumps<'f>(
         write_atomic(&path, |w| write::write_perfscript_with(profile, b, facts(info), w).map(drop))?;
         written.push(path);
         let path = dir.join(&unsym);
-        write_atomic(&path, |w| write::write_unsymbolized(profile, b, facts(info), w).map(drop))?;
+        match cs(info) {
+            Some((f, s)) if unwind::has_stack_samples(profile, b) => {
+                write_atomic(&path, |w| unwind::write_unsymbolized_cs(profile, b, f, s, w).map(drop))?
+            }
+            _ => write_atomic(&path, |w| write::write_unsymbolized(profile, b, facts(info), w).map(drop))?,
+        }
         written.push(path);
         let path = dir.join(&bolt);
         write_atomic(&path, |w| write::write_bolt_pa(profile, b, w).map(drop))?;
