@@ -7,7 +7,11 @@
 //! * `<bin>.unsym.txt` replaces it as `--unsymbolized-profile` when the run is
 //!   context-insensitive (`--ignore-stack-samples`, or a branch-only input), with
 //!   `--ignore-stack-samples` dropped (our unsymbolized dump is already context-free);
-//! * with `--skip-symbolization` the unsymbolized outputs themselves are compared.
+//! * for DWARF (non-probe) binaries with hybrid samples `<bin>.unsym.txt` is the
+//!   context-sensitive form and replaces the input of every context-sensitive run
+//!   (`--ignore-stack-samples` runs are then covered by the perf-script dump only);
+//! * with `--skip-symbolization` the unsymbolized outputs themselves are compared (CS
+//!   unwinder output only for runs with llvm-profgen's default unwinder options).
 //!
 //! Normalization: none beyond forcing `--format=text` (binary formats are compared through
 //! their text form); outputs must be byte-identical.
@@ -101,6 +105,33 @@ fn profgen(pg: &Path, input_flag: &str, input: &Path, binary: &Path, opts: &[Str
     std::fs::read_to_string(out).map_err(|e| format!("no output: {e}"))
 }
 
+/// The profile text with the ContextWasInlined bit (1) cleared from `!Attributes: N` lines
+/// (lines left at 0 dropped, as llvm-profgen writes none then): llvm-profgen sets it from the
+/// inline state seen while unwinding perf samples, which its unsymbolized format does not
+/// carry, so it is absent from any profile read from an unsymbolized file.
+fn strip_was_inlined(t: &str) -> String {
+    let mut out = String::with_capacity(t.len());
+    for line in t.lines() {
+        let attr = line.trim_start().strip_prefix("!Attributes: ").and_then(|v| v.parse::<u32>().ok());
+        match attr {
+            Some(a) if a & !1 == 0 => continue,
+            Some(a) => {
+                let indent = &line[..line.len() - line.trim_start().len()];
+                out.push_str(&format!("{indent}!Attributes: {}", a & !1));
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Whether an ELF file carries pseudo probes (its section names include `.pseudo_probe`).
+fn is_probe_binary(path: &Path) -> bool {
+    let data = std::fs::read(path).unwrap_or_default();
+    data.windows(13).any(|w| w == b".pseudo_probe")
+}
+
 fn first_diff(a: &str, b: &str) -> String {
     for (i, (x, y)) in a.lines().zip(b.lines()).enumerate() {
         if x != y {
@@ -130,7 +161,7 @@ fn profgen_cases_match_llvm_profgen() {
     let work = scratch("cases");
     let mut dumps: BTreeMap<(PathBuf, PathBuf), PathBuf> = BTreeMap::new();
     let mut failures = Vec::new();
-    let (mut checked_ps, mut checked_unsym) = (0, 0);
+    let (mut checked_ps, mut checked_unsym, mut checked_cs_unsym, mut cs_ignore_stack) = (0, 0, 0, 0);
     for (n, r) in runs.iter().enumerate() {
         let key = (r.input.clone(), r.binary.clone());
         let next = dumps.len();
@@ -161,6 +192,67 @@ fn profgen_cases_match_llvm_profgen() {
         }
         let branch_only = std::fs::read_to_string(&ours_ps).map(|t| !t.contains("\n\t")).unwrap_or(false);
         let context_free = branch_only || r.opts.iter().any(|o| o == "--ignore-stack-samples");
+        let unsym_text = std::fs::read_to_string(&ours_unsym).unwrap_or_default();
+        let ours_cs = unsym_text.starts_with('[');
+        // DWARF binaries with hybrid samples get the context-sensitive unsymbolized dump;
+        // pseudo-probe binaries keep the context-free one (LLVM 22 crashes on CS input there).
+        if !branch_only && is_probe_binary(&r.binary) == ours_cs {
+            failures.push(format!("{label}: unsymbolized dump CS={ours_cs} for a {} binary", if ours_cs { "probe" } else { "DWARF" }));
+            continue;
+        }
+        if ours_cs {
+            if context_free {
+                cs_ignore_stack += 1;
+                continue; // a CS dump cannot answer an --ignore-stack-samples run; the perfscript dump did
+            }
+            if r.opts.iter().any(|o| o == "--skip-symbolization") {
+                // Unwinder output: only llvm-profgen's default unwinder options are reproduced.
+                let neutral = |o: &String| {
+                    o == "--skip-symbolization"
+                        || ["--profile-summary-", "--csspgo-preinliner=", "--gen-cs-nested-profile="].iter().any(|p| o.starts_with(p))
+                };
+                if !r.opts.iter().all(neutral) {
+                    eprintln!("SKIP (unwinder option not reproduced): {label}");
+                    continue;
+                }
+                if unsym_text == expected {
+                    checked_cs_unsym += 1;
+                } else {
+                    failures.push(format!("{label}: CS unsymbolized dump differs: {}", first_diff(&expected, &unsym_text)));
+                }
+            } else {
+                // (1) byte-identical to llvm-profgen's own round trip (its default unwinder
+                // output of the original input, read back with the run's options);
+                // (2) equal to the profile from the original input up to the
+                // ContextWasInlined attribute, which the unsymbolized format cannot carry.
+                let theirs = work.join(format!("theirs-unsym{n}"));
+                let own = profgen(&pg, "--perfscript", &r.input, &r.binary, &["--skip-symbolization".to_string()], &theirs)
+                    .and_then(|_| profgen(&pg, "--unsymbolized-profile", &theirs, &r.binary, &r.opts, &work.join(format!("rt{n}"))));
+                let ours = profgen(&pg, "--unsymbolized-profile", &ours_unsym, &r.binary, &r.opts, &work.join(format!("cs{n}")));
+                let (own, ours) = match (own, ours) {
+                    (Ok(a), Ok(b)) => (a, b),
+                    (a, b) => {
+                        failures.push(format!("{label}: CS unsymbolized round trip: {:?} / {:?}", a.err(), b.err()));
+                        continue;
+                    }
+                };
+                if ours != own {
+                    failures.push(format!("{label}: CS unsymbolized dump differs from llvm-profgen's round trip: {}", first_diff(&own, &ours)));
+                    continue;
+                }
+                let unwinder_opt = r.opts.iter().any(|o| o.starts_with("--compress-recursion") || o.starts_with("--csprof-max-context-depth"));
+                if unwinder_opt {
+                    eprintln!("note: {label}: unwinder option; CS unsymbolized checked against llvm-profgen's round trip only");
+                    checked_cs_unsym += 1;
+                } else if strip_was_inlined(&ours) == strip_was_inlined(&expected) {
+                    checked_cs_unsym += 1;
+                } else {
+                    let (e, o) = (strip_was_inlined(&expected), strip_was_inlined(&ours));
+                    failures.push(format!("{label}: CS unsymbolized dump differs: {}", first_diff(&e, &o)));
+                }
+            }
+            continue;
+        }
         if !context_free {
             continue;
         }
@@ -199,10 +291,11 @@ fn profgen_cases_match_llvm_profgen() {
         }
     }
     eprintln!(
-        "profgen cases: {} runs over {} inputs; identical via perfscript: {checked_ps}, via unsymbolized: {checked_unsym}",
+        "profgen cases: {} runs over {} inputs; identical via perfscript: {checked_ps}, via context-free unsymbolized: {checked_unsym}, via CS unsymbolized: {checked_cs_unsym} (+{cs_ignore_stack} --ignore-stack-samples runs on CS DWARF inputs: perfscript only)",
         runs.len(),
         dumps.len()
     );
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(checked_cs_unsym >= 10, "expected the DWARF CS runs to be checked through the CS unsymbolized dump, got {checked_cs_unsym}");
     let _ = std::fs::remove_dir_all(&work);
 }
