@@ -267,6 +267,8 @@ pub struct Decoder {
     scratch: Vec<P0>,
     /// ETE source-address ranges are split at the waypoints they pass (OpenCSD -src_addr_n)
     src_addr_n: bool,
+    /// report timestamps before the first ETE timestamp marker too (`set_unmarked_timestamps`)
+    unmarked_ts: bool,
     stopped: bool,
     stats: DecodeStats,
 }
@@ -299,6 +301,7 @@ impl Decoder {
             tag: MemSpace::S.0 as u64,
             scratch: Vec::new(),
             src_addr_n: false,
+            unmarked_ts: false,
             stopped: false,
             stats: DecodeStats::default(),
         };
@@ -323,6 +326,41 @@ impl Decoder {
     /// taken (OpenCSD `ETE_OPFLG_PKTDEC_SRCADDR_N_ATOMS`, `trc_pkt_lister -src_addr_n`).
     pub fn set_src_addr_n(&mut self, on: bool) {
         self.src_addr_n = on;
+    }
+
+    /// Reports every timestamp as a `Timestamp` element, also before the first ETE timestamp
+    /// marker (OpenCSD, and so the default, drops those when TRCIDR0.TSMARK is set). For
+    /// consumers that date trace windows by their leading timestamp.
+    pub fn set_unmarked_timestamps(&mut self, on: bool) {
+        self.unmarked_ts = on;
+    }
+
+    /// Where execution continues after the last instruction range emitted so far, as far as
+    /// the trace received up to now tells, including packets not yet committed (at the end of
+    /// the data, an address packet stays on the P0 stack until the next atom): the current
+    /// address if known (a direct branch's target, an applied address), else the first
+    /// uncommitted address packet ahead of any P0 element, else, for a return compressed by
+    /// the return stack, the top of the return stack. `None` if unknown (an indirect branch
+    /// whose address packet has not arrived) or not synchronised. The target of a window's
+    /// last taken branch: perf's rules only complete a branch when the next range starts.
+    pub fn pending_target(&self) -> Option<u64> {
+        if self.state != State::Decode || self.need_ctxt {
+            return None;
+        }
+        if !self.need_addr {
+            return Some(self.walk.addr);
+        }
+        for e in &self.p0 {
+            match e.kind {
+                P0Kind::Addr { addr, .. } => return Some(addr),
+                _ if e.is_p0 => return None,
+                _ => {}
+            }
+        }
+        if self.ret.active && self.ret.pop_pending && self.ret.entries > 0 {
+            return Some(self.ret.stack[self.ret.head].0);
+        }
+        None
     }
 
     /// Forgets cached code blocks (call when the code image changes).
@@ -935,7 +973,7 @@ impl Decoder {
     // ---------------------------------------------------------------- element processing
 
     fn ts_cc_event(&mut self, e: &P0) {
-        let permit_ts = !self.cfg.ts_marker || self.ete_first_ts_marker;
+        let permit_ts = !self.cfg.ts_marker || self.ete_first_ts_marker || self.unmarked_ts;
         match e.kind {
             P0Kind::Event(n) => self.add(e.index, ElementKind::Event(n)),
             P0Kind::Ts { ts, cc } if permit_ts => self.add(e.index, ElementKind::Timestamp { ts, cc }),
@@ -1494,5 +1532,64 @@ mod tests {
             run(cfg(8), &p),
             vec!["OCSD_GEN_TRC_ELEM_INSTR_RANGE(exec range=0x1000:[0x1008] num_i(2) last_sz(4) (ISA=A64) E BR  b+link )"]
         );
+    }
+
+    fn feed(d: &mut Decoder, pkts: &[Packet]) -> Vec<ElementKind> {
+        let img = image();
+        let mut out = Vec::new();
+        let mut sink = |e: &Element| {
+            out.push(e.kind);
+            ControlFlow::Continue(())
+        };
+        for (i, p) in pkts.iter().enumerate() {
+            let _ = d.packet(i as u64, p, &img, &mut sink);
+        }
+        out
+    }
+
+    fn addr_pkt(addr: u64) -> Packet {
+        Packet::Address { addr: Address { form: AddrForm::Long64, is: 0, addr, pkt_bits: 64 }, context: None, source: false }
+    }
+
+    /// At the end of the data, the pending target is a direct branch's target from the code,
+    /// an indirect branch's from the (uncommitted) address packet after it, a compressed
+    /// return's from the return stack, and unknown while an indirect branch awaits its address.
+    #[test]
+    fn pending_target_at_end_of_data() {
+        let mut d = Decoder::new(cfg(0));
+        assert_eq!(d.pending_target(), None, "not synchronised");
+        let mut p = start_packets(0x1000);
+        p.push(atom(true)); // BL 0x2000 taken
+        feed(&mut d, &p);
+        assert_eq!(d.pending_target(), Some(0x2000));
+        feed(&mut d, &[atom(true)]); // RET taken, compressed: the return stack gives 0x1008
+        assert_eq!(d.pending_target(), Some(0x1008));
+
+        let mut no_rs = cfg(0);
+        no_rs.ret_stack = false;
+        let mut d = Decoder::new(no_rs);
+        let mut p = start_packets(0x1000);
+        p.extend([atom(true), atom(true)]);
+        feed(&mut d, &p);
+        assert_eq!(d.pending_target(), None, "indirect branch, address not yet traced");
+        feed(&mut d, &[addr_pkt(0x1234)]);
+        assert_eq!(d.pending_target(), Some(0x1234));
+    }
+
+    /// With TRCIDR0.TSMARK set, timestamps before the first marker are dropped (OpenCSD) unless
+    /// unmarked timestamps are requested.
+    #[test]
+    fn unmarked_timestamps() {
+        let mut c = cfg(0);
+        c.ts_marker = true;
+        let ts = Packet::Timestamp { value: 0x6fd7, bits: 64, cycle_count: None };
+        let mut p = vec![Packet::Async, Packet::TraceInfo(TraceInfo::default()), ts];
+        p.extend(start_packets(0x1000).into_iter().skip(2));
+        p.push(atom(true));
+        let has_ts = |k: &Vec<ElementKind>| k.iter().any(|k| matches!(k, ElementKind::Timestamp { ts: 0x6fd7, .. }));
+        assert!(!has_ts(&feed(&mut Decoder::new(c), &p)));
+        let mut d = Decoder::new(c);
+        d.set_unmarked_timestamps(true);
+        assert!(has_ts(&feed(&mut d, &p)));
     }
 }

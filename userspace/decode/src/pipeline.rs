@@ -94,6 +94,20 @@ impl BufferDecoder {
         }
     }
 
+    /// Reports timestamps before the first ETE timestamp marker too
+    /// ([`Decoder::set_unmarked_timestamps`]).
+    pub fn set_unmarked_timestamps(&mut self, on: bool) {
+        for d in self.decoders.iter_mut().flatten() {
+            d.set_unmarked_timestamps(on);
+        }
+    }
+
+    /// The element decoder of a trace ID (e.g. for [`Decoder::pending_target`] at the end of
+    /// the data pushed so far).
+    pub fn decoder(&self, trace_id: u8) -> Option<&Decoder> {
+        self.decoders[(trace_id & 0x7F) as usize].as_ref()
+    }
+
     /// Starts a new trace session with the same decoders (trace index back to 0, parsers and
     /// decoders reset and waiting for synchronisation), like `trc_pkt_lister -multi_session`
     /// between buffers. Call [`finish`](Self::finish) on the previous session first.

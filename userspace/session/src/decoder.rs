@@ -6,11 +6,11 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use etm_decode::branches::BranchBuilder;
+use etm_decode::decoder::ElementSink;
 use etm_decode::elements::{Element, ElementKind, TraceOnReason, UnsyncReason};
-use etm_decode::frame::{Deformatter, FrameSink, StreamFormat};
+use etm_decode::frame::StreamFormat;
 use etm_decode::image::{MemSpace, MemoryAccess};
-use etm_decode::insn::{ArchVersion, DecodeConfig, InstrSubtype, InstrType, decode_a64};
-use etm_decode::packet::{Packet, PacketDemux};
+use etm_decode::insn::{ArchVersion, DecodeConfig, InstrType, decode_a64};
 use etm_decode::pipeline::BufferDecoder;
 use etm_decode::snapshot::{CoreProfile, EtmConfig, Protocol};
 
@@ -60,51 +60,51 @@ impl DecoderFactory for EtmFactory {
 
 /// The real decoder for one AUX buffer: `etm_decode`'s deformatter, packet parser and element
 /// decoder, with branch records built from the elements by perf's rules
-/// (`etm_decode::branches::BranchBuilder`).
+/// (`etm_decode::branches::BranchBuilder`), streamed to the window sink as the decoder emits
+/// them (no copy of the element stream).
 ///
-/// Two things perf's rules leave out are completed here from a parallel packet view of the
-/// same bytes (`etm_decode`'s deformatter + packet parser; elements and packets carry the same
-/// trace index, so they are merged in trace order):
+/// Two things perf's rules leave out are completed from the element decoder itself:
 /// * the *last* taken branch of a window: the element decoder emits a branch record only when
-///   the next range starts, which never happens after the pause. At the end of a segment
-///   (trace on, loss of sync, end of trace) the pending branch is completed: a direct branch's
-///   target from the code, an indirect branch's from the address packet that followed it, or,
-///   for a return compressed by the return stack (no address packet), from the return stack;
-/// * the window's time: the timestamp packet between the sync and the trace-on (the element
-///   decoder only reports timestamps after an ETE timestamp marker when TRCIDR0.TSMARK is set).
+///   the next range starts, which never happens after the pause. At the end of every piece of
+///   data the decoder's [`pending_target`](etm_decode::decoder::Decoder::pending_target) (a
+///   direct branch's target, the uncommitted address packet after an indirect branch, or the
+///   return stack's top for a compressed return) is noted; at the end of the segment (trace
+///   on, loss of sync, end of trace, or [`WindowDecoder::complete_pending`]) the pending
+///   branch is completed with it if no range came since (a direct branch's target is also
+///   read from the code when the segment ends inside a piece of data);
+/// * the window's time: the decoder reports every timestamp as an element
+///   ([`set_unmarked_timestamps`](BufferDecoder::set_unmarked_timestamps): ETE's TRCIDR0.TSMARK
+///   would otherwise drop those before the first timestamp marker, and synthetic and perf
+///   sessions date windows by the timestamp between the sync and the trace-on).
 pub struct EtmWindowDecoder {
     format: StreamFormat,
     sources: Vec<(u8, EtmConfig, ArchVersion)>,
     buf: BufferDecoder,
-    side_frames: Deformatter,
-    side_packets: PacketDemux,
+    st: Adapter,
+}
+
+/// Branch state of every trace ID (separate from the decoder so elements can be handled while
+/// the decoder runs).
+struct Adapter {
     /// Per trace ID (index), the branch state.
     ids: Vec<Option<IdState>>,
     raw: bool,
-    elems: Vec<Element>,
-    events: Vec<(u64, u8, PacketEv)>,
     insn_cfg: DecodeConfig,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum PacketEv {
-    Ts(u64),
-    Addr(u64),
 }
 
 #[derive(Debug, Clone)]
 struct IdState {
     builder: BranchBuilder,
+    /// Instruction ranges seen (identifies the builder's last range).
+    ranges: u64,
     /// Trace index of the element of the last range.
     last_range_index: u64,
-    /// Last address packet (index, address).
-    last_addr: Option<(u64, u64)>,
-    /// Last timestamp packet (index, value) not yet used.
+    /// Last timestamp (index, value) not yet used.
     last_ts: Option<(u64, u64)>,
-    /// Emulated return stack (return addresses of taken calls), depth 16 like the hardware's.
-    ret: Vec<u64>,
-    /// The pending branch already emitted by [`WindowDecoder::complete_pending`] (the record
-    /// the builder makes when the next range arrives is then not emitted again).
+    /// At the end of the data so far: (`ranges` then, target of the last range's branch).
+    pending: Option<(u64, u64)>,
+    /// The pending branch already emitted by [`Adapter::complete_pending`] (the record the
+    /// builder makes when the next range arrives is then not emitted again).
     completed: Option<(u64, u64)>,
 }
 
@@ -112,10 +112,10 @@ impl IdState {
     fn new() -> Self {
         IdState {
             builder: BranchBuilder::new(1),
+            ranges: 0,
             last_range_index: 0,
-            last_addr: None,
             last_ts: None,
-            ret: Vec::with_capacity(16),
+            pending: None,
             completed: None,
         }
     }
@@ -142,19 +142,30 @@ impl EtmWindowDecoder {
         let mut d = EtmWindowDecoder {
             format,
             buf: BufferDecoder::new(format, &sources),
-            side_frames: Deformatter::new(format),
-            side_packets: PacketDemux::new(),
-            ids: (0..128).map(|_| None).collect(),
             sources,
-            raw,
-            elems: Vec::new(),
-            events: Vec::new(),
-            insn_cfg: DecodeConfig { arch: ArchVersion::Aa64, wfi_wfe_branch: false, dsb_dmb_waypoints: false },
+            st: Adapter {
+                ids: (0..128).map(|_| None).collect(),
+                raw,
+                insn_cfg: DecodeConfig { arch: ArchVersion::Aa64, wfi_wfe_branch: false, dsb_dmb_waypoints: false },
+            },
         };
         d.reset();
         d
     }
 
+    /// Notes each trace ID's pending branch target at the end of the data decoded so far.
+    fn note_pending(&mut self) {
+        for (id, _, _) in &self.sources {
+            let Some(st) = self.st.ids[(*id & 0x7f) as usize].as_mut() else { continue };
+            st.pending = match st.builder.last_range() {
+                Some((_, true)) => self.buf.decoder(*id).and_then(|d| d.pending_target()).map(|t| (st.ranges, t)),
+                _ => None,
+            };
+        }
+    }
+}
+
+impl Adapter {
     /// Complete the pending taken branch of `id` (end of a segment).
     fn complete_pending(&mut self, id: u8, code: &CodeMap, sink: &mut dyn WindowSink) {
         let raw = self.raw;
@@ -164,13 +175,11 @@ impl EtmWindowDecoder {
         if st.completed.is_some_and(|(f, _)| f == from) {
             return;
         }
-        let target = match r.last_type {
-            InstrType::Br => code.read_u32(None, from).map(|w| decode_a64(from, w, &self.insn_cfg).branch_addr),
-            InstrType::BrIndirect => match st.last_addr {
-                Some((idx, a)) if idx > st.last_range_index => Some(a),
-                _ if r.last_subtype == InstrSubtype::V8Ret => st.ret.last().copied(),
-                _ => None,
-            },
+        let target = match st.pending {
+            Some((n, t)) if n == st.ranges => Some(t),
+            _ if r.last_type == InstrType::Br => {
+                code.read_u32(None, from).map(|w| decode_a64(from, w, &self.insn_cfg).branch_addr)
+            }
             _ => None,
         };
         if let Some(to) = target {
@@ -179,15 +188,38 @@ impl EtmWindowDecoder {
         }
     }
 
+    #[inline]
     fn element(&mut self, e: &Element, code: &CodeMap, sink: &mut dyn WindowSink) {
-        let id = if self.raw { None } else { Some(e.trace_id) };
-        log::trace!("element {e:?}");
         let slot = (e.trace_id & 0x7f) as usize;
         if self.ids[slot].is_none() {
             return;
         }
+        let id = if self.raw { None } else { Some(e.trace_id) };
         match e.kind {
+            ElementKind::InstrRange(_) => {
+                let st = self.ids[slot].as_mut().expect("checked");
+                st.last_range_index = e.index;
+                st.ranges += 1;
+                let rec = st.builder.element(e);
+                let done = st.completed.take();
+                if let Some(rec) = rec
+                    && done != Some((rec.from, rec.to))
+                {
+                    sink.branch(id, rec.from, rec.to);
+                }
+                return;
+            }
+            ElementKind::Timestamp { ts, .. } => {
+                let st = self.ids[slot].as_mut().expect("checked");
+                st.last_ts = Some((e.index, ts));
+                // Inside a segment (after its first range) a timestamp dates it if nothing did.
+                if st.builder.last_range().is_some() {
+                    sink.timestamp(id, ts);
+                }
+                return;
+            }
             ElementKind::TraceOn(r) => {
+                log::trace!("element {e:?}");
                 self.complete_pending(e.trace_id, code, sink);
                 if r == TraceOnReason::Overflow {
                     sink.discontinuity(id, Discontinuity::Overflow);
@@ -202,6 +234,7 @@ impl EtmWindowDecoder {
                 }
             }
             ElementKind::NoSync(r) => {
+                log::trace!("element {e:?}");
                 self.complete_pending(e.trace_id, code, sink);
                 let why = match r {
                     UnsyncReason::Overflow => Discontinuity::Overflow,
@@ -209,47 +242,16 @@ impl EtmWindowDecoder {
                     _ => Discontinuity::NoSync,
                 };
                 sink.discontinuity(id, why);
-                self.ids[slot].as_mut().expect("checked").ret.clear();
             }
             ElementKind::EoTrace(_) => self.complete_pending(e.trace_id, code, sink),
             ElementKind::AddrNacc { .. } => sink.discontinuity(id, Discontinuity::NoCode),
             _ => {}
         }
         let st = self.ids[slot].as_mut().expect("checked");
-        if let ElementKind::InstrRange(r) = e.kind {
-            st.last_range_index = e.index;
-            if r.executed {
-                if r.last_subtype == InstrSubtype::BrLink {
-                    if st.ret.len() == 16 {
-                        st.ret.remove(0);
-                    }
-                    st.ret.push(r.end);
-                } else if r.last_subtype == InstrSubtype::V8Ret {
-                    st.ret.pop();
-                }
-            }
-        }
-        let rec = st.builder.element(e);
-        if matches!(e.kind, ElementKind::InstrRange(_)) || rec.is_some() {
+        if let Some(rec) = st.builder.element(e) {
             let done = st.completed.take();
-            if let Some(rec) = rec
-                && done != Some((rec.from, rec.to))
-            {
+            if done != Some((rec.from, rec.to)) {
                 sink.branch(id, rec.from, rec.to);
-            }
-        }
-    }
-
-    fn packet_event(&mut self, idx: u64, id: u8, ev: PacketEv, sink: &mut dyn WindowSink) {
-        let Some(st) = self.ids[(id & 0x7f) as usize].as_mut() else { return };
-        match ev {
-            PacketEv::Addr(a) => st.last_addr = Some((idx, a)),
-            PacketEv::Ts(t) => {
-                st.last_ts = Some((idx, t));
-                // Inside a segment (after its first range) a timestamp dates it if nothing did.
-                if st.builder.last_range().is_some() {
-                    sink.timestamp(if self.raw { None } else { Some(id) }, t);
-                }
             }
         }
     }
@@ -274,86 +276,47 @@ impl MemoryAccess for Mem<'_> {
     }
 }
 
-/// Collects the packet events of the parallel view.
-struct SideSink<'a> {
-    demux: &'a mut PacketDemux,
-    events: &'a mut Vec<(u64, u8, PacketEv)>,
+/// Hands the decoder's elements to the adapter as they are produced.
+struct ElemSink<'a, 'b> {
+    st: &'a mut Adapter,
+    code: &'a CodeMap,
+    sink: &'a mut (dyn WindowSink + 'b),
 }
 
-impl FrameSink for SideSink<'_> {
-    fn data(&mut self, id: u8, index: u64, bytes: &[u8]) {
-        let events = &mut *self.events;
-        self.demux.feed(id, index, bytes, &mut |id: u8, idx: u64, p: &Packet, _raw: &[u8]| match p {
-            Packet::Timestamp { value, .. } => events.push((idx, id, PacketEv::Ts(*value))),
-            Packet::Address { addr, source: false, .. } => events.push((idx, id, PacketEv::Addr(addr.addr))),
-            _ => {}
-        });
-    }
-    fn reset(&mut self) {
-        self.demux.reset_all();
+impl ElementSink for ElemSink<'_, '_> {
+    #[inline]
+    fn element(&mut self, e: &Element) -> ControlFlow<()> {
+        self.st.element(e, self.code, self.sink);
+        ControlFlow::Continue(())
     }
 }
 
 impl WindowDecoder for EtmWindowDecoder {
     fn feed(&mut self, data: &[u8], code: &CodeMap, sink: &mut dyn WindowSink) {
-        let mut elems = std::mem::take(&mut self.elems);
-        let mut events = std::mem::take(&mut self.events);
-        elems.clear();
-        events.clear();
-        let _ = self.buf.push(data, &Mem(code), &mut |e: &Element| {
-            elems.push(*e);
-            ControlFlow::Continue(())
-        });
-        self.side_frames.push(data, &mut SideSink { demux: &mut self.side_packets, events: &mut events });
-        // Merge in trace order; a packet event goes after the elements of its own index.
-        let (mut i, mut j) = (0, 0);
-        while i < elems.len() || j < events.len() {
-            if j < events.len() && (i == elems.len() || events[j].0 < elems[i].index) {
-                let (idx, id, ev) = events[j];
-                self.packet_event(idx, id, ev, sink);
-                j += 1;
-            } else {
-                let e = elems[i];
-                self.element(&e, code, sink);
-                i += 1;
-            }
-        }
-        self.elems = elems;
-        self.events = events;
+        let _ = self.buf.push(data, &Mem(code), &mut ElemSink { st: &mut self.st, code, sink });
+        self.note_pending();
     }
 
     fn reset(&mut self) {
         self.buf = BufferDecoder::new(self.format, &self.sources);
-        self.side_frames = Deformatter::new(self.format);
-        self.side_packets = PacketDemux::new();
-        for (id, cfg, _) in &self.sources {
-            self.side_packets.add(*id, cfg);
-            self.ids[(*id & 0x7f) as usize] = Some(IdState::new());
+        self.buf.set_unmarked_timestamps(true);
+        for (id, _, _) in &self.sources {
+            self.st.ids[(*id & 0x7f) as usize] = Some(IdState::new());
         }
     }
 
     fn complete_pending(&mut self, code: &CodeMap, sink: &mut dyn WindowSink) {
-        let ids: Vec<u8> = self.sources.iter().map(|s| s.0).collect();
-        for id in ids {
-            EtmWindowDecoder::complete_pending(self, id, code, sink);
+        for (id, _, _) in &self.sources {
+            self.st.complete_pending(*id, code, sink);
         }
     }
 
     fn finish(&mut self, code: &CodeMap, sink: &mut dyn WindowSink) {
-        let mut elems = std::mem::take(&mut self.elems);
-        elems.clear();
-        let _ = self.buf.finish(&Mem(code), &mut |e: &Element| {
-            elems.push(*e);
-            ControlFlow::Continue(())
-        });
-        for e in &elems {
-            self.element(e, code, sink);
+        self.note_pending();
+        let _ = self.buf.finish(&Mem(code), &mut ElemSink { st: &mut self.st, code, sink });
+        for (id, _, _) in &self.sources {
+            self.st.complete_pending(*id, code, sink);
         }
-        let ids: Vec<u8> = self.sources.iter().map(|s| s.0).collect();
-        for id in ids {
-            self.complete_pending(id, code, sink);
-        }
-        self.elems = elems;
     }
 }
 
