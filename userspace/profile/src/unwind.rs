@@ -37,6 +37,11 @@ pub trait InstFacts: CodeFacts {
     fn inst_index(&self, addr: u64) -> usize;
     /// Address of the instruction with this index.
     fn inst_at(&self, index: usize) -> Option<u64>;
+    /// Whether an instruction starts at `addr` (llvm-profgen's `addressIsCode`: only the
+    /// disassembled function symbols count, so PLT stubs are external).
+    fn is_inst(&self, addr: u64) -> bool {
+        self.inst_at(self.inst_index(addr)) == Some(addr)
+    }
 }
 
 const ROOT: usize = 0;
@@ -344,8 +349,8 @@ pub fn write_unsymbolized_cs<W: Write>(
 ) -> io::Result<WriteStats> {
     let info = &p.binaries()[b];
     let base = info.first_exec_vaddr().unwrap_or(0) & !0xfff;
-    let is_code = |a: u64| info.is_code(a);
-    let (views, skipped) = crate::write::views(p, b, Some(facts as &dyn CodeFacts));
+    let is_code = |a: u64| facts.is_inst(a);
+    let (views, skipped) = crate::write::views(p, b, None);
     let mut u = Unwinder {
         facts,
         sym,
