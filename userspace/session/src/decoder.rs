@@ -5,9 +5,8 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use etm_decode::branches::BranchBuilder;
 use etm_decode::decoder::ElementSink;
-use etm_decode::elements::{Element, ElementKind, TraceOnReason, UnsyncReason};
+use etm_decode::elements::{Element, ElementKind, InstrRange, TraceOnReason, UnsyncReason};
 use etm_decode::frame::StreamFormat;
 use etm_decode::image::{MemSpace, MemoryAccess};
 use etm_decode::insn::{ArchVersion, DecodeConfig, InstrType, decode_a64};
@@ -60,7 +59,7 @@ impl DecoderFactory for EtmFactory {
 
 /// The real decoder for one AUX buffer: `etm_decode`'s deformatter, packet parser and element
 /// decoder, with branch records built from the elements by perf's rules
-/// (`etm_decode::branches::BranchBuilder`), streamed to the window sink as the decoder emits
+/// (those of `etm_decode::branches::BranchBuilder`, inline), streamed to the window sink as the decoder emits
 /// them (no copy of the element stream).
 ///
 /// Two things perf's rules leave out are completed from the element decoder itself:
@@ -94,8 +93,12 @@ struct Adapter {
 
 #[derive(Debug, Clone)]
 struct IdState {
-    builder: BranchBuilder,
-    /// Instruction ranges seen (identifies the builder's last range).
+    /// The last range since the last discontinuity: (address of its last instruction, its
+    /// type), and whether it ended in a taken branch (or was followed by an exception): perf's
+    /// rules (`etm_decode::branches::BranchBuilder`), kept inline on this per-element path.
+    prev: Option<(u64, InstrType)>,
+    prev_taken: bool,
+    /// Instruction ranges seen (identifies the last range).
     ranges: u64,
     /// Trace index of the element of the last range.
     last_range_index: u64,
@@ -103,15 +106,34 @@ struct IdState {
     last_ts: Option<(u64, u64)>,
     /// At the end of the data so far: (`ranges` then, target of the last range's branch).
     pending: Option<(u64, u64)>,
-    /// The pending branch already emitted by [`Adapter::complete_pending`] (the record the
-    /// builder makes when the next range arrives is then not emitted again).
+    /// The pending branch already emitted by [`Adapter::complete_pending`] (the record made
+    /// when the next range arrives is then not emitted again).
     completed: Option<(u64, u64)>,
 }
 
 impl IdState {
+    /// The last range's taken branch whose record is not made yet: (from, type).
+    #[inline]
+    fn pending_branch(&self) -> Option<(u64, InstrType)> {
+        self.prev.filter(|(_, ty)| self.prev_taken && matches!(ty, InstrType::Br | InstrType::BrIndirect))
+    }
+
+    /// perf's rule for a range: the previous range's taken branch ends here.
+    #[inline]
+    fn range(&mut self, r: &InstrRange) -> Option<(u64, u64)> {
+        let rec = match self.prev {
+            Some((from, _)) if self.prev_taken => Some((from, r.start)),
+            _ => None,
+        };
+        self.prev = Some((r.last_instr_addr(), r.last_type));
+        self.prev_taken = r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect);
+        rec
+    }
+
     fn new() -> Self {
         IdState {
-            builder: BranchBuilder::new(1),
+            prev: None,
+            prev_taken: false,
             ranges: 0,
             last_range_index: 0,
             last_ts: None,
@@ -157,9 +179,9 @@ impl EtmWindowDecoder {
     fn note_pending(&mut self) {
         for (id, _, _) in &self.sources {
             let Some(st) = self.st.ids[(*id & 0x7f) as usize].as_mut() else { continue };
-            st.pending = match st.builder.last_range() {
-                Some((_, true)) => self.buf.decoder(*id).and_then(|d| d.pending_target()).map(|t| (st.ranges, t)),
-                _ => None,
+            st.pending = match st.pending_branch() {
+                Some(_) => self.buf.decoder(*id).and_then(|d| d.pending_target()).map(|t| (st.ranges, t)),
+                None => None,
             };
         }
     }
@@ -170,14 +192,13 @@ impl Adapter {
     fn complete_pending(&mut self, id: u8, code: &CodeMap, sink: &mut dyn WindowSink) {
         let raw = self.raw;
         let Some(st) = self.ids[(id & 0x7f) as usize].as_mut() else { return };
-        let Some((r, true)) = st.builder.last_range() else { return };
-        let from = r.last_instr_addr();
+        let Some((from, ty)) = st.pending_branch() else { return };
         if st.completed.is_some_and(|(f, _)| f == from) {
             return;
         }
         let target = match st.pending {
             Some((n, t)) if n == st.ranges => Some(t),
-            _ if r.last_type == InstrType::Br => {
+            _ if ty == InstrType::Br => {
                 code.read_u32(None, from).map(|w| decode_a64(from, w, &self.insn_cfg).branch_addr)
             }
             _ => None,
@@ -196,16 +217,16 @@ impl Adapter {
         }
         let id = if self.raw { None } else { Some(e.trace_id) };
         match e.kind {
-            ElementKind::InstrRange(_) => {
+            ElementKind::InstrRange(r) => {
                 let st = self.ids[slot].as_mut().expect("checked");
                 st.last_range_index = e.index;
                 st.ranges += 1;
-                let rec = st.builder.element(e);
+                let rec = st.range(&r);
                 let done = st.completed.take();
                 if let Some(rec) = rec
-                    && done != Some((rec.from, rec.to))
+                    && done != Some(rec)
                 {
-                    sink.branch(id, rec.from, rec.to);
+                    sink.branch(id, rec.0, rec.1);
                 }
                 return;
             }
@@ -213,7 +234,7 @@ impl Adapter {
                 let st = self.ids[slot].as_mut().expect("checked");
                 st.last_ts = Some((e.index, ts));
                 // Inside a segment (after its first range) a timestamp dates it if nothing did.
-                if st.builder.last_range().is_some() {
+                if st.prev.is_some() {
                     sink.timestamp(id, ts);
                 }
                 return;
@@ -244,16 +265,23 @@ impl Adapter {
                 sink.discontinuity(id, why);
             }
             ElementKind::EoTrace(_) => self.complete_pending(e.trace_id, code, sink),
-            ElementKind::AddrNacc { .. } => sink.discontinuity(id, Discontinuity::NoCode),
-            _ => {}
-        }
-        let st = self.ids[slot].as_mut().expect("checked");
-        if let Some(rec) = st.builder.element(e) {
-            let done = st.completed.take();
-            if done != Some((rec.from, rec.to)) {
-                sink.branch(id, rec.from, rec.to);
+            ElementKind::AddrNacc { .. } => {
+                sink.discontinuity(id, Discontinuity::NoCode);
+                return;
             }
+            ElementKind::Exception { .. } | ElementKind::ExceptionRet => {
+                let st = self.ids[slot].as_mut().expect("checked");
+                if st.prev.is_some() {
+                    st.prev_taken = true;
+                }
+                return;
+            }
+            _ => return,
         }
+        // A discontinuity (trace on, no sync, end of trace) breaks the chain.
+        let st = self.ids[slot].as_mut().expect("checked");
+        st.prev = None;
+        st.prev_taken = false;
     }
 }
 

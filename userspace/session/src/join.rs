@@ -64,6 +64,31 @@ pub trait CodeOracle {
     fn insn_size(&self) -> u64 {
         4
     }
+    /// Whether `[from, to)` holds only instructions that do not always change the flow
+    /// ([`InsnKind::Other`], [`InsnKind::CondBranch`], [`InsnKind::Exception`]): `Ok(true)`
+    /// yes, `Ok(false)` some code is unknown, `Err(())` at the first that does. Oracles with
+    /// contiguous code override this to look the code up once instead of per instruction.
+    fn straight_code(&self, pid: u32, from: u64, to: u64) -> Result<bool, ()> {
+        let step = self.insn_size().max(1);
+        let mut a = from;
+        while a < to {
+            match self.insn_kind(pid, a) {
+                None => return Ok(false),
+                Some(k) if k.is_straight() => {}
+                Some(_) => return Err(()),
+            }
+            a += step;
+        }
+        Ok(true)
+    }
+}
+
+impl InsnKind {
+    /// Execution continues after the instruction (or may: conditional branch, SVC).
+    #[inline]
+    pub fn is_straight(self) -> bool {
+        matches!(self, InsnKind::Other | InsnKind::CondBranch | InsnKind::Exception)
+    }
 }
 
 /// A code oracle that knows no code (all code checks skipped).
@@ -658,17 +683,7 @@ fn straight_line(pid: u32, from: u64, to: u64, oracle: &dyn CodeOracle, max: u64
     if to < from || to - from > max {
         return Err(());
     }
-    let step = oracle.insn_size().max(1);
-    let mut a = from;
-    while a < to {
-        match oracle.insn_kind(pid, a) {
-            None => return Ok(false),
-            Some(InsnKind::Other | InsnKind::CondBranch | InsnKind::Exception) => {}
-            Some(_) => return Err(()),
-        }
-        a += step;
-    }
-    Ok(true)
+    oracle.straight_code(pid, from, to)
 }
 
 /// Validate a hybrid sample; `branches` newest first.

@@ -308,6 +308,32 @@ impl CodeOracle for CodeMap {
     fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind> {
         self.read_u32(Some(pid), addr).map(a64_kind)
     }
+
+    /// One mapping lookup for the whole range (the per-instruction default looks each up);
+    /// past the end of that mapping, the default's per-instruction lookups.
+    fn straight_code(&self, pid: u32, from: u64, to: u64) -> Result<bool, ()> {
+        let mut a = from;
+        if let Some(code) = self.slice(Some(pid), from) {
+            for w in code.chunks_exact(4) {
+                if a >= to {
+                    return Ok(true);
+                }
+                if !a64_kind(u32::from_le_bytes([w[0], w[1], w[2], w[3]])).is_straight() {
+                    return Err(());
+                }
+                a += 4;
+            }
+        }
+        while a < to {
+            match self.insn_kind(pid, a) {
+                None => return Ok(false),
+                Some(k) if k.is_straight() => {}
+                Some(_) => return Err(()),
+            }
+            a += 4;
+        }
+        Ok(true)
+    }
 }
 
 /// Names frames for the context trie.
@@ -531,6 +557,7 @@ impl Pipeline {
                 joiner,
                 out: &mut sink,
                 touched: Vec::new(),
+                fast: None,
             };
             st.decoder.complete_pending(code, &mut ws);
         }
@@ -557,6 +584,7 @@ impl Pipeline {
                 joiner,
                 out: &mut sink,
                 touched: Vec::new(),
+                fast: None,
             };
             st.decoder.finish(code, &mut ws);
         }
@@ -616,6 +644,7 @@ impl Pipeline {
             joiner,
             out: &mut out,
             touched: Vec::new(),
+            fast: None,
         };
         if reset_before {
             // Data was lost before this record (a gap, the ETR barrier) or it is a fresh
@@ -806,6 +835,9 @@ struct WinSink<'a, 'b> {
     out: &'a mut Sink<'b>,
     /// CPUs whose open window received branches from this record.
     touched: Vec<i32>,
+    /// (trace ID, CPU) of the last branch, whose segment was begun and touched: the next
+    /// branch of the same ID goes straight to the join (reset by every other event).
+    fast: Option<(Option<u8>, i32)>,
 }
 
 impl WinSink<'_, '_> {
@@ -827,6 +859,7 @@ impl WinSink<'_, '_> {
     /// End (or, `broken`, break) the open segments of the CPUs whose trace goes to this
     /// buffer: a per-CPU buffer holds its CPU's trace, a per-thread buffer (-1) any CPU's.
     fn break_cpus(&mut self, broken: bool) {
+        self.fast = None;
         let one = [self.aux_cpu];
         let all: Vec<i32>;
         let cpus: &[i32] = if self.aux_cpu >= 0 {
@@ -846,6 +879,7 @@ impl WinSink<'_, '_> {
     }
 
     fn begin(&mut self, cpu: i32, time: u64, ts_known: bool) {
+        self.fast = None;
         *self.pending_begin.entry(cpu) = false;
         self.touched.retain(|&c| c != cpu);
         let (code, out) = (self.out.code, &mut *self.out);
@@ -855,6 +889,7 @@ impl WinSink<'_, '_> {
 
 impl WindowSink for WinSink<'_, '_> {
     fn trace_on(&mut self, trace_id: Option<u8>) {
+        self.fast = None;
         // A trace-on begins a segment; a pause's window is every segment since the previous
         // pause (trace restarts inside a window after filtered-out exceptions).
         let Some(cpu) = self.cpu(trace_id) else { return };
@@ -864,6 +899,7 @@ impl WindowSink for WinSink<'_, '_> {
     }
 
     fn timestamp(&mut self, trace_id: Option<u8>, ts: u64) {
+        self.fast = None;
         let Some(cpu) = self.cpu(trace_id) else { return };
         let t = match self.clock {
             Some(c) => c.to_perf_time(ts),
@@ -876,7 +912,15 @@ impl WindowSink for WinSink<'_, '_> {
         }
     }
 
+    #[inline]
     fn branch(&mut self, trace_id: Option<u8>, from: u64, to: u64) {
+        if let Some((id, cpu)) = self.fast
+            && id == trace_id
+        {
+            self.out.stats.branches += 1;
+            self.joiner.branch(cpu, BranchPair { from, to });
+            return;
+        }
         let Some(cpu) = self.cpu(trace_id) else { return };
         self.out.stats.branches += 1;
         if self.pending_begin.get(cpu).copied().unwrap_or(false) {
@@ -886,9 +930,11 @@ impl WindowSink for WinSink<'_, '_> {
             self.touched.push(cpu);
         }
         self.joiner.branch(cpu, BranchPair { from, to });
+        self.fast = Some((trace_id, cpu));
     }
 
     fn discontinuity(&mut self, trace_id: Option<u8>, why: Discontinuity) {
+        self.fast = None;
         let Some(cpu) = self.cpu(trace_id) else { return };
         match why {
             Discontinuity::Overflow => self.out.stats.decode_overflows += 1,
@@ -1211,5 +1257,44 @@ mod tests {
         assert_eq!(a64_kind(0xD420_0000), InsnKind::Flow); // brk #0
         assert_eq!(a64_kind(0x8B02_0020), InsnKind::Other); // add x0, x1, x2
         assert_eq!(a64_kind(0xD503_201F), InsnKind::Other); // nop
+    }
+
+    /// The code map's one-lookup straight-line scan gives the per-instruction default's answer
+    /// for every range over two adjacent mappings, a gap and a partial word at an image end.
+    #[test]
+    fn straight_code_matches_per_instruction_default() {
+        struct PerInsn<'a>(&'a CodeMap);
+        impl CodeOracle for PerInsn<'_> {
+            fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind> {
+                self.0.insn_kind(pid, addr)
+            }
+        }
+        const NOP: u32 = 0xD503_201F;
+        const B: u32 = 0x1400_0010;
+        const BEQ: u32 = 0x5400_0040;
+        let words = |ws: &[u32], tail: usize| {
+            let mut v: Vec<u8> = ws.iter().flat_map(|w| w.to_le_bytes()).collect();
+            v.extend(std::iter::repeat_n(0u8, tail));
+            Arc::new(v)
+        };
+        let mut code = CodeMap::default();
+        for (i, data) in [words(&[NOP, BEQ, NOP, NOP], 0), words(&[NOP, NOP, B, NOP], 0), words(&[NOP], 2)].into_iter().enumerate() {
+            code.images.push(Image { path: format!("img{i}"), data, symbols: Vec::new() });
+        }
+        let maps = vec![
+            Mapping { start: 0x1000, end: 0x1010, pgoff: 0, image: 0 },
+            Mapping { start: 0x1010, end: 0x1020, pgoff: 0, image: 1 },
+            Mapping { start: 0x1030, end: 0x1040, pgoff: 0, image: 2 },
+        ];
+        code.by_pid.push((7, maps));
+        let mut seen = [0usize; 3];
+        for from in (0xff8..0x1048).step_by(4) {
+            for to in from..0x1048 {
+                let want = PerInsn(&code).straight_code(7, from, to);
+                assert_eq!(code.straight_code(7, from, to), want, "{from:#x}..{to:#x}");
+                seen[match want { Ok(true) => 0, Ok(false) => 1, Err(()) => 2 }] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n > 0), "all three outcomes covered: {seen:?}");
     }
 }
