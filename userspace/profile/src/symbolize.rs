@@ -71,6 +71,7 @@ pub struct DwarfSymbolizer {
     /// (begin, end, subprogram node), sorted by begin.
     subprograms: Vec<(u64, u64, usize)>,
     sequences: Vec<Sequence>,
+    units_skipped: usize,
 }
 
 type Slice<'a> = gimli::EndianSlice<'a, gimli::RunTimeEndian>;
@@ -92,13 +93,21 @@ impl DwarfSymbolizer {
         let Ok(dwarf) = gimli::Dwarf::load(load) else { return Ok(out) };
         let mut units = dwarf.units();
         while let Ok(Some(header)) = units.next() {
-            let Ok(unit) = dwarf.unit(header) else { continue };
+            let Ok(unit) = dwarf.unit(header) else {
+                out.units_skipped += 1;
+                continue;
+            };
             out.index_lines(&unit);
             out.index_dies(&dwarf, &unit);
         }
         out.subprograms.sort_unstable();
         out.sequences.sort_unstable_by_key(|s| s.start);
         Ok(out)
+    }
+
+    /// Compilation units that could not be parsed (their code symbolizes to nothing).
+    pub fn units_skipped(&self) -> usize {
+        self.units_skipped
     }
 
     fn index_lines(&mut self, unit: &gimli::Unit<Slice<'_>>) {
@@ -279,5 +288,138 @@ mod tests {
     #[test]
     fn rejects_garbage() {
         assert!(DwarfSymbolizer::from_elf(b"not an elf").is_err());
+    }
+}
+
+/// Checks [`DwarfSymbolizer`] against LLVM's own DWARF symbolizer (`llvm-symbolizer-22
+/// --inlines --output-style=JSON`, the library llvm-profgen symbolizes with) at every
+/// instruction of the DWARF test binaries in `../shared/testdata/profgen`.
+#[cfg(test)]
+mod llvm_tests {
+    use super::*;
+    use crate::unwind::InstFacts;
+    use std::io::Write as _;
+    use std::path::PathBuf;
+    use std::process::{Command, Stdio};
+
+    fn shared() -> PathBuf {
+        std::env::var_os("ETM_BPF_SHARED")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+    }
+
+    /// LLVM's frames at each address, outermost first, as llvm-profgen's `symbolize` keeps
+    /// them (stop at an empty name; offset = (line - start line) & 0xffff).
+    /// Also says whether the outermost frame has no start line (no DWARF function).
+    fn llvm_frames(bin: &std::path::Path, addrs: &[u64]) -> Option<Vec<(Vec<InlineFrame>, bool)>> {
+        let mut child = Command::new("llvm-symbolizer-22")
+            .arg(format!("--obj={}", bin.display()))
+            .args(["--inlines", "--functions=linkage", "--no-demangle", "--output-style=JSON"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .ok()?;
+        let mut input = String::new();
+        for a in addrs {
+            input.push_str(&format!("0x{a:x}\n"));
+        }
+        let mut stdin = child.stdin.take()?;
+        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+        let out = child.wait_with_output().ok()?;
+        writer.join().ok()?.ok()?;
+        let text = String::from_utf8(out.stdout).ok()?;
+        let mut res = Vec::new();
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).ok()?;
+            let mut frames = Vec::new();
+            let syms = v["Symbol"].as_array()?;
+            let no_start = syms.last().is_none_or(|f| f["StartLine"].as_u64().unwrap_or(0) == 0);
+            for f in syms.iter().rev() {
+                let name = f["FunctionName"].as_str().unwrap_or("");
+                if name.is_empty() || name == "<invalid>" {
+                    break;
+                }
+                let line = f["Line"].as_u64().unwrap_or(0) as u32;
+                let start = f["StartLine"].as_u64().unwrap_or(0) as u32;
+                frames.push(InlineFrame {
+                    func: Arc::from(canonical_fn_name(name)),
+                    line_offset: line.wrapping_sub(start) & 0xffff,
+                    discriminator: f["Discriminator"].as_u64().unwrap_or(0) as u32,
+                });
+            }
+            res.push((frames, no_start));
+        }
+        Some(res)
+    }
+
+    fn symbol_at(data: &[u8], a: u64) -> Option<String> {
+        use object::ObjectSymbol;
+        let f = object::File::parse(data).ok()?;
+        // The sized symbol covering `a`, else the nearest symbol before it.
+        let syms: Vec<_> = f.symbols().filter(|s| s.address() <= a && s.address() != 0).collect();
+        syms.iter()
+            .find(|s| a < s.address() + s.size())
+            .or_else(|| syms.iter().max_by_key(|s| s.address()))
+            .and_then(|s| s.name().ok().map(String::from))
+    }
+
+    /// Same inline frames as LLVM's symbolizer at every instruction covered by DWARF.
+    #[test]
+    fn matches_llvm_symbolizer() {
+        let root = shared().join("testdata/profgen");
+        if !root.is_dir() {
+            eprintln!("SKIP: no shared profgen test data at {}", root.display());
+            return;
+        }
+        if Command::new("llvm-symbolizer-22").arg("--version").output().is_err() {
+            eprintln!("SKIP: llvm-symbolizer-22 not installed");
+            return;
+        }
+        let bins = [
+            "noinline-cs-noprobe/noinline-cs-noprobe.perfbin",
+            "inline-cs-noprobe/inline-cs-noprobe.perfbin",
+            "recursion-compression-noprobe/recursion-compression-noprobe.perfbin",
+            "inline-noprobe/inline-noprobe.perfbin",
+            "fname-canonicalization/unique-linkage-name-dwarf.perfbin",
+            "func-split/func-split.perfbin",
+            "coroutine/coroutine.perfbin",
+            // Not multi-load-segs.perfbin: gimli 0.32 fails to parse 2 of its 6 units (glibc
+            // csu objects, `BadUnsignedLeb128`); they are counted in `units_skipped`.
+        ];
+        let (mut checked, mut with_frames) = (0usize, 0usize);
+        for rel in bins {
+            let path = root.join(rel);
+            let Ok(data) = std::fs::read(&path) else {
+                eprintln!("SKIP: {rel} missing");
+                continue;
+            };
+            let sym = DwarfSymbolizer::from_elf(&data).unwrap();
+            let facts = crate::elf::ElfCodeFacts::from_elf(&data).unwrap();
+            let addrs: Vec<u64> = (0..).map_while(|i| facts.inst_at(i)).collect();
+            let theirs = llvm_frames(&path, &addrs).expect("llvm-symbolizer output");
+            assert_eq!(theirs.len(), addrs.len(), "{rel}: symbolizer answered {} of {}", theirs.len(), addrs.len());
+            for (a, (t, no_start)) in addrs.iter().zip(&theirs) {
+                let ours = sym.inline_frames(*a);
+                // Without DWARF, llvm-symbolizer names the function from the symbol table
+                // (llvm-profgen does not use it): only compare addresses with DWARF frames.
+                if ours.is_empty() && t.len() <= 1 && *no_start {
+                    continue;
+                }
+                // llvm-symbolizer also renames the outermost frame after the ELF symbol
+                // covering the address (e.g. `foo.cold`); llvm-profgen turns that off.
+                let mut t = t.clone();
+                if let (Some(o), Some(f)) = (ours.first(), t.first_mut())
+                    && o.func != f.func
+                    && symbol_at(&data, *a).as_deref() == Some(canonical_fn_name(&f.func))
+                {
+                    f.func = o.func.clone();
+                }
+                assert_eq!(ours, t, "{rel}: frames at {a:#x}");
+                checked += 1;
+                with_frames += (ours.len() > 1) as usize;
+            }
+        }
+        eprintln!("symbolizer: {checked} addresses identical to llvm-symbolizer-22 ({with_frames} with inline frames)");
+        assert!(checked > 1000 && with_frames > 10, "too little checked: {checked}/{with_frames}");
     }
 }
