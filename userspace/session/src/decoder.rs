@@ -13,6 +13,7 @@ use etm_decode::insn::{ArchVersion, DecodeConfig, InstrType, decode_a64};
 use etm_decode::pipeline::BufferDecoder;
 use etm_decode::snapshot::{CoreProfile, EtmConfig, Protocol};
 
+use crate::session::BranchPair;
 use crate::pipeline::{CodeMap, DecoderFactory, Discontinuity, WindowDecoder, WindowSink};
 use crate::session::{CpuTraceConfig, TraceArch};
 
@@ -89,6 +90,10 @@ struct Adapter {
     ids: Vec<Option<IdState>>,
     raw: bool,
     insn_cfg: DecodeConfig,
+    /// Branches not yet handed to the sink, of trace ID `batch_id` (oldest first): handed
+    /// over in one call before any other sink call and at the end of every piece of data.
+    batch: Vec<BranchPair>,
+    batch_id: Option<u8>,
 }
 
 #[derive(Debug, Clone)]
@@ -169,6 +174,8 @@ impl EtmWindowDecoder {
                 ids: (0..128).map(|_| None).collect(),
                 raw,
                 insn_cfg: DecodeConfig { arch: ArchVersion::Aa64, wfi_wfe_branch: false, dsb_dmb_waypoints: false },
+                batch: Vec::with_capacity(BATCH),
+                batch_id: None,
             },
         };
         d.reset();
@@ -187,9 +194,22 @@ impl EtmWindowDecoder {
     }
 }
 
+/// Most branches batched before they are handed to the sink.
+const BATCH: usize = 256;
+
 impl Adapter {
+    /// Hands the batched branches to the sink.
+    #[inline]
+    fn flush(&mut self, sink: &mut dyn WindowSink) {
+        if !self.batch.is_empty() {
+            sink.branches(self.batch_id, &self.batch);
+            self.batch.clear();
+        }
+    }
+
     /// Complete the pending taken branch of `id` (end of a segment).
     fn complete_pending(&mut self, id: u8, code: &CodeMap, sink: &mut dyn WindowSink) {
+        self.flush(sink);
         let raw = self.raw;
         let Some(st) = self.ids[(id & 0x7f) as usize].as_mut() else { return };
         let Some((from, ty)) = st.pending_branch() else { return };
@@ -226,10 +246,17 @@ impl Adapter {
                 if let Some(rec) = rec
                     && done != Some(rec)
                 {
-                    sink.branch(id, rec.0, rec.1);
+                    if self.batch_id != id || self.batch.len() == BATCH {
+                        self.flush(sink);
+                        self.batch_id = id;
+                    }
+                    self.batch.push(BranchPair { from: rec.0, to: rec.1 });
                 }
                 return;
             }
+            _ => self.flush(sink),
+        }
+        match e.kind {
             ElementKind::Timestamp { ts, .. } => {
                 let st = self.ids[slot].as_mut().expect("checked");
                 st.last_ts = Some((e.index, ts));
@@ -322,10 +349,12 @@ impl ElementSink for ElemSink<'_, '_> {
 impl WindowDecoder for EtmWindowDecoder {
     fn feed(&mut self, data: &[u8], code: &CodeMap, sink: &mut dyn WindowSink) {
         let _ = self.buf.push(data, &Mem(code), &mut ElemSink { st: &mut self.st, code, sink });
+        self.st.flush(sink);
         self.note_pending();
     }
 
     fn reset(&mut self) {
+        self.st.batch.clear();
         self.buf = BufferDecoder::new(self.format, &self.sources);
         self.buf.set_unmarked_timestamps(true);
         for (id, _, _) in &self.sources {
@@ -342,6 +371,7 @@ impl WindowDecoder for EtmWindowDecoder {
     fn finish(&mut self, code: &CodeMap, sink: &mut dyn WindowSink) {
         self.note_pending();
         let _ = self.buf.finish(&Mem(code), &mut ElemSink { st: &mut self.st, code, sink });
+        self.st.flush(sink);
         for (id, _, _) in &self.sources {
             self.st.complete_pending(*id, code, sink);
         }

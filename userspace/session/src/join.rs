@@ -407,6 +407,21 @@ impl Joiner {
         }
     }
 
+    /// Taken branches in the open segment of `cpu`, oldest first (only the newest `depth`
+    /// can matter: older ones would fall out of the segment's ring).
+    #[inline]
+    pub fn branches(&mut self, cpu: i32, bs: &[BranchPair]) {
+        let depth = self.cfg.depth;
+        if let Some(c) = self.cpus.get_mut(cpu)
+            && c.open
+            && let Some(g) = c.segs.back_mut()
+        {
+            for &b in &bs[bs.len().saturating_sub(depth)..] {
+                g.push(b, depth);
+            }
+        }
+    }
+
     /// The open segment of `cpu` lost data (overflow, decode error, lost sync): it is closed
     /// and marked broken, so no branch chain runs through it; branches until the next
     /// [`Joiner::begin_segment`] are ignored.
@@ -832,6 +847,38 @@ mod tests {
 
     fn newest_first(v: &[BranchPair]) -> Vec<BranchPair> {
         v.iter().rev().copied().collect()
+    }
+
+    /// Branches handed over in pieces (`Joiner::branches`, longer and shorter than the depth)
+    /// join exactly as the same branches one by one.
+    #[test]
+    fn branches_in_pieces_equal_one_by_one() {
+        let cfg = JoinConfig { depth: 4, validate: false, ..JoinConfig::default() };
+        let brs: Vec<BranchPair> = (0..11u64).map(|i| bp(0x1000 + 16 * i, 0x2000 + 16 * i)).collect();
+        let oracle = toy();
+        let mut outs = Vec::new();
+        for pieces in [vec![11], vec![1, 10], vec![3, 3, 3, 2], vec![10, 1], vec![0, 2, 9]] {
+            let mut j = Joiner::new(cfg);
+            let mut got = Vec::new();
+            let mut out = |s: &Joined<'_>| got.push(s.branches.to_vec());
+            j.begin_segment(0, 10, true, &oracle, &mut out);
+            let mut rest = &brs[..];
+            for n in pieces {
+                let (a, b) = rest.split_at(n);
+                j.branches(0, a);
+                rest = b;
+            }
+            j.end_segment(0);
+            j.sample(0, 1, 1, 20, &[0x3000], &oracle, &mut out);
+            j.flush(&oracle, &mut out);
+            outs.push(got);
+        }
+        let (one_by_one, _) = run(&[Ev::Win(0, 10, brs.clone()), Ev::Sample(0, 20, vec![0x3000])], cfg);
+        let want: Vec<Vec<BranchPair>> = one_by_one.into_iter().map(|g| g.2).collect();
+        assert_eq!(want, vec![newest_first(&brs[7..])]);
+        for got in outs {
+            assert_eq!(got, want);
+        }
     }
 
     /// A correct sample joins with its window's branches newest first; the depth limit keeps

@@ -53,6 +53,14 @@ pub trait WindowSink {
     /// A taken branch, in execution order (perf's rules: from = last instruction of the
     /// previous range, to = first instruction of the next).
     fn branch(&mut self, trace_id: Option<u8>, from: u64, to: u64);
+    /// Consecutive taken branches of one trace ID, oldest first (same as [`branch`] for each).
+    ///
+    /// [`branch`]: WindowSink::branch
+    fn branches(&mut self, trace_id: Option<u8>, bs: &[BranchPair]) {
+        for b in bs {
+            self.branch(trace_id, b.from, b.to);
+        }
+    }
     /// The branch chain broke.
     fn discontinuity(&mut self, trace_id: Option<u8>, why: Discontinuity);
 }
@@ -931,6 +939,22 @@ impl WindowSink for WinSink<'_, '_> {
         }
         self.joiner.branch(cpu, BranchPair { from, to });
         self.fast = Some((trace_id, cpu));
+    }
+
+    fn branches(&mut self, trace_id: Option<u8>, bs: &[BranchPair]) {
+        let Some((first, rest)) = bs.split_first() else { return };
+        // The first takes the full path (segment begin, bookkeeping), the rest go in one piece.
+        self.branch(trace_id, first.from, first.to);
+        if let Some((id, cpu)) = self.fast
+            && id == trace_id
+        {
+            self.out.stats.branches += rest.len() as u64;
+            self.joiner.branches(cpu, rest);
+        } else {
+            for b in rest {
+                self.branch(trace_id, b.from, b.to);
+            }
+        }
     }
 
     fn discontinuity(&mut self, trace_id: Option<u8>, why: Discontinuity) {
