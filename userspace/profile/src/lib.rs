@@ -49,10 +49,13 @@
 //!   every context.
 //! * [`write::write_unsymbolized`]: the *context-insensitive* unsymbolized profile, computed
 //!   as llvm-profgen does (`computeCounterFromLBR`, with the prolog/epilog and
-//!   call/return/jump facts of [`elf::ElfCodeFacts`]). Context-sensitive unsymbolized output
-//!   is not written: its DWARF contexts are symbolized inline-frame strings (would need a
-//!   symbolizer matching llvm-profgen's), and LLVM 22 crashes reading it for probe binaries;
-//!   CSSPGO goes through the perf-script dump.
+//!   call/return/jump facts of [`elf::ElfCodeFacts`]): for branch-only samples and
+//!   pseudo-probe binaries (LLVM 22 crashes reading a CS unsymbolized profile for those).
+//! * [`unwind::write_unsymbolized_cs`]: the *context-sensitive* unsymbolized profile of a DWARF
+//!   binary with hybrid samples -- llvm-profgen's `VirtualUnwinder` replayed, contexts
+//!   symbolized through a [`symbolize::Symbolizer`] ([`symbolize::DwarfSymbolizer`] reads the
+//!   ELF bytes it is given). Checked in CI byte-identical to `llvm-profgen-22
+//!   --skip-symbolization` on LLVM's DWARF CS test inputs and on a clang-22 binary.
 //! * [`write::write_bolt_pa`]: `perf2bolt -pa` branches (`B`) and fall-throughs (`F`).
 //!
 //! [`perfscript`] reads `perf script -F ip,brstack` text (hybrid or branch-only, plain or

@@ -183,7 +183,7 @@ impl<'a> Unwinder<'a> {
             st.invalid = true;
             return;
         }
-        if !(target <= end && !self.facts.range_crosses_uncond_branch(target, end)) {
+        if target > end || self.facts.range_crosses_uncond_branch(target, end) {
             st.invalid = true;
             return;
         }

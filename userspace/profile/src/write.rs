@@ -1,5 +1,6 @@
 //! Writers, one file per binary: aggregated perf-script text for llvm-profgen, the
-//! (context-insensitive) unsymbolized profile, and BOLT's `perf2bolt -pa` input.
+//! context-insensitive unsymbolized profile (the context-sensitive one is in
+//! [`crate::unwind`]), and BOLT's `perf2bolt -pa` input.
 //!
 //! All take link-time addresses from the profile. Addresses in other binaries or unresolved
 //! are written as [`EXTERNAL_ADDR`], which llvm-profgen classifies as external exactly as it
@@ -169,9 +170,9 @@ fn counters_from_lbr(
 /// branch-only samples). Offsets are from the page-aligned first executable segment. Hybrid
 /// samples whose leaf `facts` says is in a prolog/epilog are dropped, as llvm-profgen does.
 ///
-/// Context-sensitive unsymbolized output is not written: for DWARF binaries its contexts are
-/// symbolized inline-frame strings, and LLVM 22 crashes reading it for probe binaries; the
-/// perf-script writer carries the contexts instead.
+/// The context-sensitive form (DWARF binaries with hybrid samples) is
+/// [`crate::unwind::write_unsymbolized_cs`]; for pseudo-probe binaries LLVM 22 crashes reading
+/// it, so they get this form and the perf-script dump carries their contexts.
 pub fn write_unsymbolized<W: Write>(
     p: &HybridProfile,
     b: ProfileBinary,
