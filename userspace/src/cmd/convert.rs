@@ -93,6 +93,9 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<ExitCode> {
     for (b, img) in infos.iter().zip(&images) {
         if !etm_profile::elf::has_pseudo_probes(img) {
             let s = DwarfSymbolizer::from_elf(img).with_context(|| format!("reading DWARF of {}", b.path))?;
+            if s.units_skipped() > 0 {
+                log::warn!("{}: {} DWARF units could not be parsed; their code has no context", b.path, s.units_skipped());
+            }
             syms.push((b.path.clone(), s));
         }
     }
