@@ -57,10 +57,10 @@ c2=$(cpu "$WORK/s$LONG"); w2=$(field '["join"]["samples"]'); b2=$(field '["aux"]
 i1=0; i2=0
 if command -v valgrind >/dev/null; then
     irs() {
-        valgrind --tool=callgrind --callgrind-out-file="$WORK/cg" "$ETM_BPF_BIN" replay "$1" --headless > /dev/null 2>&1
-        awk '/^(summary|totals):/ {print $2; exit}' "$WORK/cg"
+        valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.$2" "$ETM_BPF_BIN" replay "$1" --headless > /dev/null 2>&1
+        awk '/^(summary|totals):/ {print $2; exit}' "$WORK/cg.$2"
     }
-    i1=$(irs "$WORK/s$SHORT"); i2=$(irs "$WORK/s$LONG")
+    i1=$(irs "$WORK/s$SHORT" 1); i2=$(irs "$WORK/s$LONG" 2)
 fi
 python3 - "$c1" "$w1" "$b1" "$c2" "$w2" "$b2" "$j1" "$r1" "$j2" "$r2" "$br" "$FREQ_GHZ" "$i1" "$i2" <<'EOF'
 import os, sys
@@ -82,3 +82,32 @@ if i2 > i1 > 0:
         # at 1 instruction per cycle on a 3 GHz host core
         print(f"  every {period:,} cycles: {rate * irw / 3e9 * 100:.2f}% of a 3 GHz core at IPC 1")
 EOF
+# Where the instructions go: marginal inclusive cost per window of the pipeline's stages.
+if [ "$i1" != 0 ] && command -v callgrind_annotate >/dev/null; then
+    python3 - "$WORK/cg.1" "$WORK/cg.2" "$w1" "$w2" <<'EOF'
+import re, subprocess, sys
+def incl(path):
+    out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", path], capture_output=True, text=True).stdout
+    d = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+\S*?:(.*?)( \(\d[\d,]*x\))?( \[.*\])?$", line)
+        if m:
+            d[m.group(2)] = max(d.get(m.group(2), 0), int(m.group(1).replace(",", "")))
+    return d
+a, b = incl(sys.argv[1]), incl(sys.argv[2])
+dw = float(sys.argv[4]) - float(sys.argv[3])
+rows = [
+    ("pipeline: AUX bytes -> profile (Pipeline::push_aux)", "etm_session::pipeline::Pipeline::push_aux"),
+    ("  ETE decode incl. everything called per element (Decoder::packet)", "etm_decode::decoder::Decoder::packet"),
+    ("  join at segment begin: resolve, validate, profile + trie (Joiner::resolve_front)", "etm_session::join::Joiner::resolve_front"),
+    ("    validation (join::validate)", "etm_session::join::validate"),
+    ("    profile + context trie (Sink::accept)", "etm_session::pipeline::Sink::accept"),
+    ("      profile add (HybridProfile::add)", "etm_profile::model::HybridProfile::add"),
+    ("reading events.jsonl (replay only: SessionReader::next_event)", "etm_session::session::SessionReader::next_event"),
+]
+print("callgrind breakdown, instructions per window (inclusive; indented rows are parts of the row above):")
+for label, fn in rows:
+    if fn in b:
+        print(f"  {(b[fn] - a.get(fn, 0)) / dw:>10,.0f}  {label}")
+EOF
+fi
