@@ -283,20 +283,9 @@ pub fn write_profile_files(dir: &Path, e: &Engine, meta: &DumpMeta, pgo: bool) -
     let p = &e.pipeline;
     let mut files = Vec::new();
     if pgo {
-        let infos: Vec<(String, etm_profile::elf::ElfCodeFacts)> = p
-            .profile()
-            .binaries()
-            .iter()
-            .filter_map(|b| {
-                let data = p.code().image_bytes(&b.path)?;
-                Some((b.path.clone(), etm_profile::elf::ElfCodeFacts::from_elf(data).ok()?))
-            })
-            .collect();
-        let facts = |b: &BinaryInfo| -> Option<&dyn etm_profile::write::CodeFacts> {
-            infos.iter().find(|(p, _)| *p == b.path).map(|(_, f)| f as &dyn etm_profile::write::CodeFacts)
-        };
+        let image = |b: &BinaryInfo| p.code().image_bytes(&b.path);
         files.extend(
-            crate::cmd::convert::write_profile_dumps(p.profile(), dir, &facts)?
+            crate::cmd::convert::write_profile_dumps_from_images(p.profile(), dir, &image, false)?
                 .iter()
                 .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())),
         );

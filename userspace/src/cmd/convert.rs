@@ -83,15 +83,34 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<ExitCode> {
         st.rejected_samples += s.rejected_samples;
         st.broken_branch_entries += s.broken_branch_entries;
     }
-    let facts: Vec<(String, etm_profile::elf::ElfCodeFacts)> = infos
-        .iter()
-        .zip(&images)
-        .filter_map(|(b, img)| Some((b.path.clone(), etm_profile::elf::ElfCodeFacts::from_elf(img).ok()?)))
-        .collect();
-    // DWARF (non-probe) binaries get the context-sensitive unsymbolized profile.
+    let image = |b: &BinaryInfo| infos.iter().position(|i| i.path == b.path).map(|k| &images[k][..]);
+    let files = write_profile_dumps_from_images(&profile, &args.dump_dir, &image, true)?;
+    write_manifest(&args.dump_dir, &files, &profile, &st)?;
+    for f in &files {
+        println!("{}", f.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// [`write_profile_dumps_with`] for binaries whose ELF bytes `image` gives: code facts from
+/// each image and, with `cs_unsym`, a DWARF symbolizer for non-probe binaries, so that hybrid
+/// samples get the context-sensitive unsymbolized profile (context-free otherwise). Used by
+/// `convert` (`cs_unsym = true`) and by the live/replay engine (`false` for now: the glibc
+/// frames of static binaries have no debug info and the context-sensitive file keeps frames as
+/// sampled, which empties those contexts; CSSPGO from live data goes through `.perfscript`).
+pub fn write_profile_dumps_from_images<'a>(
+    profile: &HybridProfile,
+    dir: &Path,
+    image: &dyn Fn(&BinaryInfo) -> Option<&'a [u8]>,
+    cs_unsym: bool,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let mut facts: Vec<(String, etm_profile::elf::ElfCodeFacts)> = Vec::new();
     let mut syms: Vec<(String, DwarfSymbolizer)> = Vec::new();
-    for (b, img) in infos.iter().zip(&images) {
-        if !etm_profile::elf::has_pseudo_probes(img) {
+    for b in profile.binaries() {
+        let Some(img) = image(b) else { continue };
+        let Ok(f) = etm_profile::elf::ElfCodeFacts::from_elf(img) else { continue };
+        facts.push((b.path.clone(), f));
+        if cs_unsym && !etm_profile::elf::has_pseudo_probes(img) {
             let s = DwarfSymbolizer::from_elf(img).with_context(|| format!("reading DWARF of {}", b.path))?;
             if s.units_skipped() > 0 {
                 log::warn!("{}: {} DWARF units could not be parsed; their code has no context", b.path, s.units_skipped());
@@ -100,38 +119,18 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let fact = |b: &BinaryInfo| facts.iter().find(|(p, _)| *p == b.path).map(|(_, f)| f);
-    let files = write_profile_dumps_with(
-        &profile,
-        &args.dump_dir,
-        &|b: &BinaryInfo| fact(b).map(|f| f as &dyn CodeFacts),
-        &|b: &BinaryInfo| {
-            let s = syms.iter().find(|(p, _)| *p == b.path).map(|(_, s)| s as &dyn Symbolizer)?;
-            Some((fact(b)? as &dyn InstFacts, s))
-        },
-    )?;
-    write_manifest(&args.dump_dir, &files, &profile, &st)?;
-    for f in &files {
-        println!("{}", f.display());
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Write `<binary>.perfscript`, `<binary>.unsym.txt` and `<binary>.bolt.pa` for every binary
-/// with samples, atomically, and return the paths written. `facts` gives code facts for the
-/// unsymbolized writer when the binary's code is available.
-pub fn write_profile_dumps<'f>(
-    profile: &HybridProfile,
-    dir: &Path,
-    facts: &dyn Fn(&BinaryInfo) -> Option<&'f dyn CodeFacts>,
-) -> anyhow::Result<Vec<PathBuf>> {
-    write_profile_dumps_with(profile, dir, facts, &|_| None)
+    write_profile_dumps_with(profile, dir, &|b: &BinaryInfo| fact(b).map(|f| f as &dyn CodeFacts), &|b: &BinaryInfo| {
+        let s = syms.iter().find(|(p, _)| *p == b.path).map(|(_, s)| s as &dyn Symbolizer)?;
+        Some((fact(b)? as &dyn InstFacts, s))
+    })
 }
 
 /// Instruction facts and symbolizer of a DWARF binary, for the context-sensitive
 /// unsymbolized profile.
 pub type CsTools<'f> = (&'f dyn InstFacts, &'f dyn Symbolizer);
 
-/// [`write_profile_dumps`], writing `<binary>.unsym.txt` in llvm-profgen's context-sensitive
+/// Write `<binary>.perfscript`, `<binary>.unsym.txt` and `<binary>.bolt.pa` for every binary
+/// with samples, atomically, and return the paths written; `<binary>.unsym.txt` in llvm-profgen's context-sensitive
 /// form for binaries with hybrid samples for which `cs` gives DWARF tools (non-probe
 /// binaries); context-free otherwise.
 pub fn write_profile_dumps_with<'f>(
