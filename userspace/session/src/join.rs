@@ -65,22 +65,33 @@ pub trait CodeOracle {
         4
     }
     /// Whether `[from, to)` holds only instructions that do not always change the flow
-    /// ([`InsnKind::Other`], [`InsnKind::CondBranch`], [`InsnKind::Exception`]): `Ok(true)`
-    /// yes, `Ok(false)` some code is unknown, `Err(())` at the first that does. Oracles with
-    /// contiguous code override this to look the code up once instead of per instruction.
-    fn straight_code(&self, pid: u32, from: u64, to: u64) -> Result<bool, ()> {
+    /// ([`InsnKind::Other`], [`InsnKind::CondBranch`], [`InsnKind::Exception`]), checked in
+    /// order. Oracles with contiguous code override this to look the code up once instead of
+    /// per instruction.
+    fn straight_code(&self, pid: u32, from: u64, to: u64) -> Straight {
         let step = self.insn_size().max(1);
         let mut a = from;
         while a < to {
             match self.insn_kind(pid, a) {
-                None => return Ok(false),
+                None => return Straight::Unknown,
                 Some(k) if k.is_straight() => {}
-                Some(_) => return Err(()),
+                Some(_) => return Straight::Flow,
             }
             a += step;
         }
-        Ok(true)
+        Straight::Yes
     }
+}
+
+/// Result of [`CodeOracle::straight_code`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Straight {
+    /// Only straight-line instructions.
+    Yes,
+    /// Code is unknown from some instruction on (before any flow change).
+    Unknown,
+    /// An instruction that always changes the flow.
+    Flow,
 }
 
 impl InsnKind {
@@ -698,7 +709,11 @@ fn straight_line(pid: u32, from: u64, to: u64, oracle: &dyn CodeOracle, max: u64
     if to < from || to - from > max {
         return Err(());
     }
-    oracle.straight_code(pid, from, to)
+    match oracle.straight_code(pid, from, to) {
+        Straight::Yes => Ok(true),
+        Straight::Unknown => Ok(false),
+        Straight::Flow => Err(()),
+    }
 }
 
 /// Validate a hybrid sample; `branches` newest first.

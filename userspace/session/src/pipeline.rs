@@ -23,7 +23,7 @@ use std::sync::Arc;
 use etm_profile::{AddressResolver, BinaryId, BinaryInfo, Branch, HybridProfile, HybridSample, ProfileLimits};
 use etm_stacks::{ContextTrie, Frame, FrameId, FrameTable};
 
-use crate::join::{CodeOracle, CpuMap, InsnKind, JoinConfig, JoinStats, Joined, Joiner, RejectCounts};
+use crate::join::{CodeOracle, CpuMap, InsnKind, JoinConfig, JoinStats, Joined, Joiner, RejectCounts, Straight};
 use crate::session::{
     AuxRecord, BranchPair, ClockParams, CpuTraceConfig, PauseSample, SessionEvent, SessionMeta, Sideband,
     PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, PERF_AUX_FLAG_OVERWRITE, PERF_AUX_FLAG_PARTIAL,
@@ -319,28 +319,28 @@ impl CodeOracle for CodeMap {
 
     /// One mapping lookup for the whole range (the per-instruction default looks each up);
     /// past the end of that mapping, the default's per-instruction lookups.
-    fn straight_code(&self, pid: u32, from: u64, to: u64) -> Result<bool, ()> {
+    fn straight_code(&self, pid: u32, from: u64, to: u64) -> Straight {
         let mut a = from;
         if let Some(code) = self.slice(Some(pid), from) {
             for w in code.chunks_exact(4) {
                 if a >= to {
-                    return Ok(true);
+                    return Straight::Yes;
                 }
                 if !a64_kind(u32::from_le_bytes([w[0], w[1], w[2], w[3]])).is_straight() {
-                    return Err(());
+                    return Straight::Flow;
                 }
                 a += 4;
             }
         }
         while a < to {
             match self.insn_kind(pid, a) {
-                None => return Ok(false),
+                None => return Straight::Unknown,
                 Some(k) if k.is_straight() => {}
-                Some(_) => return Err(()),
+                Some(_) => return Straight::Flow,
             }
             a += 4;
         }
-        Ok(true)
+        Straight::Yes
     }
 }
 
@@ -1316,7 +1316,7 @@ mod tests {
             for to in from..0x1048 {
                 let want = PerInsn(&code).straight_code(7, from, to);
                 assert_eq!(code.straight_code(7, from, to), want, "{from:#x}..{to:#x}");
-                seen[match want { Ok(true) => 0, Ok(false) => 1, Err(()) => 2 }] += 1;
+                seen[want as usize] += 1;
             }
         }
         assert!(seen.iter().all(|&n| n > 0), "all three outcomes covered: {seen:?}");
