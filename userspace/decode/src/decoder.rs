@@ -206,8 +206,12 @@ impl RetStack {
             if self.entries < 16 {
                 self.entries += 1;
             }
+            // as OpenCSD's push: a new entry supersedes a pending pop
+            self.pop_pending = false;
         }
     }
+    /// Pops the top entry and consumes the pending pop (OpenCSD's `pop` clears it too: one
+    /// compressed return pops exactly once, not again at every following atom).
     fn pop(&mut self) -> (u64, Isa) {
         let mut r = (u64::MAX, Isa::A64);
         if self.active {
@@ -218,6 +222,7 @@ impl RetStack {
             } else {
                 self.entries = -1;
             }
+            self.pop_pending = false;
         }
         r
     }
