@@ -202,7 +202,9 @@ fn clean_program(name: &str, args: &[&str], window: u64, period: u64, retstack: 
 /// Counted loops with data-dependent branches.
 #[test]
 fn replay_loops() {
-    clean_program("loops", &["10"], 1000, 10_000, false);
+    for retstack in [true, false] {
+        clean_program("loops", &["10"], 1000, 10_000, retstack);
+    }
 }
 
 /// Calls through function pointers (indirect calls and returns).
@@ -211,28 +213,33 @@ fn replay_indirect() {
     clean_program("indirect", &[], 1000, 20_000, false);
 }
 
-/// Deep recursion: stacks and return-stack compression.
+/// Deep recursion: stacks and return-stack compression (with and without TRCCONFIGR.RS).
 #[test]
 fn replay_recursion() {
-    clean_program("recursion", &[], 1000, 20_000, false);
+    for retstack in [true, false] {
+        clean_program("recursion", &[], 1000, 20_000, retstack);
+    }
 }
 
 /// A jump table (indirect jumps).
 #[test]
 fn replay_switch() {
-    clean_program("switch", &[], 1000, 20_000, false);
+    for retstack in [true, false] {
+        clean_program("switch", &[], 1000, 20_000, retstack);
+    }
 }
 
 /// Two code segments far apart (long addresses).
 #[test]
 fn replay_multi() {
-    clean_program("multi", &[], 1000, 20_000, false);
+    for retstack in [true, false] {
+        clean_program("multi", &[], 1000, 20_000, retstack);
+    }
 }
 
 /// The same with return-stack compression (TRCCONFIGR.RS, the default of `synth` and of real
 /// systems that support it): returns predicted by the return stack carry no address.
 #[test]
-#[ignore = "etm-decode reports a bad packet after return-stack-compressed returns in synth's ETE trace (OpenCSD decodes it); run with --ignored once fixed"]
 fn replay_indirect_retstack() {
     clean_program("indirect", &[], 1000, 20_000, true);
 }
@@ -263,7 +270,7 @@ fn replay_watermark_joins_early_with_same_result() {
     let tmp = tempfile::tempdir().unwrap();
     let Some(prog) = build("indirect", tmp.path()) else { return };
     let sess = tmp.path().join("session");
-    let gt = synth(&prog, &[], &sess, 1000, 20_000, false);
+    let gt = synth(&prog, &[], &sess, 1000, 20_000, true);
     let a = replay(&sess, tmp.path(), "wait");
     let b = replay_with(&sess, tmp.path(), "wm", &["--watermark"]);
     assert_eq!(a.samples, b.samples);
@@ -475,7 +482,7 @@ fn replay_formatted_aux_matches_truth() {
     let tmp = tempfile::tempdir().unwrap();
     let Some(prog) = build("indirect", tmp.path()) else { return };
     let sess = tmp.path().join("session");
-    let gt = synth(&prog, &[], &sess, 1000, 20_000, false);
+    let gt = synth(&prog, &[], &sess, 1000, 20_000, true);
     let aux = sess.join("aux").join(format!("cpu{}.bin", gt.meta.cpu));
     let raw = std::fs::read(&aux).unwrap();
     let mut formatted = Vec::new();
