@@ -26,7 +26,7 @@ pub struct ReplayArgs {
     /// Session directory (session.json, events.jsonl, aux/, images/).
     dir: PathBuf,
     /// Write the profile dumps (per-binary perfscript/unsym/bolt.pa, profile.folded,
-    /// profile.pb.gz, replay-stats.json) into this directory.
+    /// profile.pb.gz, manifest.json) into this directory.
     #[arg(long)]
     dump_dir: Option<PathBuf>,
     /// No live view: print a summary with the pipeline counters at the end.
@@ -259,13 +259,19 @@ fn write_dumps(
         comment: format!("etm-bpf replay {}", session.display()),
     };
     let mut files = write_profile_files(dir, e, &meta, true)?;
-    files.push("replay-stats.json".into());
+    files.push("manifest.json".into());
     let mut s = summary_json(rs, e.pipeline(), elapsed, events, &[]);
+    s["tool"] = serde_json::json!("etm-bpf replay");
     s["files"] = serde_json::json!(files);
     s["session"] = serde_json::json!(session.display().to_string());
+    s["binaries"] = serde_json::json!(e.binaries().iter().map(|b| serde_json::json!({
+        "path": b.path,
+        "build_id": b.build_id_hex(),
+        "load_addresses": b.load_addresses.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>(),
+    })).collect::<Vec<_>>());
     // Wall time is not part of the deterministic result.
     s.as_object_mut().map(|o| o.remove("elapsed_s"));
-    write_atomic(&dir.join("replay-stats.json"), |w| {
+    write_atomic(&dir.join("manifest.json"), |w| {
         serde_json::to_writer_pretty(&mut *w, &s)?;
         w.write_all(b"\n")
     })?;
