@@ -36,6 +36,7 @@ use crate::insn::{ArchVersion, DecodeConfig, InstrSubtype, InstrType, Isa};
 use crate::packet::{Context, Packet};
 use crate::snapshot::{CoreProfile, EtmConfig};
 use crate::walk::{self, RawRange, WalkState, WpRes};
+pub use crate::walk::DecodeOptions;
 
 /// Receives decoded elements; return `ControlFlow::Break(())` to stop decoding early.
 pub trait ElementSink {
@@ -80,6 +81,8 @@ pub struct DecoderConfig {
     pub m_profile: bool,
     /// Instruction classification options.
     pub insn: DecodeConfig,
+    /// Optional OpenCSD error checks (range limit, A64 opcode check); default off.
+    pub opts: DecodeOptions,
 }
 
 impl DecoderConfig {
@@ -95,6 +98,7 @@ impl DecoderConfig {
             ts_marker: etm.has_ts_marker(),
             m_profile: etm.core_profile == CoreProfile::M,
             insn: DecodeConfig { arch, wfi_wfe_branch: etm.wfi_wfe_branch(), dsb_dmb_waypoints: false },
+            opts: DecodeOptions::default(),
         }
     }
 }
@@ -331,6 +335,15 @@ impl Decoder {
     /// taken (OpenCSD `ETE_OPFLG_PKTDEC_SRCADDR_N_ATOMS`, `trc_pkt_lister -src_addr_n`).
     pub fn set_src_addr_n(&mut self, on: bool) {
         self.src_addr_n = on;
+    }
+
+    /// Sets the optional OpenCSD checks ([`DecodeOptions`]); clears the block cache, whose
+    /// blocks were checked under the previous options.
+    pub fn set_options(&mut self, opts: DecodeOptions) {
+        if opts != self.cfg.opts {
+            self.cfg.opts = opts;
+            self.cache.clear();
+        }
     }
 
     /// Reports every timestamp as a `Timestamp` element, also before the first ETE timestamp
@@ -1077,11 +1090,22 @@ impl Decoder {
         }
     }
 
-    fn walk_wp<M: MemoryAccess + ?Sized>(&mut self, mem: &M, target: Option<u64>) -> (RawRange, WpRes) {
+    /// Walks to the next waypoint (or `target`); a failed optional check
+    /// ([`DecodeOptions`]) is a sequence error that resynchronises the decoder, as OpenCSD's
+    /// "Error processing atom packet." (no range is output for the failed walk).
+    fn walk_wp<M: MemoryAccess + ?Sized>(&mut self, mem: &M, target: Option<u64>) -> Result<(RawRange, WpRes), DecodeErr> {
         let space = self.space;
         let tag = self.tag;
         let cfg = self.cfg.insn;
-        walk::walk(&mut self.walk, mem, space, &cfg, target, Some((&mut self.cache, tag)))
+        let opts = self.cfg.opts;
+        let (r, res) = walk::walk(&mut self.walk, mem, space, &cfg, &opts, target, Some((&mut self.cache, tag)));
+        match res {
+            WpRes::RangeLimit | WpRes::BadOpcode => {
+                log::debug!("trace id {:#x}: walk from {:#x} failed: {res:?}", self.cfg.trace_id, r.start);
+                Err(self.seq_error())
+            }
+            _ => Ok((r, res)),
+        }
     }
 
     /// Builds a range element from the last walked instruction (OpenCSD `setElemTraceRange`).
@@ -1166,7 +1190,7 @@ impl Decoder {
                 return Ok(());
             }
         }
-        let (r, res) = self.walk_wp(mem, None);
+        let (r, res) = self.walk_wp(mem, None)?;
         if res == WpRes::Found {
             let next = self.walk.addr;
             let last = self.walk.last;
@@ -1247,7 +1271,7 @@ impl Decoder {
         if !pe_reset {
             let m_tail = self.cfg.m_profile && ret_addr == 0xFFFF_FFFE;
             if self.walk.addr < ret_addr && !m_tail {
-                let (r, res) = self.walk_wp(mem, Some(ret_addr));
+                let (r, res) = self.walk_wp(mem, Some(ret_addr))?;
                 wp = res;
                 if res == WpRes::Found {
                     self.range_elem(r, true, index);
@@ -1459,6 +1483,7 @@ mod tests {
             ts_marker: false,
             m_profile: false,
             insn: DecodeConfig { arch: ArchVersion::V8, wfi_wfe_branch: false, dsb_dmb_waypoints: false },
+            opts: DecodeOptions::default(),
         }
     }
 

@@ -4,7 +4,7 @@
 
 use std::ops::ControlFlow;
 
-use crate::decoder::{DecodeStats, Decoder, DecoderConfig, ElementSink};
+use crate::decoder::{DecodeOptions, DecodeStats, Decoder, DecoderConfig, ElementSink};
 use crate::elements::Element;
 use crate::frame::{Deformatter, FrameSink, FrameStats, StreamFormat};
 use crate::image::{MemSpace, MemoryAccess, MemoryImage};
@@ -91,6 +91,13 @@ impl BufferDecoder {
     pub fn set_src_addr_n(&mut self, on: bool) {
         for d in self.decoders.iter_mut().flatten() {
             d.set_src_addr_n(on);
+        }
+    }
+
+    /// Sets the optional OpenCSD checks on every decoder (see [`Decoder::set_options`]).
+    pub fn set_options(&mut self, opts: DecodeOptions) {
+        for d in self.decoders.iter_mut().flatten() {
+            d.set_options(opts);
         }
     }
 
@@ -235,10 +242,24 @@ pub fn decode_snapshot_buffer_with(
     src_addr_n: bool,
     sink: &mut dyn FnMut(&Element) -> ControlFlow<()>,
 ) -> Result<DecodeSummary, SnapshotError> {
+    decode_snapshot_buffer_opts(snap, files, buffer, src_addr_n, DecodeOptions::default(), sink)
+}
+
+/// [`decode_snapshot_buffer_with`] with optional OpenCSD checks ([`DecodeOptions`]: instruction
+/// range limit, A64 opcode check).
+pub fn decode_snapshot_buffer_opts(
+    snap: &Snapshot,
+    files: &dyn SnapshotFiles,
+    buffer: &TraceBuffer,
+    src_addr_n: bool,
+    opts: DecodeOptions,
+    sink: &mut dyn FnMut(&Element) -> ControlFlow<()>,
+) -> Result<DecodeSummary, SnapshotError> {
     let data = files.read(&buffer.file)?;
     let (img, _missing) = snapshot_image(snap, files);
     let mut bd = BufferDecoder::for_snapshot(snap, buffer);
     bd.set_src_addr_n(src_addr_n);
+    bd.set_options(opts);
     let mut s = |e: &Element| sink(e);
     for chunk in data.chunks(4096) {
         if bd.push(chunk, &img, &mut s).is_break() {

@@ -27,6 +27,45 @@ pub struct WalkState {
     pub it: ItState,
 }
 
+/// Optional OpenCSD decoder checks on instruction walks (all off by default, which is
+/// OpenCSD's default behaviour).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Maximum instructions in one walked range; a walk reaching `range_limit + 1`
+    /// instructions is an error (`OPENCSD_INSTR_RANGE_LIMIT`, OpenCSD
+    /// `OCSD_ERR_I_RANGE_LIMIT_OVERRUN`). 0: no limit.
+    pub range_limit: u32,
+    /// An A64 opcode whose top 16 bits are zero is an error (`-aa64_opcode_chk`,
+    /// `OPENCSD_ERR_ON_AA64_BAD_OPCODE`, OpenCSD `OCSD_ERR_INVALID_OPCODE`).
+    pub aa64_opcode_chk: bool,
+}
+
+impl DecodeOptions {
+    /// Walk cap: `range_limit + 1` with a limit, else [`MAX_WALK`].
+    #[inline]
+    fn cap(&self) -> u32 {
+        if self.range_limit != 0 { self.range_limit.saturating_add(1).min(MAX_WALK) } else { MAX_WALK }
+    }
+
+    /// Outcome of a walk that reached its cap without a waypoint.
+    #[inline]
+    fn capped(&self, num: u32) -> WpRes {
+        if self.range_limit != 0 && num > self.range_limit { WpRes::RangeLimit } else { WpRes::NotFound }
+    }
+
+    /// Outcome of a walk that found its waypoint after `num` instructions.
+    #[inline]
+    fn found(&self, num: u32) -> WpRes {
+        if self.range_limit != 0 && num > self.range_limit { WpRes::RangeLimit } else { WpRes::Found }
+    }
+
+    /// Whether `op` (A64) is rejected by the opcode check.
+    #[inline]
+    fn bad_a64(&self, op: u32) -> bool {
+        self.aa64_opcode_chk && op & 0xFFFF_0000 == 0
+    }
+}
+
 /// Outcome of a walk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WpRes {
@@ -36,6 +75,11 @@ pub enum WpRes {
     Found,
     /// Code not accessible at `WalkState::addr`.
     Nacc,
+    /// More than [`DecodeOptions::range_limit`] instructions (an error).
+    RangeLimit,
+    /// An invalid A64 opcode at `WalkState::addr` with [`DecodeOptions::aa64_opcode_chk`]
+    /// (an error; the instruction is not consumed).
+    BadOpcode,
 }
 
 /// Addresses and count of a walked range.
@@ -75,12 +119,15 @@ pub fn step<M: MemoryAccess + ?Sized>(st: &mut WalkState, mem: &M, space: MemSpa
 }
 
 /// Walks from `st.addr` to the next waypoint, or (with `target`) until the next instruction
-/// address equals `target`. `cache` (A64 waypoint walks only) memoises blocks under `tag`.
+/// address equals `target`. `cache` (A64 waypoint walks only) memoises blocks under `tag`
+/// (only blocks that passed the `opts` checks are stored, so the cache must be cleared when
+/// `opts` change).
 pub fn walk<M: MemoryAccess + ?Sized>(
     st: &mut WalkState,
     mem: &M,
     space: MemSpace,
     cfg: &DecodeConfig,
+    opts: &DecodeOptions,
     target: Option<u64>,
     cache: Option<(&mut BlockCache, u64)>,
 ) -> (RawRange, WpRes) {
@@ -96,7 +143,7 @@ pub fn walk<M: MemoryAccess + ?Sized>(
                 return (RawRange { start, end, num }, WpRes::Found);
             }
         }
-        let res = walk_a64(st, mem, space, cfg, &mut num);
+        let res = walk_a64(st, mem, space, cfg, opts, &mut num);
         if res == WpRes::Found {
             if let Some((c, tag)) = cache {
                 c.put(start, tag, Block { end: st.addr, num_instr: num, last: st.last });
@@ -104,7 +151,14 @@ pub fn walk<M: MemoryAccess + ?Sized>(
         }
         return (RawRange { start, end: st.addr, num }, res);
     }
+    let cap = opts.cap();
     loop {
+        if opts.aa64_opcode_chk && st.isa == Isa::A64 {
+            let (n, op) = read_opcode(mem, st.addr, space);
+            if n == 4 && opts.bad_a64(op) {
+                return (RawRange { start, end: st.addr, num }, WpRes::BadOpcode);
+            }
+        }
         if !step(st, mem, space, cfg) {
             return (RawRange { start, end: st.addr, num }, WpRes::Nacc);
         }
@@ -114,10 +168,10 @@ pub fn walk<M: MemoryAccess + ?Sized>(
             None => st.last.ty != InstrType::Other,
         };
         if found {
-            return (RawRange { start, end: st.addr, num }, WpRes::Found);
+            return (RawRange { start, end: st.addr, num }, opts.found(num));
         }
-        if num >= MAX_WALK {
-            return (RawRange { start, end: st.addr, num }, WpRes::NotFound);
+        if num >= cap {
+            return (RawRange { start, end: st.addr, num }, opts.capped(num));
         }
     }
 }
@@ -128,24 +182,30 @@ fn walk_a64<M: MemoryAccess + ?Sized>(
     mem: &M,
     space: MemSpace,
     cfg: &DecodeConfig,
+    opts: &DecodeOptions,
     num: &mut u32,
 ) -> WpRes {
+    let cap = opts.cap();
     loop {
         match mem.slice_at(st.addr, space) {
             Some(s) if s.len() >= 4 => {
                 let mut info = st.last;
                 for w in s.chunks_exact(4) {
                     let op = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                    if opts.bad_a64(op) {
+                        st.last = info;
+                        return WpRes::BadOpcode;
+                    }
                     info = decode_a64(st.addr, op, cfg);
                     st.addr = st.addr.wrapping_add(4);
                     *num += 1;
                     if info.ty != InstrType::Other {
                         st.last = info;
-                        return WpRes::Found;
+                        return opts.found(*num);
                     }
-                    if *num >= MAX_WALK {
+                    if *num >= cap {
                         st.last = info;
-                        return WpRes::NotFound;
+                        return opts.capped(*num);
                     }
                 }
                 // fell off the end of this region: continue in the next one (if any)
@@ -153,15 +213,21 @@ fn walk_a64<M: MemoryAccess + ?Sized>(
             }
             Some(_) => return WpRes::Nacc,
             None => {
+                if opts.aa64_opcode_chk {
+                    let (n, op) = read_opcode(mem, st.addr, space);
+                    if n == 4 && opts.bad_a64(op) {
+                        return WpRes::BadOpcode;
+                    }
+                }
                 if !step(st, mem, space, cfg) {
                     return WpRes::Nacc;
                 }
                 *num += 1;
                 if st.last.ty != InstrType::Other {
-                    return WpRes::Found;
+                    return opts.found(*num);
                 }
-                if *num >= MAX_WALK {
-                    return WpRes::NotFound;
+                if *num >= cap {
+                    return opts.capped(*num);
                 }
             }
         }
@@ -186,13 +252,44 @@ mod tests {
         let mut st = WalkState { addr: 0x1000, isa: Isa::A64, ..Default::default() };
         let cfg = DecodeConfig::default();
         let mut c = BlockCache::new(4);
-        let (r, res) = walk(&mut st, &m, MemSpace::EL1N, &cfg, None, Some((&mut c, 0)));
+        let (r, res) = walk(&mut st, &m, MemSpace::EL1N, &cfg, &DecodeOptions::default(), None, Some((&mut c, 0)));
         assert_eq!((r.start, r.end, r.num, res), (0x1000, 0x100C, 3, WpRes::Found));
         assert_eq!(st.last.branch_addr, 0x1010);
         // second walk is served by the cache with the same result
         let mut st2 = WalkState { addr: 0x1000, isa: Isa::A64, ..Default::default() };
-        let (r2, _) = walk(&mut st2, &m, MemSpace::EL1N, &cfg, None, Some((&mut c, 0)));
+        let (r2, _) = walk(&mut st2, &m, MemSpace::EL1N, &cfg, &DecodeOptions::default(), None, Some((&mut c, 0)));
         assert_eq!((r2, st2.last.branch_addr, c.hits), (r, 0x1010, 1));
+    }
+
+    /// With a range limit, a walk of exactly `limit` instructions is fine and one more
+    /// instruction (waypoint or not) is a `RangeLimit` error; no limit keeps the full walk.
+    #[test]
+    fn walk_range_limit() {
+        let m = image(&[0xD503201F, 0xD503201F, 0x14000002, 0xD503201F]); // nop; nop; b +8; nop
+        let run = |limit| {
+            let mut st = WalkState { addr: 0x1000, isa: Isa::A64, ..Default::default() };
+            let opts = DecodeOptions { range_limit: limit, aa64_opcode_chk: false };
+            walk(&mut st, &m, MemSpace::ANY, &DecodeConfig::default(), &opts, None, None)
+        };
+        assert_eq!(run(3).1, WpRes::Found);
+        assert_eq!(run(0).1, WpRes::Found);
+        assert_eq!((run(2).0.num, run(2).1), (3, WpRes::RangeLimit));
+        assert_eq!((run(1).0.num, run(1).1), (2, WpRes::RangeLimit));
+    }
+
+    /// The A64 opcode check rejects a word with zero top half before consuming it, and only
+    /// when enabled.
+    #[test]
+    fn walk_bad_opcode() {
+        let m = image(&[0xD503201F, 0x0000_1234, 0x14000002]); // nop; udf-space; b +8
+        let run = |chk| {
+            let mut st = WalkState { addr: 0x1000, isa: Isa::A64, ..Default::default() };
+            let opts = DecodeOptions { range_limit: 0, aa64_opcode_chk: chk };
+            let (r, res) = walk(&mut st, &m, MemSpace::ANY, &DecodeConfig::default(), &opts, None, None);
+            (r.num, res, st.addr)
+        };
+        assert_eq!(run(true), (1, WpRes::BadOpcode, 0x1004));
+        assert_eq!(run(false), (3, WpRes::Found, 0x100C));
     }
 
     /// Walking off the image gives NACC at the first missing address.
@@ -200,7 +297,7 @@ mod tests {
     fn walk_off_image() {
         let m = image(&[0xD503201F]);
         let mut st = WalkState { addr: 0x1000, isa: Isa::A64, ..Default::default() };
-        let (r, res) = walk(&mut st, &m, MemSpace::ANY, &DecodeConfig::default(), None, None);
+        let (r, res) = walk(&mut st, &m, MemSpace::ANY, &DecodeConfig::default(), &DecodeOptions::default(), None, None);
         assert_eq!((r.num, res, st.addr), (1, WpRes::Nacc, 0x1004));
     }
 
@@ -209,7 +306,7 @@ mod tests {
     fn walk_to_target() {
         let m = image(&[0xD503201F, 0x14000000, 0xD503201F]);
         let mut st = WalkState { addr: 0x1000, isa: Isa::A64, ..Default::default() };
-        let (r, res) = walk(&mut st, &m, MemSpace::ANY, &DecodeConfig::default(), Some(0x100C), None);
+        let (r, res) = walk(&mut st, &m, MemSpace::ANY, &DecodeConfig::default(), &DecodeOptions::default(), Some(0x100C), None);
         assert_eq!((r.num, res), (3, WpRes::Found));
     }
 }

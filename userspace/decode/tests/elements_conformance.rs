@@ -15,7 +15,8 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use etm_decode::pipeline::{decode_snapshot_buffer_with, decode_snapshot_multi_session};
+use etm_decode::decoder::DecodeOptions;
+use etm_decode::pipeline::{decode_snapshot_buffer_opts, decode_snapshot_multi_session};
 use etm_decode::snapshot::{DirFiles, Snapshot};
 
 mod common;
@@ -46,6 +47,9 @@ const MUST_MATCH: &[&str] = &[
     "juno-ret-stck",
     "juno-uname-001",
     "juno_r1_1",
+    "juno_r1_1.aa64_opcode_chk",
+    "juno_r1_1.badopcode",
+    "juno_r1_1.rangelimit",
     "maxspec0_commopt1",
     "maxspec78_commopt0",
     "pauth_lr",
@@ -102,7 +106,18 @@ struct Case {
     src_addr_n: bool,
     /// reference made with `-multi_session` (all buffers, one decoder)
     multi: bool,
+    /// decoder options of the juno_r1_1 error-injection variants
+    opts: DecodeOptions,
 }
+
+/// The juno_r1_1 variants made with decoder options (test-data README, "Reference output
+/// files"): `OPENCSD_INSTR_RANGE_LIMIT=100`, `OPENCSD_ERR_ON_AA64_BAD_OPCODE=1` and
+/// `-aa64_opcode_chk` (the last two select the same check).
+const OPTION_VARIANTS: &[(&str, DecodeOptions)] = &[
+    ("rangelimit", DecodeOptions { range_limit: 100, aa64_opcode_chk: false }),
+    ("badopcode", DecodeOptions { range_limit: 0, aa64_opcode_chk: true }),
+    ("aa64_opcode_chk", DecodeOptions { range_limit: 0, aa64_opcode_chk: true }),
+];
 
 fn cases(etm: &Path) -> Vec<Case> {
     let mut dirs: Vec<PathBuf> = Vec::new();
@@ -130,9 +145,10 @@ fn cases(etm: &Path) -> Vec<Case> {
             .map(|e| e.path())
             .filter(|p| {
                 let f = p.file_name().unwrap().to_string_lossy().into_owned();
-                // the `-decode` references and their -src_addr_n / -multi_session variants (not the env variants)
+                // the `-decode` references, their -src_addr_n / -multi_session variants and the option variants
                 f == format!("{stem}.decode.src_addr_n.ppl.xz")
                     || f == format!("{stem}.decode.multi_session.ppl.xz")
+                    || OPTION_VARIANTS.iter().any(|(v, _)| f == format!("{stem}.decode.{v}.ppl.xz"))
                     || f.ends_with(".decode.ppl.xz") && {
                         let mid = f.trim_end_matches(".decode.ppl.xz");
                         mid == stem || (mid.starts_with(&format!("{stem}.AUX_CPU")))
@@ -142,19 +158,24 @@ fn cases(etm: &Path) -> Vec<Case> {
         refs.sort();
         for r in refs {
             let fname = r.file_name().unwrap().to_string_lossy().into_owned();
+            if let Some((variant, opts)) = OPTION_VARIANTS.iter().find(|(x, _)| fname == format!("{stem}.decode.{x}.ppl.xz")) {
+                let label = format!("{stem}.{variant}");
+                v.push(Case { label, dir: d.clone(), reference: r, buffer: None, src_addr_n: false, multi: false, opts: *opts });
+                continue;
+            }
             if fname.ends_with(".decode.src_addr_n.ppl.xz") {
                 let label = format!("{stem}.src_addr_n");
-                v.push(Case { label, dir: d.clone(), reference: r, buffer: None, src_addr_n: true, multi: false });
+                v.push(Case { label, dir: d.clone(), reference: r, buffer: None, src_addr_n: true, multi: false, opts: DecodeOptions::default() });
                 continue;
             }
             if fname.ends_with(".decode.multi_session.ppl.xz") {
                 let label = format!("{stem}.multi_session");
-                v.push(Case { label, dir: d.clone(), reference: r, buffer: None, src_addr_n: false, multi: true });
+                v.push(Case { label, dir: d.clone(), reference: r, buffer: None, src_addr_n: false, multi: true, opts: DecodeOptions::default() });
                 continue;
             }
             let mid = fname.trim_end_matches(".decode.ppl.xz");
             let buffer = mid.strip_prefix(&format!("{stem}.")).map(str::to_string);
-            v.push(Case { label: mid.to_string(), dir: d.clone(), reference: r, buffer, src_addr_n: false, multi: false });
+            v.push(Case { label: mid.to_string(), dir: d.clone(), reference: r, buffer, src_addr_n: false, multi: false, opts: DecodeOptions::default() });
         }
     }
     v
@@ -199,7 +220,7 @@ fn elements_match_opencsd_references() {
         if c.multi {
             decode_snapshot_multi_session(&snap, &files, &mut push).unwrap();
         } else {
-            decode_snapshot_buffer_with(&snap, &files, &buf, c.src_addr_n, &mut push).unwrap();
+            decode_snapshot_buffer_opts(&snap, &files, &buf, c.src_addr_n, c.opts, &mut push).unwrap();
         }
         let reference = reference_elements(&xz_text(&c.reference));
         if let Some(d) = &dump {
