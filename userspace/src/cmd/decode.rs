@@ -55,6 +55,17 @@ pub struct DecodeArgs {
     /// Element decoder: report source-address (ETE) ranges as N atoms (trc_pkt_lister -src_addr_n).
     #[arg(long)]
     pub src_addr_n: bool,
+    /// Element decoder: an instruction range longer than N instructions is a decode error
+    /// (NO_SYNC, resync), like OpenCSD's env OPENCSD_INSTR_RANGE_LIMIT=N. 0: no limit.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub range_limit: u32,
+    /// Element decoder: an A64 opcode with the top 16 bits zero is a decode error
+    /// (trc_pkt_lister -aa64_opcode_chk).
+    #[arg(long)]
+    pub aa64_opcode_chk: bool,
+    /// Same check as --aa64-opcode-chk (OpenCSD's env OPENCSD_ERR_ON_AA64_BAD_OPCODE=1).
+    #[arg(long)]
+    pub err_bad_opcode: bool,
     /// Do not print the listing header.
     #[arg(long)]
     pub no_header: bool,
@@ -148,6 +159,14 @@ fn is_error_line(line: &str) -> bool {
         || line.contains("\tI_RESERVED")
 }
 
+/// The optional decoder checks selected by the command line.
+fn decode_options(args: &DecodeArgs) -> etm_decode::decoder::DecodeOptions {
+    etm_decode::decoder::DecodeOptions {
+        range_limit: args.range_limit,
+        aa64_opcode_chk: args.aa64_opcode_chk || args.err_bad_opcode,
+    }
+}
+
 /// Element decoding: the element listing (default), branch records (`--format branches`) or
 /// counts only (`--stats`), all from the full instruction-level decode.
 fn decode_elements(
@@ -170,6 +189,7 @@ fn decode_elements(
     }
     let mut dec = BufferDecoder::for_snapshot(snap, buffer);
     dec.set_src_addr_n(args.src_addr_n);
+    dec.set_options(decode_options(args));
     let mut builders: Vec<Option<BranchBuilder>> = (0..128).map(|_| None).collect();
     let mut line: Vec<u8> = Vec::with_capacity(256);
     let mut io_err: Option<std::io::Error> = None;
@@ -281,5 +301,33 @@ impl etm_decode::decoder::ElementSink for CountOnly {
             }
         }
         std::ops::ControlFlow::Continue(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: DecodeArgs,
+    }
+
+    fn opts(extra: &[&str]) -> etm_decode::decoder::DecodeOptions {
+        let mut v = vec!["t", "--snapshot", "x"];
+        v.extend_from_slice(extra);
+        decode_options(&Cli::try_parse_from(v).unwrap().args)
+    }
+
+    /// The option flags map onto the decoder options (default: all checks off, as OpenCSD).
+    #[test]
+    fn option_flags() {
+        assert_eq!(opts(&[]), etm_decode::decoder::DecodeOptions::default());
+        assert_eq!(opts(&["--range-limit", "100"]).range_limit, 100);
+        assert!(!opts(&["--range-limit", "100"]).aa64_opcode_chk);
+        assert!(opts(&["--aa64-opcode-chk"]).aa64_opcode_chk);
+        assert!(opts(&["--err-bad-opcode"]).aa64_opcode_chk);
     }
 }
