@@ -2,7 +2,9 @@
 //!
 //! For every snapshot under `$ETM_BPF_SHARED/testdata/etm` (default `<repo>/../shared`) and
 //! every full-decode reference `<name>[.<BUFFER>].decode.ppl.xz` (and the `-src_addr_n` and
-//! `-multi_session` variants `<name>.decode.{src_addr_n,multi_session}.ppl.xz`) in it, we decode the buffer
+//! `-multi_session` variants `<name>.decode.{src_addr_n,multi_session}.ppl.xz`, and the juno_r1_1
+//! decoder-option variants `.decode.{rangelimit,badopcode,aa64_opcode_chk}.ppl.xz`, decoded with
+//! the matching `DecodeOptions`) in it, we decode the buffer
 //! with our deformatter + packet parser + instruction-level decoder over the snapshot's memory
 //! image and compare our `OCSD_GEN_TRC_ELEM_*` lines with the reference's element lines,
 //! normalising only whitespace (packet lines, header and OpenCSD's error messages are not
