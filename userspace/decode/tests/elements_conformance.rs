@@ -22,7 +22,7 @@ use etm_decode::pipeline::{decode_snapshot_buffer_opts, decode_snapshot_multi_se
 use etm_decode::snapshot::{DirFiles, Snapshot};
 
 mod common;
-use common::{shared_dir, xz_text, norm, matched_lines};
+use common::{snapshot_dirs, shared_dir, xz_text, norm, matched_lines};
 
 /// Snapshot references whose element lines we reproduce exactly.
 const MUST_MATCH: &[&str] = &[
@@ -122,21 +122,7 @@ const OPTION_VARIANTS: &[(&str, DecodeOptions)] = &[
 ];
 
 fn cases(etm: &Path) -> Vec<Case> {
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    for e in std::fs::read_dir(etm).unwrap().flatten() {
-        let p = e.path();
-        if p.join("snapshot.ini").is_file() {
-            dirs.push(p.clone());
-        }
-        if p.is_dir() {
-            for e2 in std::fs::read_dir(&p).unwrap().flatten() {
-                if e2.path().join("snapshot.ini").is_file() {
-                    dirs.push(e2.path());
-                }
-            }
-        }
-    }
-    dirs.sort();
+    let dirs = snapshot_dirs(etm);
     let mut v = Vec::new();
     for d in dirs {
         let dname = d.file_name().unwrap().to_string_lossy().into_owned();

@@ -15,7 +15,7 @@ use etm_decode::listing::{list_buffer, ListOptions};
 use etm_decode::snapshot::{DirFiles, Snapshot};
 
 mod common;
-use common::{shared_dir, xz_text, norm, matched_lines};
+use common::{snapshot_dirs, shared_dir, xz_text, norm, matched_lines};
 
 /// Snapshot references (directory/reference stem) that we reproduce exactly.
 const MUST_MATCH: &[&str] = &[
@@ -89,21 +89,7 @@ struct Case {
 }
 
 fn cases(etm: &Path) -> Vec<Case> {
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    for e in std::fs::read_dir(etm).unwrap().flatten() {
-        let p = e.path();
-        if p.join("snapshot.ini").is_file() {
-            dirs.push(p.clone());
-        }
-        if p.is_dir() {
-            for e2 in std::fs::read_dir(&p).unwrap().flatten() {
-                if e2.path().join("snapshot.ini").is_file() {
-                    dirs.push(e2.path());
-                }
-            }
-        }
-    }
-    dirs.sort();
+    let dirs = snapshot_dirs(etm);
     let mut v = Vec::new();
     for d in dirs {
         let mut refs: Vec<PathBuf> = std::fs::read_dir(&d)

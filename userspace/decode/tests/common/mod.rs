@@ -54,3 +54,24 @@ pub fn matched_lines(a: &[String], b: &[String]) -> usize {
     }
     m
 }
+
+/// Snapshot directories (holding a `snapshot.ini`) directly under `etm` or one level deeper
+/// (e.g. `perf-data/*.snapshot`), sorted.
+pub fn snapshot_dirs(etm: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for e in std::fs::read_dir(etm).unwrap().flatten() {
+        let p = e.path();
+        if p.join("snapshot.ini").is_file() {
+            dirs.push(p.clone());
+        }
+        if p.is_dir() {
+            for e2 in std::fs::read_dir(&p).unwrap().flatten() {
+                if e2.path().join("snapshot.ini").is_file() {
+                    dirs.push(e2.path());
+                }
+            }
+        }
+    }
+    dirs.sort();
+    dirs
+}
