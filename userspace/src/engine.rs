@@ -377,9 +377,8 @@ mod tests {
         let info = BinaryInfo::from_elf("/opt/t", &data).unwrap();
         let seg = info.exec_segments[0];
         let base = 0x5555_0000_0000u64;
-        let mut e = Engine::new(PipelineConfig::default(), None);
-        e.add_image("/opt/t", &exe, data);
-        e.push(SessionEvent::Sideband(&Sideband::Mmap2 {
+        // The image mapped at a PIE base, as the kernel would report it.
+        let mmap = Sideband::Mmap2 {
             pid: 9,
             tid: 9,
             addr: base + (seg.vaddr & !0xfff),
@@ -391,7 +390,10 @@ mod tests {
             build_id: None,
             time: 0,
             cpu: None,
-        }));
+        };
+        let mut e = Engine::new(PipelineConfig::default(), None);
+        e.add_image("/opt/t", &exe, data);
+        e.push(SessionEvent::Sideband(&mmap));
         // Return addresses point after the call: +1 so that the lookup (addr - 1) is in a/main.
         let stack = vec![base + x, base + fa + 1, base + main + 1];
         assert!(e.resolves(&stack));
@@ -413,19 +415,7 @@ mod tests {
         cfg.join.validate = false;
         let mut e2 = Engine::new(cfg, None);
         e2.add_image("/opt/t", &exe, Arc::new(std::fs::read(&exe).unwrap()));
-        e2.push(SessionEvent::Sideband(&Sideband::Mmap2 {
-            pid: 9,
-            tid: 9,
-            addr: base + (seg.vaddr & !0xfff),
-            len: seg.memsz + (seg.vaddr & 0xfff),
-            pgoff: seg.offset & !0xfff,
-            prot: 5,
-            flags: 2,
-            filename: "/opt/t".into(),
-            build_id: None,
-            time: 0,
-            cpu: None,
-        }));
+        e2.push(SessionEvent::Sideband(&mmap));
         let br = vec![BranchPair { from: base + fa + 4, to: base + outer }];
         e2.push(SessionEvent::Sample(&PauseSample { branches: Some(br), ..s }));
         assert!(e2.has_branches());
