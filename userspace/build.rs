@@ -9,21 +9,13 @@ use anyhow::{Context as _, anyhow};
 use aya_build::{Package, Toolchain};
 
 fn main() -> anyhow::Result<()> {
-    let meta = cargo_metadata::MetadataCommand::new()
-        .no_deps()
-        .exec()
-        .context("cargo metadata")?;
+    let meta = cargo_metadata::MetadataCommand::new().no_deps().exec().context("cargo metadata")?;
     let pkg = meta
         .packages
         .into_iter()
         .find(|p| p.name.as_str() == "etm-bpf-ebpf")
         .ok_or_else(|| anyhow!("etm-bpf-ebpf package not found"))?;
-    let root_dir = pkg
-        .manifest_path
-        .parent()
-        .ok_or_else(|| anyhow!("no parent for {}", pkg.manifest_path))?
-        .as_str()
-        .to_owned();
+    let root_dir = pkg.manifest_path.parent().ok_or_else(|| anyhow!("no parent for {}", pkg.manifest_path))?.as_str().to_owned();
     // The common crate is a path dependency of the eBPF crate: rebuild when it changes too.
     println!("cargo:rerun-if-changed={root_dir}/common/src");
     // rustup sets RUSTUP_TOOLCHAIN for build scripts; use the same (pinned) toolchain.
@@ -33,11 +25,7 @@ fn main() -> anyhow::Result<()> {
     // SAFETY: single-threaded build script, set before any thread is spawned.
     unsafe { std::env::set_var("RUSTC_BOOTSTRAP", "1") };
     aya_build::build_ebpf(
-        [Package {
-            name: "etm-bpf-ebpf",
-            root_dir: &root_dir,
-            ..Default::default()
-        }],
+        [Package { name: "etm-bpf-ebpf", root_dir: &root_dir, ..Default::default() }],
         Toolchain::Custom(&toolchain),
     )
 }

@@ -30,10 +30,9 @@ mod prog {
         programs::PerfEventContext,
     };
     use etm_bpf_common::{
-        BranchEntry, CONFIG_ENTRIES, CONFIG_FLAGS, CONFIG_TGID, COUNTER_BRANCH_ENOENT,
-        COUNTER_BRANCH_ERR, COUNTER_ENTRIES, COUNTER_FILTERED, COUNTER_RING_FULL, COUNTER_SAMPLES,
-        COUNTER_STACK_ERR, FLAG_READ_BRANCHES, MAX_BRANCHES, MAX_STACK_DEPTH, REC_HAS_BRANCHES,
-        RING_BYTES, RING_WAKEUP_BYTES, SampleRecord,
+        BranchEntry, CONFIG_ENTRIES, CONFIG_FLAGS, CONFIG_TGID, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR, COUNTER_ENTRIES,
+        COUNTER_FILTERED, COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR, FLAG_READ_BRANCHES, MAX_BRANCHES,
+        MAX_STACK_DEPTH, REC_HAS_BRANCHES, RING_BYTES, RING_WAKEUP_BYTES, SampleRecord,
     };
 
     #[map]
@@ -88,12 +87,7 @@ mod prog {
         // every write below stays inside it (offsets and sizes are compile-time constants).
         unsafe {
             let stack_ptr = (rec as *mut u8).add(offset_of!(SampleRecord, stack)) as *mut c_void;
-            let n = bpf_get_stack(
-                ctx.as_ptr(),
-                stack_ptr,
-                (MAX_STACK_DEPTH * 8) as u32,
-                BPF_F_USER_STACK as u64,
-            );
+            let n = bpf_get_stack(ctx.as_ptr(), stack_ptr, (MAX_STACK_DEPTH * 8) as u32, BPF_F_USER_STACK as u64);
             if n <= 0 {
                 entry.discard(0);
                 count(COUNTER_STACK_ERR);
@@ -108,8 +102,7 @@ mod prog {
             let mut rec_flags = 0u32;
             let mut nbranch = 0u32;
             if flags & FLAG_READ_BRANCHES != 0 {
-                let br_ptr =
-                    (rec as *mut u8).add(offset_of!(SampleRecord, branches)) as *mut c_void;
+                let br_ptr = (rec as *mut u8).add(offset_of!(SampleRecord, branches)) as *mut c_void;
                 let r = bpf_read_branch_records(
                     ctx.as_ptr().cast(),
                     br_ptr,
@@ -129,11 +122,8 @@ mod prog {
             addr_of_mut!((*rec).branch_count).write(nbranch);
         }
         // Wake user space only once enough is pending (it also drains on a timer).
-        let wake = if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= RING_WAKEUP_BYTES {
-            BPF_RB_FORCE_WAKEUP
-        } else {
-            BPF_RB_NO_WAKEUP
-        };
+        let wake =
+            if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= RING_WAKEUP_BYTES { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
         entry.submit(wake as u64);
         count(COUNTER_SAMPLES);
         Ok(())

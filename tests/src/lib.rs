@@ -33,9 +33,7 @@ pub fn etm_bpf_bin() -> PathBuf {
             let target_dir = profile_dir.parent().expect("target dir");
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
             let mut cmd = Command::new(cargo);
-            cmd.current_dir(repo_root())
-                .args(["build", "-p", "etm-bpf"])
-                .env("CARGO_TARGET_DIR", target_dir);
+            cmd.current_dir(repo_root()).args(["build", "-p", "etm-bpf"]).env("CARGO_TARGET_DIR", target_dir);
             if release {
                 cmd.arg("--release");
             }
@@ -51,11 +49,7 @@ pub fn etm_bpf_bin() -> PathBuf {
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|v| v.split_whitespace().nth(1).map(|e| e == "0"))
-        })
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().nth(1).map(|e| e == "0")))
         .unwrap_or(false)
 }
 
@@ -70,7 +64,7 @@ pub fn c_compiler() -> Option<&'static str> {
 /// tail calls (so every caller stays on the stack). `None` (after printing why) if no compiler.
 pub fn build_workload(name: &str, out_dir: &Path) -> Option<PathBuf> {
     let Some(cc) = c_compiler() else {
-        eprintln!("SKIP: no C compiler (clang-22, clang, gcc, cc) found");
+        etm_testutil::skip("no C compiler (clang-22, clang, gcc, cc) found");
         return None;
     };
     let src = repo_root().join("tests/workloads").join(format!("{name}.c"));
@@ -105,15 +99,10 @@ impl Drop for KillOnDrop {
 
 /// Starts `exe args` and waits for its first stdout line (the workloads print "ready PID").
 pub fn spawn_ready(exe: &Path, args: &[&str]) -> (KillOnDrop, String) {
-    let mut child = Command::new(exe)
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {}: {e}", exe.display()));
+    let mut child =
+        Command::new(exe).args(args).stdout(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("start {}: {e}", exe.display()));
     let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().expect("piped stdout"))
-        .read_line(&mut line)
-        .expect("read the ready line");
+    BufReader::new(child.stdout.as_mut().expect("piped stdout")).read_line(&mut line).expect("read the ready line");
     (KillOnDrop(child), line)
 }
 

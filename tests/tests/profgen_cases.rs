@@ -145,15 +145,15 @@ fn first_diff(a: &str, b: &str) -> String {
 fn profgen_cases_match_llvm_profgen() {
     let shared = shared_dir();
     if !shared.join("testdata/profgen/README.md").is_file() {
-        eprintln!("SKIP: no shared profgen test data at {}", shared.display());
+        etm_testutil::skip(format!("no shared profgen test data at {}", shared.display()));
         return;
     }
     let Some(pg) = llvm_tool("llvm-profgen") else {
-        eprintln!("SKIP: llvm-profgen-22 not installed");
+        etm_testutil::skip("llvm-profgen-22 not installed");
         return;
     };
     let Some(bin) = etm_bpf_bin() else {
-        eprintln!("SKIP: etm-bpf binary not built (cargo build --release -p etm-bpf) and ETM_BPF_BIN unset");
+        etm_testutil::skip("etm-bpf binary not built (cargo build --release -p etm-bpf) and ETM_BPF_BIN unset");
         return;
     };
     let runs = runs(&shared);
@@ -177,7 +177,12 @@ fn profgen_cases_match_llvm_profgen() {
         let name = r.binary.file_name().unwrap().to_string_lossy().into_owned();
         let ours_ps = dump.join(format!("{name}.perfscript"));
         let ours_unsym = dump.join(format!("{name}.unsym.txt"));
-        let label = format!("{} {} {}", r.dir.file_name().unwrap().to_string_lossy(), r.input.file_name().unwrap().to_string_lossy(), r.opts.join(" "));
+        let label = format!(
+            "{} {} {}",
+            r.dir.file_name().unwrap().to_string_lossy(),
+            r.input.file_name().unwrap().to_string_lossy(),
+            r.opts.join(" ")
+        );
         let expected = match profgen(&pg, "--perfscript", &r.input, &r.binary, &r.opts, &work.join(format!("exp{n}"))) {
             Ok(t) => t,
             Err(e) => {
@@ -197,7 +202,10 @@ fn profgen_cases_match_llvm_profgen() {
         // DWARF binaries with hybrid samples get the context-sensitive unsymbolized dump;
         // pseudo-probe binaries keep the context-free one (LLVM 22 crashes on CS input there).
         if !branch_only && is_probe_binary(&r.binary) == ours_cs {
-            failures.push(format!("{label}: unsymbolized dump CS={ours_cs} for a {} binary", if ours_cs { "probe" } else { "DWARF" }));
+            failures.push(format!(
+                "{label}: unsymbolized dump CS={ours_cs} for a {} binary",
+                if ours_cs { "probe" } else { "DWARF" }
+            ));
             continue;
         }
         if ours_cs {
@@ -209,10 +217,12 @@ fn profgen_cases_match_llvm_profgen() {
                 // Unwinder output: only llvm-profgen's default unwinder options are reproduced.
                 let neutral = |o: &String| {
                     o == "--skip-symbolization"
-                        || ["--profile-summary-", "--csspgo-preinliner=", "--gen-cs-nested-profile="].iter().any(|p| o.starts_with(p))
+                        || ["--profile-summary-", "--csspgo-preinliner=", "--gen-cs-nested-profile="]
+                            .iter()
+                            .any(|p| o.starts_with(p))
                 };
                 if !r.opts.iter().all(neutral) {
-                    eprintln!("SKIP (unwinder option not reproduced): {label}");
+                    etm_testutil::skip(format!("unwinder option not reproduced: {label}"));
                     continue;
                 }
                 if unsym_text == expected {
@@ -227,7 +237,9 @@ fn profgen_cases_match_llvm_profgen() {
                 // ContextWasInlined attribute, which the unsymbolized format cannot carry.
                 let theirs = work.join(format!("theirs-unsym{n}"));
                 let own = profgen(&pg, "--perfscript", &r.input, &r.binary, &["--skip-symbolization".to_string()], &theirs)
-                    .and_then(|_| profgen(&pg, "--unsymbolized-profile", &theirs, &r.binary, &r.opts, &work.join(format!("rt{n}"))));
+                    .and_then(|_| {
+                        profgen(&pg, "--unsymbolized-profile", &theirs, &r.binary, &r.opts, &work.join(format!("rt{n}")))
+                    });
                 let ours = profgen(&pg, "--unsymbolized-profile", &ours_unsym, &r.binary, &r.opts, &work.join(format!("cs{n}")));
                 let (own, ours) = match (own, ours) {
                     (Ok(a), Ok(b)) => (a, b),
@@ -237,10 +249,14 @@ fn profgen_cases_match_llvm_profgen() {
                     }
                 };
                 if ours != own {
-                    failures.push(format!("{label}: CS unsymbolized dump differs from llvm-profgen's round trip: {}", first_diff(&own, &ours)));
+                    failures.push(format!(
+                        "{label}: CS unsymbolized dump differs from llvm-profgen's round trip: {}",
+                        first_diff(&own, &ours)
+                    ));
                     continue;
                 }
-                let unwinder_opt = r.opts.iter().any(|o| o.starts_with("--compress-recursion") || o.starts_with("--csprof-max-context-depth"));
+                let unwinder_opt =
+                    r.opts.iter().any(|o| o.starts_with("--compress-recursion") || o.starts_with("--csprof-max-context-depth"));
                 if unwinder_opt {
                     eprintln!("note: {label}: unwinder option; CS unsymbolized checked against llvm-profgen's round trip only");
                     checked_cs_unsym += 1;
@@ -296,6 +312,9 @@ fn profgen_cases_match_llvm_profgen() {
         dumps.len()
     );
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
-    assert!(checked_cs_unsym >= 10, "expected the DWARF CS runs to be checked through the CS unsymbolized dump, got {checked_cs_unsym}");
+    assert!(
+        checked_cs_unsym >= 10,
+        "expected the DWARF CS runs to be checked through the CS unsymbolized dump, got {checked_cs_unsym}"
+    );
     let _ = std::fs::remove_dir_all(&work);
 }

@@ -43,7 +43,7 @@ fn aarch64_etm_end_to_end() {
     let (clang, pg, etm) = match tools {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("SKIP: {e}");
+            etm_testutil::skip(e);
             return;
         }
     };
@@ -57,18 +57,20 @@ fn aarch64_etm_end_to_end() {
         let o = run(Command::new(&clang).args(CFLAGS).args(extra).arg("-o").arg(&bin).arg(&src));
         if !o.status.success() {
             // The cross toolchain (gcc-aarch64-linux-gnu / libc6-dev-arm64-cross) is missing.
-            eprintln!("SKIP: cannot build for aarch64: {}", String::from_utf8_lossy(&o.stderr));
+            etm_testutil::skip(format!("cannot build for aarch64: {}", String::from_utf8_lossy(&o.stderr)));
             return;
         }
         let expected = qemu_run(&bin);
 
         let sess = dir.join("session");
-        run_ok(Command::new(&etm)
-            .args(["synth", "--window", "1000", "--period", "1009", "--out"])
-            .arg(&sess)
-            .arg("--")
-            .arg(&bin)
-            .arg(ARG));
+        run_ok(
+            Command::new(&etm)
+                .args(["synth", "--window", "1000", "--period", "1009", "--out"])
+                .arg(&sess)
+                .arg("--")
+                .arg(&bin)
+                .arg(ARG),
+        );
         let dump = dir.join("dump");
         run_ok(Command::new(&etm).arg("replay").arg(&sess).arg("--headless").arg("--dump-dir").arg(&dump));
         let manifest = std::fs::read_to_string(dump.join("manifest.json")).unwrap_or_default();
@@ -78,12 +80,14 @@ fn aarch64_etm_end_to_end() {
         }
 
         let profgen = |flag: &str, input: &Path, out: &str, opts: &[&str]| {
-            run_ok(Command::new(&pg)
-                .arg("--format=text")
-                .arg(format!("{flag}={}", input.display()))
-                .arg(format!("--binary={}", bin.display()))
-                .arg(format!("--output={}", dir.join(out).display()))
-                .args(opts));
+            run_ok(
+                Command::new(&pg)
+                    .arg("--format=text")
+                    .arg(format!("{flag}={}", input.display()))
+                    .arg(format!("--binary={}", bin.display()))
+                    .arg(format!("--output={}", dir.join(out).display()))
+                    .args(opts),
+            );
             std::fs::read_to_string(dir.join(out)).unwrap()
         };
         let afdo = profgen("--perfscript", &dump.join("prog.perfscript"), "afdo.prof", &["--ignore-stack-samples"]);
@@ -112,7 +116,9 @@ fn aarch64_etm_end_to_end() {
         let remarks = String::from_utf8_lossy(&o.stderr).into_owned();
         assert!(o.status.success(), "{variant}: PGO build failed:\n{remarks}");
         let work_inlined = |ctx: &str| {
-            remarks.lines().any(|l| l.contains("'work' inlined into") && l.contains("to match profiling context") && l.contains(ctx))
+            remarks
+                .lines()
+                .any(|l| l.contains("'work' inlined into") && l.contains("to match profiling context") && l.contains(ctx))
         };
         assert!(work_inlined("caller_a:"), "{variant}: work not inlined in its hot caller_a context:\n{remarks}");
         assert_eq!(qemu_run(&opt), expected, "{variant}: PGO binary output differs");

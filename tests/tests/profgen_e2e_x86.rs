@@ -78,13 +78,13 @@ fn run_native(bin: &Path) -> String {
 #[test]
 fn x86_64_end_to_end() {
     if std::env::consts::ARCH != "x86_64" {
-        eprintln!("SKIP: host is not x86_64");
+        etm_testutil::skip("host is not x86_64");
         return;
     }
     let t = match tools() {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("SKIP: {e}");
+            etm_testutil::skip(e);
             return;
         }
     };
@@ -113,12 +113,14 @@ fn x86_64_end_to_end() {
         assert!(files.iter().any(|f| f.ends_with("prog.perfscript")), "{files:?}");
         assert!(dump.join("manifest.json").is_file());
         let profgen = |flag: &str, input: &Path, out: &Path, opts: &[&str]| {
-            run_ok(Command::new(&t.profgen)
-                .arg("--format=text")
-                .arg(format!("{flag}={}", input.display()))
-                .arg(format!("--binary={}", bin.display()))
-                .arg(format!("--output={}", out.display()))
-                .args(opts));
+            run_ok(
+                Command::new(&t.profgen)
+                    .arg("--format=text")
+                    .arg(format!("{flag}={}", input.display()))
+                    .arg(format!("--binary={}", bin.display()))
+                    .arg(format!("--output={}", out.display()))
+                    .args(opts),
+            );
             std::fs::read_to_string(out).unwrap()
         };
         let prof = dir.join("cs.prof");
@@ -177,7 +179,7 @@ fn x86_64_end_to_end() {
 
 fn bolt(t: &Tools, bin: &Path, pa: &Path, dir: &Path, expected_out: &str) {
     let (Some(p2b), Some(bolt)) = (&t.perf2bolt, &t.bolt) else {
-        eprintln!("SKIP (BOLT part): perf2bolt-22/llvm-bolt-22 not installed");
+        etm_testutil::skip("BOLT part: perf2bolt-22/llvm-bolt-22 not installed");
         return;
     };
     let fdata = dir.join("prog.fdata");
@@ -190,12 +192,11 @@ fn bolt(t: &Tools, bin: &Path, pa: &Path, dir: &Path, expected_out: &str) {
         "hottest perf2bolt branch not inside main: {hottest:?}\n{fd}"
     );
     let out = dir.join("prog.bolt");
-    let log = run_ok(Command::new(bolt)
-        .arg(bin)
-        .arg("-o")
-        .arg(&out)
-        .arg(format!("-data={}", fdata.display()))
-        .args(["-reorder-blocks=ext-tsp", "-split-functions", "-dyno-stats"]));
+    let log = run_ok(Command::new(bolt).arg(bin).arg("-o").arg(&out).arg(format!("-data={}", fdata.display())).args([
+        "-reorder-blocks=ext-tsp",
+        "-split-functions",
+        "-dyno-stats",
+    ]));
     eprintln!("llvm-bolt: {}", log.lines().filter(|l| l.contains("profile")).collect::<Vec<_>>().join(" | "));
     assert_eq!(run_native(&out), expected_out, "BOLT-optimized binary output differs");
 }

@@ -28,7 +28,11 @@ fn split(text: &str, hybrid: bool) -> (String, String) {
         cur.push('\n');
         let ends = if hybrid { line.starts_with(" 0x") } else { line.contains('/') };
         if ends {
-            if k % 2 == 0 { a.push_str(&cur) } else { b.push_str(&cur) }
+            if k % 2 == 0 {
+                a.push_str(&cur)
+            } else {
+                b.push_str(&cur)
+            }
             k += 1;
             cur.clear();
         }
@@ -40,15 +44,15 @@ fn check(case: &str, script: &str, binary: &str, hybrid: bool) {
     let shared = shared_dir();
     let dir = shared.join("testdata/profgen").join(case);
     if !dir.join(script).is_file() {
-        eprintln!("SKIP: no shared test data {}", dir.join(script).display());
+        etm_testutil::skip(format!("no shared test data {}", dir.join(script).display()));
         return;
     }
     let Some(pg) = llvm_tool("llvm-profgen") else {
-        eprintln!("SKIP: llvm-profgen-22 not installed");
+        etm_testutil::skip("llvm-profgen-22 not installed");
         return;
     };
     let Some(bin) = etm_bpf_bin() else {
-        eprintln!("SKIP: etm-bpf binary not built and ETM_BPF_BIN unset");
+        etm_testutil::skip("etm-bpf binary not built and ETM_BPF_BIN unset");
         return;
     };
     let work = scratch(&format!("merge-{case}"));
@@ -74,11 +78,13 @@ fn check(case: &str, script: &str, binary: &str, hybrid: bool) {
         assert!(m == u, "{case}: merged {f} differs from the dump of the whole input");
     }
     let profgen = |input: &Path, out: &str| {
-        run_ok(Command::new(&pg)
-            .arg("--format=text")
-            .arg(format!("--perfscript={}", input.display()))
-            .arg(format!("--binary={}", binary.display()))
-            .arg(format!("--output={}", work.join(out).display())));
+        run_ok(
+            Command::new(&pg)
+                .arg("--format=text")
+                .arg(format!("--perfscript={}", input.display()))
+                .arg(format!("--binary={}", binary.display()))
+                .arg(format!("--output={}", work.join(out).display())),
+        );
         std::fs::read_to_string(work.join(out)).unwrap()
     };
     let expected = profgen(&original, "orig.prof");

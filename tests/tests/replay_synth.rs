@@ -24,14 +24,14 @@ const DEPTH: usize = 32;
 /// Build a test program (gcc) or print why not.
 fn build(name: &str, dir: &Path) -> Option<PathBuf> {
     if let Err(e) = testprogs::qemu_available() {
-        eprintln!("SKIP: {e}");
+        etm_testutil::skip(e);
         return None;
     }
     let prog = PROGRAMS.iter().find(|p| p.name == name).expect("known program");
     match testprogs::build(prog, Compiler::Gcc, dir) {
         Ok(p) => Some(p),
         Err(testprogs::BuildError::Missing(m)) => {
-            eprintln!("SKIP: {m}");
+            etm_testutil::skip(m);
             None
         }
         Err(e) => panic!("{e}"),
@@ -143,9 +143,12 @@ fn counts<'a>(it: impl Iterator<Item = (u64, &'a [(u64, u64)])>) -> Counts {
     (br, rg)
 }
 
+/// One aggregated perf-script sample: count, stack (leaf first), branches (from, to).
+type ScriptSample = (u64, Vec<u64>, Vec<(u64, u64)>);
+
 /// Parse the aggregated perf-script dump (`<bin>.perfscript`): count line, stack lines,
 /// branch-stack line.
-fn perfscript_samples(path: &Path) -> Vec<(u64, Vec<u64>, Vec<(u64, u64)>)> {
+fn perfscript_samples(path: &Path) -> Vec<ScriptSample> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut out = Vec::new();
     let mut lines = text.lines().peekable();
@@ -394,11 +397,11 @@ fn replay_faults_do_not_poison_other_samples() {
 fn replay_dumps_feed_llvm_profgen() {
     let profgen = "llvm-profgen-22";
     if Command::new(profgen).arg("--version").output().is_err() {
-        eprintln!("SKIP: {profgen} not installed (scripts/setup.sh)");
+        etm_testutil::skip(format!("{profgen} not installed (scripts/setup.sh)"));
         return;
     }
     if let Err(e) = testprogs::qemu_available() {
-        eprintln!("SKIP: {e}");
+        etm_testutil::skip(e);
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -409,7 +412,7 @@ fn replay_dumps_feed_llvm_profgen() {
         .arg(testprogs::source_dir().join("indirect.c"))
         .status();
     if !cc.is_ok_and(|s| s.success()) {
-        eprintln!("SKIP: aarch64-linux-gnu-gcc cannot build indirect.c");
+        etm_testutil::skip("aarch64-linux-gnu-gcc cannot build indirect.c");
         return;
     }
     let sess = tmp.path().join("session");

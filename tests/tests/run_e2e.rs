@@ -15,13 +15,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use etm_bpf_tests::{
-    build_workload, etm_bpf_bin, is_root, parse_folded, pprof_wire::read_pprof_gz, send_signal,
-    spawn_ready, wait_timeout,
+    build_workload, etm_bpf_bin, is_root, parse_folded, pprof_wire::read_pprof_gz, send_signal, spawn_ready, wait_timeout,
 };
 
 fn skip_unless_root() -> bool {
     if !is_root() {
-        eprintln!("SKIP: needs root (CAP_BPF + CAP_PERFMON) to load eBPF and open perf events");
+        etm_testutil::skip("needs root (CAP_BPF + CAP_PERFMON) to load eBPF and open perf events");
         return true;
     }
     false
@@ -29,10 +28,7 @@ fn skip_unless_root() -> bool {
 
 /// Sum of counts of stacks whose last frames are `suffix`.
 fn ending_with(m: &BTreeMap<Vec<String>, u64>, suffix: &[&str]) -> u64 {
-    m.iter()
-        .filter(|(p, _)| p.len() >= suffix.len() && p[p.len() - suffix.len()..] == *suffix)
-        .map(|(_, c)| c)
-        .sum()
+    m.iter().filter(|(p, _)| p.len() >= suffix.len() && p[p.len() - suffix.len()..] == *suffix).map(|(_, c)| c).sum()
 }
 
 /// Profiles the workload and checks contexts, proportions, the pprof file and the manifest.
@@ -74,9 +70,7 @@ fn run_profiles_known_call_chains() {
 
     let folded = parse_folded(&std::fs::read_to_string(dump.join("profile.folded")).unwrap());
     let total: u64 = folded.values().sum();
-    let containing = |f: &str| -> u64 {
-        folded.iter().filter(|(p, _)| p.iter().any(|x| x == f)).map(|(_, c)| c).sum()
-    };
+    let containing = |f: &str| -> u64 { folded.iter().filter(|(p, _)| p.iter().any(|x| x == f)).map(|(_, c)| c).sum() };
     let (hot1, hot2, hot3) = (containing("hot1"), containing("hot2"), containing("hot3"));
     eprintln!("total {total} hot1 {hot1} hot2 {hot2} hot3 {hot3}\n{folded:#?}");
     assert!(total >= 300, "too few samples: {total}");
@@ -94,23 +88,18 @@ fn run_profiles_known_call_chains() {
     assert!(n >= 200.0, "too few main-thread samples: {n}");
     let ratio = hot1 as f64 / n;
     let tol = 4.0 * (2.0 / 9.0 / n).sqrt() + 0.02;
-    assert!(
-        (ratio - 2.0 / 3.0).abs() <= tol,
-        "hot1/(hot1+hot2) = {ratio:.3}, expected 0.667 +- {tol:.3}"
-    );
+    assert!((ratio - 2.0 / 3.0).abs() <= tol, "hot1/(hot1+hot2) = {ratio:.3}, expected 0.667 +- {tol:.3}");
     assert!(hot3 > 0, "thread created after start was not sampled");
 
     // pprof: decoded independently, it holds exactly the folded contexts and counts.
     let p = read_pprof_gz(&std::fs::read(dump.join("profile.pb.gz")).unwrap()).unwrap();
     assert_eq!(p.sample_types[0], ("samples".to_string(), "count".to_string()));
-    let from_pprof: BTreeMap<Vec<String>, u64> =
-        p.stacks.iter().map(|(k, v)| (k.clone(), v[0] as u64)).collect();
+    let from_pprof: BTreeMap<Vec<String>, u64> = p.stacks.iter().map(|(k, v)| (k.clone(), v[0] as u64)).collect();
     assert_eq!(from_pprof, folded);
     assert!(p.mapping_files.iter().any(|m| m == exe.to_str().unwrap()));
 
     // Manifest: pid, command, event, branch source, the workload's build id (read by readelf).
-    let m: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dump.join("manifest.json")).unwrap()).unwrap();
+    let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dump.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(m["pid"], pid);
     assert_eq!(m["command"][0], exe.to_str().unwrap());
     assert_eq!(m["branch_source"], "none");
@@ -121,10 +110,7 @@ fn run_profiles_known_call_chains() {
     match readelf {
         Ok(o) if o.status.success() => {
             let text = String::from_utf8_lossy(&o.stdout);
-            let id = text
-                .lines()
-                .find_map(|l| l.trim().strip_prefix("Build ID: "))
-                .expect("workload has a build id");
+            let id = text.lines().find_map(|l| l.trim().strip_prefix("Build ID: ")).expect("workload has a build id");
             let bin = m["binaries"]
                 .as_array()
                 .unwrap()
@@ -134,7 +120,7 @@ fn run_profiles_known_call_chains() {
             assert_eq!(bin["build_id"], id.trim());
             assert!(!bin["load_addresses"].as_array().unwrap().is_empty());
         }
-        _ => eprintln!("SKIP (build-id check only): readelf not available"),
+        _ => etm_testutil::skip("build-id check only: readelf not available"),
     }
 }
 
@@ -221,12 +207,7 @@ fn recorded_run_replays_to_the_same_profile() {
         .output()
         .unwrap();
     assert!(o.status.success(), "run: {}", String::from_utf8_lossy(&o.stderr));
-    let o = Command::new(etm_bpf_bin())
-        .args(["replay", "--headless", "--dump-dir"])
-        .arg(&rdump)
-        .arg(&rec)
-        .output()
-        .unwrap();
+    let o = Command::new(etm_bpf_bin()).args(["replay", "--headless", "--dump-dir"]).arg(&rdump).arg(&rec).output().unwrap();
     assert!(o.status.success(), "replay: {}", String::from_utf8_lossy(&o.stderr));
 
     let live = parse_folded(&std::fs::read_to_string(dump.join("profile.folded")).unwrap());
@@ -241,16 +222,14 @@ fn recorded_run_replays_to_the_same_profile() {
     let samples = events.lines().filter(|l| l.contains("\"sample\"")).count() as u64;
     assert_eq!(samples, total, "one recorded sample per profiled sample");
     assert!(events.lines().any(|l| l.contains("mmap2") && l.contains(exe.to_str().unwrap())));
-    let session: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(rec.join("session.json")).unwrap()).unwrap();
+    let session: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(rec.join("session.json")).unwrap()).unwrap();
     assert_eq!(session["target"]["pid"].to_string(), pid);
     let img = session["images"].as_array().unwrap().iter().find(|i| i["path"] == exe.to_str().unwrap());
     let copy = rec.join(img.expect("workload image recorded")["copy"].as_str().unwrap());
     assert_eq!(std::fs::read(copy).unwrap(), std::fs::read(&exe).unwrap());
 
     // Stack-only: no per-binary PGO dumps from `run`; the pipeline counters say why.
-    let m: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dump.join("manifest.json")).unwrap()).unwrap();
+    let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dump.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(m["files"], serde_json::json!(["profile.folded", "profile.pb.gz"]));
     assert_eq!(m["pipeline"]["samples"]["stack_only"], total);
     assert_eq!(m["pipeline"]["samples"]["profiled"], total);

@@ -70,7 +70,7 @@ fn not_root_names_the_capabilities() {
         // Drop to nobody, without capabilities, with setpriv(1).
         let probe = Command::new("setpriv").arg("--version").output();
         if probe.is_err() {
-            eprintln!("SKIP: running as root and setpriv(1) is not available to drop privileges");
+            etm_testutil::skip("running as root and setpriv(1) is not available to drop privileges");
             return;
         }
         let o = Command::new("setpriv")
@@ -81,7 +81,7 @@ fn not_root_names_the_capabilities() {
             .expect("run setpriv");
         let err = String::from_utf8_lossy(&o.stderr);
         if err.contains("setpriv:") {
-            eprintln!("SKIP: setpriv could not drop privileges or exec the binary: {err}");
+            etm_testutil::skip(format!("setpriv could not drop privileges or exec the binary: {err}"));
             return;
         }
         o
@@ -108,12 +108,20 @@ fn branches_etm_without_cs_etm() {
     let pid = std::process::id().to_string();
     let empty = tempfile::tempdir().unwrap();
     let o = run(&[
-        "run", "--pid", &pid, "--headless", "--duration", "1", "--branches", "etm",
-        "--sysfs-root", empty.path().to_str().unwrap(),
+        "run",
+        "--pid",
+        &pid,
+        "--headless",
+        "--duration",
+        "1",
+        "--branches",
+        "etm",
+        "--sysfs-root",
+        empty.path().to_str().unwrap(),
     ]);
     assert_clean_error(&o, "--branches etm: no cs_etm PMU");
     if std::path::Path::new("/sys/bus/event_source/devices/cs_etm").exists() {
-        eprintln!("SKIP (real /sys part): this machine has a cs_etm PMU");
+        etm_testutil::skip("real /sys part: this machine has a cs_etm PMU");
         return;
     }
     let o = run(&["run", "--pid", &pid, "--headless", "--duration", "1", "--branches", "etm"]);
@@ -134,14 +142,22 @@ fn window_needs_branches_etm() {
 #[test]
 fn auto_picks_etm_when_cs_etm_exists() {
     if !is_root() {
-        eprintln!("SKIP: needs root (the eBPF program is loaded before the cs_etm events)");
+        etm_testutil::skip("needs root (the eBPF program is loaded before the cs_etm events)");
         return;
     }
     let fixture = etm_bpf_tests::repo_root().join("userspace/perf/tests/fixtures/n1-etr");
     let pid = std::process::id().to_string();
     let o = run(&[
-        "run", "--pid", &pid, "--headless", "--duration", "1", "--branches", "auto",
-        "--sysfs-root", fixture.to_str().unwrap(),
+        "run",
+        "--pid",
+        &pid,
+        "--headless",
+        "--duration",
+        "1",
+        "--branches",
+        "auto",
+        "--sysfs-root",
+        fixture.to_str().unwrap(),
     ]);
     assert_clean_error(&o, &format!("--branches etm: perf_event_open(cs_etm, pid {pid}, cpu "));
 }

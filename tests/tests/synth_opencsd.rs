@@ -9,11 +9,11 @@
 use std::path::Path;
 use std::process::Command;
 
-use etm_synth::generate::{synthesize, SynthConfig};
+use etm_synth::generate::{SynthConfig, synthesize};
 use etm_synth::gtfile;
 use etm_synth::image::CodeImage;
 use etm_synth::qemu::{self, QemuOptions};
-use etm_synth::session_out::{write_session, GROUND_TRUTH_FILE};
+use etm_synth::session_out::{GROUND_TRUTH_FILE, write_session};
 use etm_synth::snapshot::write_snapshot;
 use etm_synth::testprogs::{self, BuildError, Compiler, PROGRAMS};
 use etm_synth::truth::RangeEnd;
@@ -136,10 +136,7 @@ fn check_program(
             .map(|(pair, _)| (pair[0].end - 4, pair[1].start))
             .collect();
         let truth: Vec<(u64, u64)> = w.branches.iter().rev().map(|b| (b.from, b.to)).collect();
-        if truth.len() < derived.len()
-            || truth.len() - derived.len() > 1
-            || truth[..derived.len()] != derived[..]
-        {
+        if truth.len() < derived.len() || truth.len() - derived.len() > 1 || truth[..derived.len()] != derived[..] {
             return Err(format!(
                 "{} window {k}: branches from OpenCSD ranges ({}) differ from the ground truth ({})",
                 bin.display(),
@@ -184,14 +181,13 @@ fn check_program(
 #[test]
 fn opencsd_decodes_generated_trace_to_ground_truth_ranges() {
     if let Err(e) = testprogs::qemu_available() {
-        eprintln!("SKIP: {e}");
+        etm_testutil::skip(e);
         return;
     }
     // Look the tool up on PATH (running it, even with -help, writes a log into the cwd).
-    let on_path = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("trc_pkt_lister").is_file()));
+    let on_path = std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("trc_pkt_lister").is_file()));
     if !on_path {
-        eprintln!("SKIP: trc_pkt_lister (libopencsd-bin) not installed; see scripts/setup.sh");
+        etm_testutil::skip("trc_pkt_lister (libopencsd-bin) not installed; see scripts/setup.sh");
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -203,7 +199,7 @@ fn opencsd_decodes_generated_trace_to_ground_truth_ranges() {
             let bin = match testprogs::build(prog, compiler, tmp.path()) {
                 Ok(b) => b,
                 Err(BuildError::Missing(why)) => {
-                    eprintln!("SKIP: {} with {}: {why}", prog.name, compiler.name());
+                    etm_testutil::skip(format!("{} with {}: {why}", prog.name, compiler.name()));
                     continue;
                 }
                 Err(e) => panic!("{e}"),
@@ -240,7 +236,7 @@ fn opencsd_decodes_generated_trace_to_ground_truth_ranges() {
     // Return-stack compression was really exercised (some returns sent no address).
     assert!(built == 0 || total_hits > 0, "no return-stack hit in any program");
     if built == 0 {
-        eprintln!("SKIP: no cross compiler available");
+        etm_testutil::skip("no cross compiler available");
     }
 }
 
@@ -250,13 +246,12 @@ fn opencsd_decodes_generated_trace_to_ground_truth_ranges() {
 #[test]
 fn cli_synth_writes_consistent_session() {
     if let Err(e) = testprogs::qemu_available() {
-        eprintln!("SKIP: {e}");
+        etm_testutil::skip(e);
         return;
     }
-    let on_path = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("trc_pkt_lister").is_file()));
+    let on_path = std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("trc_pkt_lister").is_file()));
     if !on_path {
-        eprintln!("SKIP: trc_pkt_lister (libopencsd-bin) not installed; see scripts/setup.sh");
+        etm_testutil::skip("trc_pkt_lister (libopencsd-bin) not installed; see scripts/setup.sh");
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -264,7 +259,7 @@ fn cli_synth_writes_consistent_session() {
     let bin = match testprogs::build(prog, Compiler::Gcc, tmp.path()) {
         Ok(b) => b,
         Err(BuildError::Missing(why)) => {
-            eprintln!("SKIP: {why}");
+            etm_testutil::skip(why);
             return;
         }
         Err(e) => panic!("{e}"),

@@ -9,22 +9,17 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 
 /// Writes `path` atomically with the bytes `write` produces.
-pub fn write_atomic(
-    path: &Path,
-    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
-) -> anyhow::Result<()> {
+pub fn write_atomic(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> anyhow::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().context("destination has no file name")?;
-    let tmp: PathBuf =
-        dir.join(format!(".{}.tmp.{}", name.to_string_lossy(), std::process::id()));
+    let tmp: PathBuf = dir.join(format!(".{}.tmp.{}", name.to_string_lossy(), std::process::id()));
     let result = (|| -> anyhow::Result<()> {
         let f = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
         let mut w = BufWriter::new(f);
         write(&mut w).with_context(|| format!("cannot write {}", tmp.display()))?;
         let f = w.into_inner().map_err(|e| e.into_error())?;
         f.sync_all().with_context(|| format!("cannot fsync {}", tmp.display()))?;
-        fs::rename(&tmp, path)
-            .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
+        fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
         // Make the rename itself durable.
         if let Ok(d) = File::open(dir) {
             let _ = d.sync_all();
@@ -39,8 +34,7 @@ pub fn write_atomic(
 
 /// Creates `dir` if needed and checks that files can be created in it.
 pub fn check_writable_dir(dir: &Path) -> anyhow::Result<()> {
-    fs::create_dir_all(dir)
-        .with_context(|| format!("cannot create dump dir {}", dir.display()))?;
+    fs::create_dir_all(dir).with_context(|| format!("cannot create dump dir {}", dir.display()))?;
     write_atomic(&dir.join(".etm-bpf-write-test"), |w| w.write_all(b"ok\n"))
         .with_context(|| format!("dump dir {} is not writable", dir.display()))?;
     let _ = fs::remove_file(dir.join(".etm-bpf-write-test"));

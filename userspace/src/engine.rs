@@ -337,12 +337,12 @@ mod tests {
         .unwrap();
         let Some(cc) = ["clang-22", "clang", "gcc", "cc"].into_iter().find(|c| Command::new(c).arg("--version").output().is_ok())
         else {
-            eprintln!("SKIP: no C compiler found");
+            etm_testutil::skip("no C compiler found");
             return;
         };
         assert!(Command::new(cc).args(["-O2", "-g", "-o"]).arg(&exe).arg(&src).status().unwrap().success());
         let Some(nm) = Command::new("nm").arg(&exe).output().ok().filter(|o| o.status.success()) else {
-            eprintln!("SKIP: nm (binutils) not available");
+            etm_testutil::skip("nm (binutils) not available");
             return;
         };
         let nm = String::from_utf8(nm.stdout).unwrap();
@@ -358,7 +358,7 @@ mod tests {
         // addr2line -a -f -i: per address, the function names innermost first.
         let addrs: Vec<String> = (outer..outer + 64).map(|x| format!("{x:#x}")).collect();
         let Some(o) = Command::new("addr2line").args(["-a", "-f", "-i", "-e"]).arg(&exe).args(&addrs).output().ok() else {
-            eprintln!("SKIP: addr2line (binutils) not available");
+            etm_testutil::skip("addr2line (binutils) not available");
             return;
         };
         let text = String::from_utf8(o.stdout).unwrap();

@@ -7,9 +7,8 @@ use anyhow::Context as _;
 
 /// Logs to stderr at the level in `RUST_LOG` (default `warn`).
 pub fn init_stderr() {
-    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .format_timestamp_millis()
-        .try_init();
+    let _ =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).format_timestamp_millis().try_init();
 }
 
 /// Logs to `path` (appending) at the level in `RUST_LOG` (default `info`); nothing reaches

@@ -63,9 +63,7 @@ impl Symbolizer {
                 None if rooted.exists() => rooted,
                 None => PathBuf::from(path),
             };
-            addr2line::Loader::new(&file)
-                .map_err(|e| log::info!("no symbols for {}: {e}", file.display()))
-                .ok()
+            addr2line::Loader::new(&file).map_err(|e| log::info!("no symbols for {}: {e}", file.display())).ok()
         });
         let mut names: Vec<String> = Vec::new();
         if let Some(loader) = loader {
@@ -83,11 +81,7 @@ impl Symbolizer {
                 names.push(addr2line::demangle_auto(sym.into(), None).into_owned());
             }
         }
-        let mut ids: Vec<FrameId> = names
-            .iter()
-            .rev()
-            .map(|n| table.intern(Frame::new(n.as_str(), Some(binary))))
-            .collect();
+        let mut ids: Vec<FrameId> = names.iter().rev().map(|n| table.intern(Frame::new(n.as_str(), Some(binary)))).collect();
         if ids.is_empty() {
             self.unknown += 1;
             let frame = if table.len() < UNKNOWN_DETAIL_LIMIT {
@@ -134,25 +128,18 @@ mod tests {
              int main(int c, char **v) { return a(c); }\n",
         )
         .unwrap();
-        let cc = ["clang-22", "clang", "gcc", "cc"]
-            .into_iter()
-            .find(|c| Command::new(c).arg("--version").output().is_ok());
+        let cc = ["clang-22", "clang", "gcc", "cc"].into_iter().find(|c| Command::new(c).arg("--version").output().is_ok());
         let Some(cc) = cc else {
-            eprintln!("SKIP: no C compiler found");
+            etm_testutil::skip("no C compiler found");
             return;
         };
-        let st = Command::new(cc)
-            .args(["-O2", "-g", "-o"])
-            .arg(&exe)
-            .arg(&src)
-            .status()
-            .unwrap();
+        let st = Command::new(cc).args(["-O2", "-g", "-o"]).arg(&exe).arg(&src).status().unwrap();
         assert!(st.success());
         let Some(nm) = ["nm", "llvm-nm-22", "llvm-nm"]
             .into_iter()
             .find_map(|t| Command::new(t).arg(&exe).output().ok().filter(|o| o.status.success()))
         else {
-            eprintln!("SKIP: no nm (binutils) or llvm-nm to read the symbol table independently");
+            etm_testutil::skip("no nm (binutils) or llvm-nm to read the symbol table independently");
             return;
         };
         let nm = String::from_utf8(nm.stdout).unwrap();

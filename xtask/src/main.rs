@@ -55,11 +55,7 @@ fn run(args: &[String]) -> anyhow::Result<ExitCode> {
             )
         }
         _ => {
-            eprintln!(
-                "usage: cargo xtask test | bench {} [ARGS] | fuzz {} [SECONDS]",
-                BENCHES.join("|"),
-                FUZZ_TARGETS.join("|")
-            );
+            eprintln!("usage: cargo xtask test | bench {} [ARGS] | fuzz {} [SECONDS]", BENCHES.join("|"), FUZZ_TARGETS.join("|"));
             Ok(ExitCode::from(2))
         }
     }

@@ -142,10 +142,7 @@ mod tests {
     fn layout_is_stable() {
         assert_eq!(core::mem::size_of::<BranchEntry>(), 24);
         assert_eq!(core::mem::offset_of!(SampleRecord, stack), 32);
-        assert_eq!(
-            core::mem::offset_of!(SampleRecord, branches),
-            32 + 8 * MAX_STACK_DEPTH
-        );
+        assert_eq!(core::mem::offset_of!(SampleRecord, branches), 32 + 8 * MAX_STACK_DEPTH);
         assert_eq!(SAMPLE_RECORD_SIZE, 32 + 8 * MAX_STACK_DEPTH + 24 * MAX_BRANCHES);
     }
 

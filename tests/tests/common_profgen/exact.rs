@@ -58,7 +58,13 @@ pub struct Sample {
 
 /// Run `bin args` under qemu single-step and collect samples. Returns (samples, program
 /// stdout, instructions executed).
-pub fn sample(bin: &Path, args: &[&str], insts: &HashMap<u64, (u64, Kind)>, period: u64, depth: usize) -> (Vec<Sample>, String, u64) {
+pub fn sample(
+    bin: &Path,
+    args: &[&str],
+    insts: &HashMap<u64, (u64, Kind)>,
+    period: u64,
+    depth: usize,
+) -> (Vec<Sample>, String, u64) {
     let mut child = Command::new("qemu-x86_64")
         .args(["-singlestep", "-d", "exec,nochain", "-D", "/dev/stderr"])
         .arg(bin)
@@ -79,7 +85,8 @@ pub fn sample(bin: &Path, args: &[&str], insts: &HashMap<u64, (u64, Kind)>, peri
     for line in err.lines() {
         let Ok(line) = line else { break };
         // Trace 0: 0x7f.. [0000000000000000/00000000004014f0/1040c0b3/00000201] _start
-        let Some(pc) = line.split('[').nth(1).and_then(|s| s.split('/').nth(1)).and_then(|s| u64::from_str_radix(s, 16).ok()) else {
+        let Some(pc) = line.split('[').nth(1).and_then(|s| s.split('/').nth(1)).and_then(|s| u64::from_str_radix(s, 16).ok())
+        else {
             continue;
         };
         if let Some(p) = prev {

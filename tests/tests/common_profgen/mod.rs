@@ -33,11 +33,7 @@ pub fn llvm_tool(name: &str) -> Option<PathBuf> {
         return Some(p);
     }
     let versioned = format!("{name}-22");
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(&versioned))
-        .find(|p| p.is_file())
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(&versioned)).find(|p| p.is_file())
 }
 
 /// Any program on PATH.
@@ -97,4 +93,3 @@ pub fn context_total(profile: &str, func: &str) -> u64 {
     }
     total
 }
-

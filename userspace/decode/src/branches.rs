@@ -174,15 +174,9 @@ mod tests {
     fn taken_and_not_taken() {
         let mut b = BranchBuilder::new(4);
         assert_eq!(b.element(&range(0x1000, 0x1008, InstrType::Br, true)), None);
-        assert_eq!(
-            b.element(&range(0x2000, 0x2010, InstrType::Br, false)),
-            Some(BranchRecord { from: 0x1004, to: 0x2000 })
-        );
+        assert_eq!(b.element(&range(0x2000, 0x2010, InstrType::Br, false)), Some(BranchRecord { from: 0x1004, to: 0x2000 }));
         assert_eq!(b.element(&range(0x2010, 0x2014, InstrType::BrIndirect, true)), None);
-        assert_eq!(
-            b.element(&range(0x3000, 0x3004, InstrType::Other, true)),
-            Some(BranchRecord { from: 0x2010, to: 0x3000 })
-        );
+        assert_eq!(b.element(&range(0x3000, 0x3004, InstrType::Other, true)), Some(BranchRecord { from: 0x2010, to: 0x3000 }));
         let v: Vec<_> = b.ring().iter().copied().collect();
         assert_eq!(v, vec![BranchRecord { from: 0x2010, to: 0x3000 }, BranchRecord { from: 0x1004, to: 0x2000 }]);
     }
@@ -198,7 +192,13 @@ mod tests {
         b.element(&Element {
             index: 0,
             trace_id: 1,
-            kind: ElementKind::Exception { ret_addr: 0x2008, ret_addr_valid: true, ret_addr_br_tgt: false, m_tail_chain: false, number: 14 },
+            kind: ElementKind::Exception {
+                ret_addr: 0x2008,
+                ret_addr_valid: true,
+                ret_addr_br_tgt: false,
+                m_tail_chain: false,
+                number: 14,
+            },
         });
         assert_eq!(b.element(&range(0x8000, 0x8004, InstrType::Other, true)), Some(BranchRecord { from: 0x2004, to: 0x8000 }));
         b.element(&Element { index: 0, trace_id: 1, kind: ElementKind::NoSync(UnsyncReason::Overflow) });

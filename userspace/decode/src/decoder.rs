@@ -28,15 +28,13 @@ use std::collections::VecDeque;
 use std::ops::ControlFlow;
 
 use crate::cache::BlockCache;
-use crate::elements::{
-    Element, ElementKind, InstrRange, MemTrans, PeContext, Security, TraceOnReason, UnsyncReason,
-};
+use crate::elements::{Element, ElementKind, InstrRange, MemTrans, PeContext, Security, TraceOnReason, UnsyncReason};
 use crate::image::{MemSpace, MemoryAccess};
 use crate::insn::{ArchVersion, DecodeConfig, InstrSubtype, InstrType, Isa};
 use crate::packet::{Context, Packet};
 use crate::snapshot::{CoreProfile, EtmConfig};
-use crate::walk::{self, RawRange, WalkState, WpRes};
 pub use crate::walk::DecodeOptions;
+use crate::walk::{self, RawRange, WalkState, WpRes};
 
 /// Receives decoded elements; return `ControlFlow::Break(())` to stop decoding early.
 pub trait ElementSink {
@@ -476,19 +474,22 @@ impl Decoder {
                     // on an empty P0 stack is committed at once, so it is applied directly
                     // instead of being stacked and immediately popped. Same semantics as
                     // decode_packet + commit.
-                    if let Packet::Atom { atoms, .. } = pkt {
-                        if self.cfg.max_spec_depth == 0 && self.p0.is_empty() && !self.res.any() && self.spec_depth == 0 {
-                            let (mut bits, mut num) = (atoms.bits, atoms.count);
-                            self.res.commit = num as i64;
-                            let r = self.apply_atoms(&mut bits, &mut num, index, mem);
-                            if r.is_ok() {
-                                self.res.commit = 0;
-                                self.flush(sink);
-                                break;
-                            }
-                            // error: decoder reset; report NO_SYNC here and re-check this packet
-                            continue;
+                    if let Packet::Atom { atoms, .. } = pkt
+                        && self.cfg.max_spec_depth == 0
+                        && self.p0.is_empty()
+                        && !self.res.any()
+                        && self.spec_depth == 0
+                    {
+                        let (mut bits, mut num) = (atoms.bits, atoms.count);
+                        self.res.commit = num as i64;
+                        let r = self.apply_atoms(&mut bits, &mut num, index, mem);
+                        if r.is_ok() {
+                            self.res.commit = 0;
+                            self.flush(sink);
+                            break;
                         }
+                        // error: decoder reset; report NO_SYNC here and re-check this packet
+                        continue;
                     }
                     if self.decode_packet(index, pkt).is_err() {
                         break;
@@ -531,10 +532,8 @@ impl Decoder {
                     self.p0.clear();
                     break;
                 }
-                P0Kind::TransFail | P0Kind::TransCommit => {
-                    if self.cfg.max_spec_depth == 0 || self.spec_depth == 0 {
-                        self.trans_elem(&e);
-                    }
+                P0Kind::TransFail | P0Kind::TransCommit if self.cfg.max_spec_depth == 0 || self.spec_depth == 0 => {
+                    self.trans_elem(&e);
                 }
                 P0Kind::Event(_) | P0Kind::Ts { .. } | P0Kind::Cc(_) => self.ts_cc_event(&e),
                 P0Kind::Marker => self.marker(&e),
@@ -558,7 +557,6 @@ impl Decoder {
         }
         self.out.push(Element { index, trace_id: self.cfg.trace_id, kind });
     }
-
 
     #[inline]
     fn flush<S: ElementSink + ?Sized>(&mut self, sink: &mut S) {
@@ -604,11 +602,7 @@ impl Decoder {
                 }
             }
             Packet::Exception(ex) => {
-                self.push(
-                    P0Kind::Excep { num: ex.exc_type, prev_same: ex.addr_interp == 2, pe_reset: false },
-                    true,
-                    index,
-                );
+                self.push(P0Kind::Excep { num: ex.exc_type, prev_same: ex.addr_interp == 2, pe_reset: false }, true, index);
                 self.elem_pending_addr = true;
             }
             Packet::PeReset(ex) => {
@@ -848,14 +842,12 @@ impl Decoder {
                     Ok(())
                 }
             };
-            if r.is_err() {
-                // the decoder has been reset: nothing left to pop or account
-                return r;
-            }
+            // on error the decoder has been reset: nothing left to pop or account
+            r?;
             if pop {
                 self.p0.pop_front();
             }
-            result = r;
+            result = Ok(());
         }
         self.spec_depth -= requested - self.res.commit;
         result
@@ -863,7 +855,13 @@ impl Decoder {
 
     /// Applies committed atoms (oldest in bit 0) while `res.commit` allows.
     #[inline]
-    fn apply_atoms<M: MemoryAccess + ?Sized>(&mut self, bits: &mut u32, num: &mut u8, index: u64, mem: &M) -> Result<(), DecodeErr> {
+    fn apply_atoms<M: MemoryAccess + ?Sized>(
+        &mut self,
+        bits: &mut u32,
+        num: &mut u8,
+        index: u64,
+        mem: &M,
+    ) -> Result<(), DecodeErr> {
         let n = (*num as i64).min(self.res.commit.max(0)) as u8;
         let mut b = *bits;
         for _ in 0..n {
@@ -921,10 +919,7 @@ impl Decoder {
                 }
             } else {
                 let e = self.p0.pop_back().unwrap();
-                if matches!(
-                    e.kind,
-                    P0Kind::Event(_) | P0Kind::Ts { .. } | P0Kind::Cc(_) | P0Kind::Marker | P0Kind::Ite { .. }
-                ) {
+                if matches!(e.kind, P0Kind::Event(_) | P0Kind::Ts { .. } | P0Kind::Cc(_) | P0Kind::Marker | P0Kind::Ite { .. }) {
                     saved.push(e);
                 }
             }
@@ -1141,54 +1136,53 @@ impl Decoder {
     #[inline]
     fn process_atom<M: MemoryAccess + ?Sized>(&mut self, taken: bool, index: u64, mem: &M) -> Result<(), DecodeErr> {
         let start = self.walk.addr;
-        if self.walk.isa == Isa::A64 {
-            if let Some(b) = self.cache.get(start, self.tag) {
-                // hot path: a cached A64 block ending in a waypoint
-                let (end, num_instr) = (b.end, b.num_instr);
-                let (ty, sub, cond, link, target) =
-                    (b.last.ty, b.last.subtype, b.last.is_cond, b.last.is_link, b.last.branch_addr);
-                self.walk.it.remaining = 0;
-                self.stats.ranges += 1;
-                self.stats.instructions += num_instr as u64;
-                self.out.push(Element {
-                    index,
-                    trace_id: self.cfg.trace_id,
-                    kind: ElementKind::InstrRange(InstrRange {
-                        start,
-                        end,
-                        num_instr,
-                        isa: Isa::A64,
-                        last_size: 4,
-                        executed: taken,
-                        last_type: ty,
-                        last_subtype: sub,
-                        last_cond: cond,
-                    }),
-                });
-                self.walk.addr = end;
-                if taken {
-                    match ty {
-                        InstrType::Br => {
-                            self.walk.addr = target;
-                            if link {
-                                self.ret.push(end, Isa::A64);
-                            }
+        if self.walk.isa == Isa::A64
+            && let Some(b) = self.cache.get(start, self.tag)
+        {
+            // hot path: a cached A64 block ending in a waypoint
+            let (end, num_instr) = (b.end, b.num_instr);
+            let (ty, sub, cond, link, target) = (b.last.ty, b.last.subtype, b.last.is_cond, b.last.is_link, b.last.branch_addr);
+            self.walk.it.remaining = 0;
+            self.stats.ranges += 1;
+            self.stats.instructions += num_instr as u64;
+            self.out.push(Element {
+                index,
+                trace_id: self.cfg.trace_id,
+                kind: ElementKind::InstrRange(InstrRange {
+                    start,
+                    end,
+                    num_instr,
+                    isa: Isa::A64,
+                    last_size: 4,
+                    executed: taken,
+                    last_type: ty,
+                    last_subtype: sub,
+                    last_cond: cond,
+                }),
+            });
+            self.walk.addr = end;
+            if taken {
+                match ty {
+                    InstrType::Br => {
+                        self.walk.addr = target;
+                        if link {
+                            self.ret.push(end, Isa::A64);
                         }
-                        InstrType::BrIndirect => {
-                            self.need_addr = true;
-                            if link {
-                                self.ret.push(end, Isa::A64);
-                            }
-                            self.ret.set_pop_pending();
-                            if self.cfg.ete && sub == InstrSubtype::V8Eret {
-                                self.add(index, ElementKind::ExceptionRet);
-                            }
-                        }
-                        _ => {}
                     }
+                    InstrType::BrIndirect => {
+                        self.need_addr = true;
+                        if link {
+                            self.ret.push(end, Isa::A64);
+                        }
+                        self.ret.set_pop_pending();
+                        if self.cfg.ete && sub == InstrSubtype::V8Eret {
+                            self.add(index, ElementKind::ExceptionRet);
+                        }
+                    }
+                    _ => {}
                 }
-                return Ok(());
             }
+            return Ok(());
         }
         let (r, res) = self.walk_wp(mem, None)?;
         if res == WpRes::Found {
@@ -1255,11 +1249,7 @@ impl Decoder {
                     None => self.walk.isa == Isa::A64,
                 };
                 self.walk.addr = addr;
-                self.walk.isa = if is == 0 {
-                    if b64 { Isa::A64 } else { Isa::Arm }
-                } else {
-                    Isa::Thumb2
-                };
+                self.walk.isa = if is == 0 { if b64 { Isa::A64 } else { Isa::Arm } } else { Isa::Thumb2 };
                 self.need_addr = false;
             }
         }
@@ -1541,7 +1531,11 @@ mod tests {
     fn exception_range_to_return_address() {
         let mut p = start_packets(0x1000);
         p.push(Packet::Exception(Exception { exc_type: 0x0e, addr_interp: 1, m_fault_pending: false, m_type: false }));
-        p.push(Packet::Address { addr: Address { form: AddrForm::Long64, is: 0, addr: 0x1008, pkt_bits: 64 }, context: None, source: false });
+        p.push(Packet::Address {
+            addr: Address { form: AddrForm::Long64, is: 0, addr: 0x1008, pkt_bits: 64 },
+            context: None,
+            source: false,
+        });
         assert_eq!(
             run(cfg(0), &p),
             vec![

@@ -267,16 +267,12 @@ impl fmt::Display for ElementKind {
                     if r.last_cond { " <cond>" } else { "" }
                 )
             }
-            ElementKind::IRangeNoPath { start, next, num_instr, .. } => write!(
-                f,
-                "OCSD_GEN_TRC_ELEM_I_RANGE_NOPATH(first 0x{start:x}:[next 0x{next:x}] num_i({num_instr}) )"
-            ),
-            ElementKind::AddrNacc { addr, space } => write!(
-                f,
-                "OCSD_GEN_TRC_ELEM_ADDR_NACC( 0x{addr:x}; Memspace [0x{:x}:{}] )",
-                space.0,
-                space.name()
-            ),
+            ElementKind::IRangeNoPath { start, next, num_instr, .. } => {
+                write!(f, "OCSD_GEN_TRC_ELEM_I_RANGE_NOPATH(first 0x{start:x}:[next 0x{next:x}] num_i({num_instr}) )")
+            }
+            ElementKind::AddrNacc { addr, space } => {
+                write!(f, "OCSD_GEN_TRC_ELEM_ADDR_NACC( 0x{addr:x}; Memspace [0x{:x}:{}] )", space.0, space.name())
+            }
             ElementKind::Exception { ret_addr, ret_addr_valid, ret_addr_br_tgt, number, .. } => {
                 f.write_str("OCSD_GEN_TRC_ELEM_EXCEPTION(")?;
                 if ret_addr_valid {
@@ -410,7 +406,16 @@ mod tests {
         };
         let kinds = [
             ElementKind::InstrRange(r),
-            ElementKind::InstrRange(InstrRange { start: 0, end: 2, isa: Isa::Thumb2, last_size: 2, executed: true, last_subtype: InstrSubtype::None, last_cond: false, ..r }),
+            ElementKind::InstrRange(InstrRange {
+                start: 0,
+                end: 2,
+                isa: Isa::Thumb2,
+                last_size: 2,
+                executed: true,
+                last_subtype: InstrSubtype::None,
+                last_cond: false,
+                ..r
+            }),
             ElementKind::NoSync(UnsyncReason::InitDecoder),
             ElementKind::Timestamp { ts: 0x1234, cc: Some(7) },
             ElementKind::AddrNacc { addr: 0x10, space: MemSpace::EL3 },
@@ -450,7 +455,8 @@ mod tests {
     /// Context and NACC lines match OpenCSD text.
     #[test]
     fn context_and_nacc_text() {
-        let ctx = PeContext { el: 1, el_valid: true, security: Security::NonSecure, bits64: true, vmid: Some(0), context_id: Some(0) };
+        let ctx =
+            PeContext { el: 1, el_valid: true, security: Security::NonSecure, bits64: true, vmid: Some(0), context_id: Some(0) };
         assert_eq!(
             ElementKind::PeContext { isa: Isa::A64, ctx }.to_string(),
             "OCSD_GEN_TRC_ELEM_PE_CONTEXT((ISA=A64) EL1N; 64-bit; VMID=0x0; CTXTID=0x0; )"

@@ -151,10 +151,13 @@ impl MemoryImage {
     #[inline]
     fn find(&self, addr: u64, space: MemSpace) -> Option<&Region> {
         let last = self.last.get();
-        if let Some(r) = self.regions.get(last) {
-            if addr >= r.start && addr < r.end() && r.space.overlaps(space) && !self.shadowed(last, addr, space) {
-                return Some(r);
-            }
+        if let Some(r) = self.regions.get(last)
+            && addr >= r.start
+            && addr < r.end()
+            && r.space.overlaps(space)
+            && !self.shadowed(last, addr, space)
+        {
+            return Some(r);
         }
         for (i, r) in self.regions.iter().enumerate() {
             if addr >= r.start && addr < r.end() && r.space.overlaps(space) {

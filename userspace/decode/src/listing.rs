@@ -51,7 +51,6 @@ fn push_hex(s: &mut String, v: u64, min_digits: usize, upper: bool) {
     }
 }
 
-
 /// Writes the packet description (`I_NAME : desc...`) without the `Idx`/`ID` prefix.
 pub fn write_packet(w: &mut String, p: &Packet, ete: bool) -> fmt::Result {
     let ty = p.packet_type();
@@ -210,14 +209,56 @@ fn write_context(w: &mut String, c: &Context) -> fmt::Result {
 }
 
 const ARMV8_EXC: [&str; 16] = [
-    "PE Reset", "Debug Halt", "Call", "Trap", "System Error", "Reserved", "Inst Debug", "Data Debug",
-    "Reserved", "Reserved", "Alignment", "Inst Fault", "Data Fault", "Reserved", "IRQ", "FIQ",
+    "PE Reset",
+    "Debug Halt",
+    "Call",
+    "Trap",
+    "System Error",
+    "Reserved",
+    "Inst Debug",
+    "Data Debug",
+    "Reserved",
+    "Reserved",
+    "Alignment",
+    "Inst Fault",
+    "Data Fault",
+    "Reserved",
+    "IRQ",
+    "FIQ",
 ];
 const M_EXC: [&str; 32] = [
-    "Reserved", "PE Reset", "NMI", "HardFault", "MemManage", "BusFault", "UsageFault", "Reserved",
-    "Reserved", "Reserved", "Reserved", "SVC", "DebugMonitor", "Reserved", "PendSV", "SysTick",
-    "IRQ0", "IRQ1", "IRQ2", "IRQ3", "IRQ4", "IRQ5", "IRQ6", "IRQ7", "DebugHalt", "LazyFP Push",
-    "Lockup", "Reserved", "Reserved", "Reserved", "Reserved", "Reserved",
+    "Reserved",
+    "PE Reset",
+    "NMI",
+    "HardFault",
+    "MemManage",
+    "BusFault",
+    "UsageFault",
+    "Reserved",
+    "Reserved",
+    "Reserved",
+    "Reserved",
+    "SVC",
+    "DebugMonitor",
+    "Reserved",
+    "PendSV",
+    "SysTick",
+    "IRQ0",
+    "IRQ1",
+    "IRQ2",
+    "IRQ3",
+    "IRQ4",
+    "IRQ5",
+    "IRQ6",
+    "IRQ7",
+    "DebugHalt",
+    "LazyFP Push",
+    "Lockup",
+    "Reserved",
+    "Reserved",
+    "Reserved",
+    "Reserved",
+    "Reserved",
 ];
 
 fn write_exception(w: &mut String, e: &Exception) -> fmt::Result {
@@ -247,14 +288,7 @@ fn write_exception(w: &mut String, e: &Exception) -> fmt::Result {
 /// Writes one full listing line (no newline): optional OpenCSD error-message prefix for
 /// reserved headers (`PKTP_ETMV4I_...` which OpenCSD prints without a newline), `Idx`, `ID`,
 /// optional raw bytes, then the packet text.
-pub fn write_line(
-    w: &mut String,
-    index: u64,
-    id: u8,
-    p: &Packet,
-    raw: Option<&[u8]>,
-    ete: bool,
-) -> fmt::Result {
+pub fn write_line(w: &mut String, index: u64, id: u8, p: &Packet, raw: Option<&[u8]>, ete: bool) -> fmt::Result {
     if matches!(p, Packet::Reserved(_) | Packet::ReservedCfg(..)) {
         write!(
             w,
@@ -299,19 +333,18 @@ mod tests {
             context: None,
             source: false,
         };
-        assert_eq!(
-            line(&p, false),
-            "Idx:1704; ID:10;\tI_ADDR_S_IS0 : Address, Short, IS0.; Addr=0xFFFFFFC000592B58 ~[0x12B58]"
-        );
+        assert_eq!(line(&p, false), "Idx:1704; ID:10;\tI_ADDR_S_IS0 : Address, Short, IS0.; Addr=0xFFFFFFC000592B58 ~[0x12B58]");
     }
 
     /// Trace info text for ETE carries TSTATE, and the first one is the sync point.
     #[test]
     fn trace_info_text() {
         let p = Packet::TraceInfo(TraceInfo { info: 1, cc_threshold: 0x16, initial: true, ..Default::default() });
-        assert!(line(&p, true).ends_with(
-            "I_TRACE_INFO : Trace Info.; INFO=0x1 { CC.1, TSTATE.0 }; CC_THRESHOLD=0x16; Decoder Sync point TINFO"
-        ));
+        assert!(
+            line(&p, true).ends_with(
+                "I_TRACE_INFO : Trace Info.; INFO=0x1 { CC.1, TSTATE.0 }; CC_THRESHOLD=0x16; Decoder Sync point TINFO"
+            )
+        );
     }
 }
 
@@ -350,9 +383,7 @@ pub fn buffer_setup(
             let cfgs = sources.first().map(|s| vec![(0u8, s.config)]).unwrap_or_default();
             (StreamFormat::Raw { trace_id: 0 }, cfgs)
         }
-        BufferFormat::Coresight => {
-            (StreamFormat::Coresight, sources.iter().map(|s| (s.config.trace_id(), s.config)).collect())
-        }
+        BufferFormat::Coresight => (StreamFormat::Coresight, sources.iter().map(|s| (s.config.trace_id(), s.config)).collect()),
         BufferFormat::DstreamCoresight => {
             (StreamFormat::Dstream, sources.iter().map(|s| (s.config.trace_id(), s.config)).collect())
         }

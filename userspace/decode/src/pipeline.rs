@@ -150,16 +150,18 @@ impl BufferDecoder {
         for id in ids {
             let decoders = &mut self.decoders;
             self.demux.finish(id, &mut |id: u8, idx: u64, p: &Packet, _raw: &[u8]| {
-                if let Some(d) = decoders[(id & 0x7F) as usize].as_mut() {
-                    if !stop && d.packet(idx, p, mem, sink).is_break() {
-                        stop = true;
-                    }
-                }
-            });
-            if let Some(d) = self.decoders[(id & 0x7F) as usize].as_mut() {
-                if !stop && d.finish(sink).is_break() {
+                if let Some(d) = decoders[(id & 0x7F) as usize].as_mut()
+                    && !stop
+                    && d.packet(idx, p, mem, sink).is_break()
+                {
                     stop = true;
                 }
+            });
+            if let Some(d) = self.decoders[(id & 0x7F) as usize].as_mut()
+                && !stop
+                && d.finish(sink).is_break()
+            {
+                stop = true;
             }
         }
         if stop { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
@@ -208,10 +210,10 @@ impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> FrameSink for Fs<'_, M, 
             if *stop {
                 return;
             }
-            if let Some(d) = decoders[(id & 0x7F) as usize].as_mut() {
-                if d.packet(idx, p, mem, sink).is_break() {
-                    *stop = true;
-                }
+            if let Some(d) = decoders[(id & 0x7F) as usize].as_mut()
+                && d.packet(idx, p, mem, sink).is_break()
+            {
+                *stop = true;
             }
         });
     }
@@ -327,19 +329,19 @@ pub mod fuzz {
             x ^= x >> 17;
             x ^= x << 5;
             let w = match x % 16 {
-                0 => 0x1400_0000 | (x >> 8 & 0x3F), // b +n
-                1 => 0x9400_0000 | (x >> 8 & 0x3F), // bl +n
+                0 => 0x1400_0000 | (x >> 8 & 0x3F),                    // b +n
+                1 => 0x9400_0000 | (x >> 8 & 0x3F),                    // bl +n
                 2 => 0x5400_0000 | ((x >> 8 & 0x3F) << 5) | (x & 0xF), // b.cond
-                3 => 0xB400_0000 | ((x >> 8 & 0x3F) << 5), // cbz
-                4 => 0x3600_0000 | ((x >> 8 & 0x3F) << 5), // tbz
-                5 => 0xD61F_0000 | ((x & 0x1F) << 5), // br
-                6 => 0xD63F_0000 | ((x & 0x1F) << 5), // blr
-                7 => 0xD65F_03C0, // ret
-                8 if i % 7 == 0 => 0xD69F_03E0, // eret
-                9 if i % 5 == 0 => 0xD503_3FDF, // isb
-                10 if i % 5 == 0 => 0xD503_207F, // wfi
-                11 => 0x17FF_FFF0 | (x & 0xF), // b backwards
-                _ => 0xD503_201F, // nop
+                3 => 0xB400_0000 | ((x >> 8 & 0x3F) << 5),             // cbz
+                4 => 0x3600_0000 | ((x >> 8 & 0x3F) << 5),             // tbz
+                5 => 0xD61F_0000 | ((x & 0x1F) << 5),                  // br
+                6 => 0xD63F_0000 | ((x & 0x1F) << 5),                  // blr
+                7 => 0xD65F_03C0,                                      // ret
+                8 if i % 7 == 0 => 0xD69F_03E0,                        // eret
+                9 if i % 5 == 0 => 0xD503_3FDF,                        // isb
+                10 if i % 5 == 0 => 0xD503_207F,                       // wfi
+                11 => 0x17FF_FFF0 | (x & 0xF),                         // b backwards
+                _ => 0xD503_201F,                                      // nop
             };
             a64.extend_from_slice(&w.to_le_bytes());
         }
@@ -384,10 +386,13 @@ pub mod fuzz {
             _ => StreamFormat::Dstream,
         };
         let ids: &[u8] = if matches!(format, StreamFormat::Raw { .. }) { &[1] } else { &[0x10, 0x11, 1] };
-        let srcs: Vec<_> = ids.iter().map(|&id| {
-            let (c, a) = config(sel, id);
-            (id, c, a)
-        }).collect();
+        let srcs: Vec<_> = ids
+            .iter()
+            .map(|&id| {
+                let (c, a) = config(sel, id);
+                (id, c, a)
+            })
+            .collect();
         let mut bd = BufferDecoder::new(format, &srcs);
         let mut h = std::collections::hash_map::DefaultHasher::new();
         let mut n = 0u64;

@@ -91,8 +91,7 @@ impl DirFiles {
 
 impl SnapshotFiles for DirFiles {
     fn read(&self, name: &str) -> Result<Vec<u8>, SnapshotError> {
-        std::fs::read(self.dir.join(name))
-            .map_err(|source| SnapshotError::Io { name: name.to_string(), source })
+        std::fs::read(self.dir.join(name)).map_err(|source| SnapshotError::Io { name: name.to_string(), source })
     }
 }
 
@@ -143,18 +142,12 @@ impl Ini {
 
     /// Keys of the first section named `name` (case-insensitive).
     pub fn section(&self, name: &str) -> Option<&[(String, String)]> {
-        self.sections
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, kv)| kv.as_slice())
+        self.sections.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, kv)| kv.as_slice())
     }
 
     /// Value of `key` in section `sect` (both case-insensitive).
     pub fn get(&self, sect: &str, key: &str) -> Option<&str> {
-        self.section(sect)?
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(key))
-            .map(|(_, v)| v.as_str())
+        self.section(sect)?.iter().find(|(k, _)| k.eq_ignore_ascii_case(key)).map(|(_, v)| v.as_str())
     }
 }
 
@@ -676,9 +669,7 @@ impl Snapshot {
                 });
             }
         }
-        let pairs = |s: &str| -> Vec<(String, String)> {
-            tini.section(s).map(|kv| kv.to_vec()).unwrap_or_default()
-        };
+        let pairs = |s: &str| -> Vec<(String, String)> { tini.section(s).map(|kv| kv.to_vec()).unwrap_or_default() };
         Ok(Snapshot {
             description,
             devices,
@@ -711,17 +702,14 @@ impl Snapshot {
             if dev.class != DeviceClass::TraceSource || protocol_of_type(&dev.dev_type) == Protocol::Other {
                 continue;
             }
-            let core = self
-                .core_trace_sources
-                .iter()
-                .find(|(_, s)| *s == dev.name)
-                .and_then(|(c, _)| self.device(c))
-                .map(|c| CoreInfo {
+            let core = self.core_trace_sources.iter().find(|(_, s)| *s == dev.name).and_then(|(c, _)| self.device(c)).map(|c| {
+                CoreInfo {
                     name: c.name.clone(),
                     core_type: c.dev_type.clone(),
                     profile: core_profile_of_type(&c.dev_type),
                     dumps: c.dumps.clone(),
-                });
+                }
+            });
             let profile = core.as_ref().map(|c| c.profile).unwrap_or(CoreProfile::A);
             out.push(TraceSource {
                 name: dev.name.clone(),
@@ -735,8 +723,7 @@ impl Snapshot {
 
     /// Trace sources writing to buffer `buffer` (ordered by trace ID, like `trc_pkt_lister`).
     pub fn sources_for_buffer(&self, buffer: &str) -> Vec<TraceSource> {
-        let mut v: Vec<_> =
-            self.trace_sources().into_iter().filter(|s| s.buffer.as_deref() == Some(buffer)).collect();
+        let mut v: Vec<_> = self.trace_sources().into_iter().filter(|s| s.buffer.as_deref() == Some(buffer)).collect();
         v.sort_by_key(|s| s.config.trace_id());
         v
     }
@@ -784,7 +771,10 @@ mod tests {
     fn buffer_section_order() {
         let f = files(&[
             ("snapshot.ini", "[device_list]\n[trace]\nmetadata=trace.ini\n"),
-            ("trace.ini", "[trace_buffers]\nbuffers=buffer1,buffer2\n[buffer2]\nname=B2\nfile=b2\nformat=source_data\n[buffer1]\nname=B1\nfile=b1\nformat=source_data\n"),
+            (
+                "trace.ini",
+                "[trace_buffers]\nbuffers=buffer1,buffer2\n[buffer2]\nname=B2\nfile=b2\nformat=source_data\n[buffer1]\nname=B1\nfile=b1\nformat=source_data\n",
+            ),
         ]);
         let s = Snapshot::parse(&f).unwrap();
         assert_eq!(s.first_buffer().unwrap().name, "B2");
@@ -795,10 +785,22 @@ mod tests {
     #[test]
     fn snapshot_links_sources() {
         let f = files(&[
-            ("snapshot.ini", "[snapshot]\nversion=1.0\n[device_list]\ndevice0=cpu.ini\ndevice1=etm.ini\n[trace]\nmetadata=trace.ini\n"),
-            ("cpu.ini", "[device]\nname=cpu_0\nclass=core\ntype=Cortex-M55\n[dump1]\nfile=m.bin\naddress=0x1000\noffset=0x2\nlength=0x2\nspace=EL2\n"),
-            ("etm.ini", "[device]\nname=ETM_0\nclass=trace_source\ntype=ETM4\n[regs]\nTRCTRACEIDR=0x10\nTRCIDR0=0x28000EA1\nTRCIDR1=0x4100F403\nTRCIDR2=0x00000488\nTRCCONFIGR=0xC1\n"),
-            ("trace.ini", "[trace_buffers]\nbuffers=buffer0\n[buffer0]\nname=ETB_0\nfile=t.bin\nformat=coresight\n[source_buffers]\nETM_0=ETB_0\n[core_trace_sources]\ncpu_0=ETM_0\n"),
+            (
+                "snapshot.ini",
+                "[snapshot]\nversion=1.0\n[device_list]\ndevice0=cpu.ini\ndevice1=etm.ini\n[trace]\nmetadata=trace.ini\n",
+            ),
+            (
+                "cpu.ini",
+                "[device]\nname=cpu_0\nclass=core\ntype=Cortex-M55\n[dump1]\nfile=m.bin\naddress=0x1000\noffset=0x2\nlength=0x2\nspace=EL2\n",
+            ),
+            (
+                "etm.ini",
+                "[device]\nname=ETM_0\nclass=trace_source\ntype=ETM4\n[regs]\nTRCTRACEIDR=0x10\nTRCIDR0=0x28000EA1\nTRCIDR1=0x4100F403\nTRCIDR2=0x00000488\nTRCCONFIGR=0xC1\n",
+            ),
+            (
+                "trace.ini",
+                "[trace_buffers]\nbuffers=buffer0\n[buffer0]\nname=ETB_0\nfile=t.bin\nformat=coresight\n[source_buffers]\nETM_0=ETB_0\n[core_trace_sources]\ncpu_0=ETM_0\n",
+            ),
             ("m.bin", "abcdef"),
         ]);
         let s = Snapshot::parse(&f).unwrap();

@@ -7,7 +7,7 @@
 
 use crate::cache::{Block, BlockCache};
 use crate::image::{MemSpace, MemoryAccess};
-use crate::insn::{decode, decode_a64, DecodeConfig, InstrInfo, InstrType, Isa, ItState};
+use crate::insn::{DecodeConfig, InstrInfo, InstrType, Isa, ItState, decode, decode_a64};
 
 /// Upper bound on instructions walked for one range: a safety net against runaway walks
 /// over huge images (OpenCSD has no limit by default; real ranges are far shorter).
@@ -135,19 +135,19 @@ pub fn walk<M: MemoryAccess + ?Sized>(
     let mut num = 0u32;
     if target.is_none() && st.isa == Isa::A64 {
         let mut cache = cache;
-        if let Some((c, tag)) = cache.as_mut() {
-            if let Some(b) = c.get(start, *tag) {
-                let (end, num, last) = (b.end, b.num_instr, b.last);
-                st.addr = end;
-                st.last = last;
-                return (RawRange { start, end, num }, WpRes::Found);
-            }
+        if let Some((c, tag)) = cache.as_mut()
+            && let Some(b) = c.get(start, *tag)
+        {
+            let (end, num, last) = (b.end, b.num_instr, b.last);
+            st.addr = end;
+            st.last = last;
+            return (RawRange { start, end, num }, WpRes::Found);
         }
         let res = walk_a64(st, mem, space, cfg, opts, &mut num);
-        if res == WpRes::Found {
-            if let Some((c, tag)) = cache {
-                c.put(start, tag, Block { end: st.addr, num_instr: num, last: st.last });
-            }
+        if res == WpRes::Found
+            && let Some((c, tag)) = cache
+        {
+            c.put(start, tag, Block { end: st.addr, num_instr: num, last: st.last });
         }
         return (RawRange { start, end: st.addr, num }, res);
     }

@@ -8,11 +8,11 @@ use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use etm_decode::elements::Element;
-use etm_decode::pipeline::{snapshot_image, BufferDecoder};
+use etm_decode::pipeline::{BufferDecoder, snapshot_image};
 use etm_decode::snapshot::{DirFiles, Snapshot, SnapshotFiles};
 
 mod common;
-use common::{shared_dir};
+use common::shared_dir;
 
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
@@ -34,13 +34,12 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-
 /// No heap allocation while decoding after warm-up.
 #[test]
 fn steady_state_decode_does_not_allocate() {
     let dir = shared_dir().join("testdata/etm/bugfix-exact-match");
     if !dir.is_dir() {
-        eprintln!("SKIP: {} not found (set ETM_BPF_SHARED)", dir.display());
+        etm_testutil::skip(format!("{} not found (set ETM_BPF_SHARED)", dir.display()));
         return;
     }
     let files = DirFiles::new(&dir);

@@ -3,12 +3,10 @@
 //! PRNG (byte flips, insertions, deletions, splices), must never panic, must give the same
 //! elements whole and chunked, and must stay within a bounded element count per input byte.
 
-
 use etm_decode::pipeline::fuzz::{check_with, code_image};
 
 mod common;
-use common::{shared_dir};
-
+use common::shared_dir;
 
 struct Rng(u64);
 impl Rng {
@@ -40,7 +38,7 @@ fn decoder_survives_mutated_captures() {
         }
     }
     if seeds.is_empty() {
-        eprintln!("SKIP: no captures under {} (set ETM_BPF_SHARED)", etm.display());
+        etm_testutil::skip(format!("no captures under {} (set ETM_BPF_SHARED)", etm.display()));
         return;
     }
     let img = code_image();

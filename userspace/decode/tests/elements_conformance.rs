@@ -22,7 +22,7 @@ use etm_decode::pipeline::{decode_snapshot_buffer_opts, decode_snapshot_multi_se
 use etm_decode::snapshot::{DirFiles, Snapshot};
 
 mod common;
-use common::{snapshot_dirs, shared_dir, xz_text, norm, matched_lines};
+use common::{matched_lines, norm, shared_dir, snapshot_dirs, xz_text};
 
 /// Snapshot references whose element lines we reproduce exactly.
 const MUST_MATCH: &[&str] = &[
@@ -82,9 +82,6 @@ const MUST_MATCH: &[&str] = &[
     "ts_marker",
 ];
 
-
-
-
 /// Element lines of a reference listing. OpenCSD error messages have no trailing newline, so
 /// an element line may be glued to one: keep the text from the last `Idx:` before the element.
 fn reference_elements(text: &str) -> Vec<String> {
@@ -97,7 +94,6 @@ fn reference_elements(text: &str) -> Vec<String> {
     }
     v
 }
-
 
 struct Case {
     label: String,
@@ -153,17 +149,41 @@ fn cases(etm: &Path) -> Vec<Case> {
             }
             if fname.ends_with(".decode.src_addr_n.ppl.xz") {
                 let label = format!("{stem}.src_addr_n");
-                v.push(Case { label, dir: d.clone(), reference: r, buffer: None, src_addr_n: true, multi: false, opts: DecodeOptions::default() });
+                v.push(Case {
+                    label,
+                    dir: d.clone(),
+                    reference: r,
+                    buffer: None,
+                    src_addr_n: true,
+                    multi: false,
+                    opts: DecodeOptions::default(),
+                });
                 continue;
             }
             if fname.ends_with(".decode.multi_session.ppl.xz") {
                 let label = format!("{stem}.multi_session");
-                v.push(Case { label, dir: d.clone(), reference: r, buffer: None, src_addr_n: false, multi: true, opts: DecodeOptions::default() });
+                v.push(Case {
+                    label,
+                    dir: d.clone(),
+                    reference: r,
+                    buffer: None,
+                    src_addr_n: false,
+                    multi: true,
+                    opts: DecodeOptions::default(),
+                });
                 continue;
             }
             let mid = fname.trim_end_matches(".decode.ppl.xz");
             let buffer = mid.strip_prefix(&format!("{stem}.")).map(str::to_string);
-            v.push(Case { label: mid.to_string(), dir: d.clone(), reference: r, buffer, src_addr_n: false, multi: false, opts: DecodeOptions::default() });
+            v.push(Case {
+                label: mid.to_string(),
+                dir: d.clone(),
+                reference: r,
+                buffer,
+                src_addr_n: false,
+                multi: false,
+                opts: DecodeOptions::default(),
+            });
         }
     }
     v
@@ -175,7 +195,7 @@ fn cases(etm: &Path) -> Vec<Case> {
 fn elements_match_opencsd_references() {
     let etm = shared_dir().join("testdata/etm");
     if !etm.is_dir() {
-        eprintln!("SKIP: {} not found (set ETM_BPF_SHARED)", etm.display());
+        etm_testutil::skip(format!("{} not found (set ETM_BPF_SHARED)", etm.display()));
         return;
     }
     let only = std::env::var("ETM_ELEMENTS_ONLY").ok();
@@ -185,10 +205,10 @@ fn elements_match_opencsd_references() {
     let mut failures = Vec::new();
     let mut identical = Vec::new();
     for c in &cases {
-        if let Some(o) = &only {
-            if !o.split(',').any(|x| x == c.label) {
-                continue;
-            }
+        if let Some(o) = &only
+            && !o.split(',').any(|x| x == c.label)
+        {
+            continue;
         }
         let files = DirFiles::new(&c.dir);
         let snap = Snapshot::parse(&files).unwrap_or_else(|e| panic!("{}: {e}", c.label));

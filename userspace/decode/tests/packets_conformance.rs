@@ -11,11 +11,11 @@
 
 use std::path::{Path, PathBuf};
 
-use etm_decode::listing::{list_buffer, ListOptions};
+use etm_decode::listing::{ListOptions, list_buffer};
 use etm_decode::snapshot::{DirFiles, Snapshot};
 
 mod common;
-use common::{snapshot_dirs, shared_dir, xz_text, norm, matched_lines};
+use common::{matched_lines, norm, shared_dir, snapshot_dirs, xz_text};
 
 /// Snapshot references (directory/reference stem) that we reproduce exactly.
 const MUST_MATCH: &[&str] = &[
@@ -62,9 +62,6 @@ const MUST_MATCH: &[&str] = &[
     "ts_marker",
 ];
 
-
-
-
 /// Reference lines from the first `Protocol printer` line on.
 fn reference_lines(text: &str) -> Vec<String> {
     let mut started = false;
@@ -79,7 +76,6 @@ fn reference_lines(text: &str) -> Vec<String> {
     }
     v
 }
-
 
 struct Case {
     label: String,
@@ -117,7 +113,7 @@ fn cases(etm: &Path) -> Vec<Case> {
 fn packets_match_opencsd_references() {
     let etm = shared_dir().join("testdata/etm");
     if !etm.is_dir() {
-        eprintln!("SKIP: {} not found (set ETM_BPF_SHARED)", etm.display());
+        etm_testutil::skip(format!("{} not found (set ETM_BPF_SHARED)", etm.display()));
         return;
     }
     let cases = cases(&etm);
@@ -188,7 +184,7 @@ fn packet_lines_with_bytes(lines: impl Iterator<Item = String>) -> Vec<String> {
 fn packet_lines_of_decode_listings_match() {
     let etm = shared_dir().join("testdata/etm");
     if !etm.is_dir() {
-        eprintln!("SKIP: {} not found (set ETM_BPF_SHARED)", etm.display());
+        etm_testutil::skip(format!("{} not found (set ETM_BPF_SHARED)", etm.display()));
         return;
     }
     let mut n = 0;

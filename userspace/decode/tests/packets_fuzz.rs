@@ -4,11 +4,10 @@
 //! and once split at pseudo-random chunk boundaries; any panic or any difference between the
 //! two runs fails the test. Run with `--release` (the suite does); debug builds run 1/10th.
 
-
 use etm_decode::packet::fuzz::check;
 
 mod common;
-use common::{shared_dir};
+use common::shared_dir;
 
 struct Rng(u64);
 impl Rng {
@@ -23,7 +22,6 @@ impl Rng {
         (self.next() % n.max(1) as u64) as usize
     }
 }
-
 
 /// Seed byte streams: the trace buffers of the snapshots (whole files), or synthetic data.
 fn seeds() -> Vec<Vec<u8>> {
@@ -113,9 +111,6 @@ fn fuzz_packets_deterministic() {
         packets += o.packets;
         errors += o.errors;
     }
-    eprintln!(
-        "{n} inputs, {packets} packets ({errors} error packets) in {:.2?}",
-        start.elapsed()
-    );
+    eprintln!("{n} inputs, {packets} packets ({errors} error packets) in {:.2?}", start.elapsed());
     assert!(packets > 0, "the corpus produced no packets at all");
 }

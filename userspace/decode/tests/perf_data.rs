@@ -22,8 +22,7 @@ use etm_decode::pipeline::decode_snapshot_buffer;
 use etm_decode::snapshot::{DirFiles, Snapshot};
 
 mod common;
-use common::{shared_dir};
-
+use common::shared_dir;
 
 type Counts = BTreeMap<(u64, u64), u64>;
 
@@ -55,7 +54,7 @@ fn perf_etm_matches_simpleperf_inject() {
     let snapdir = base.join("perf_etm.snapshot");
     let inject = base.join("simpleperf-testdata-etm/perf_inject.data");
     if !snapdir.is_dir() || !inject.is_file() {
-        eprintln!("SKIP: {} or {} not found (set ETM_BPF_SHARED)", snapdir.display(), inject.display());
+        etm_testutil::skip(format!("{} or {} not found (set ETM_BPF_SHARED)", snapdir.display(), inject.display()));
         return;
     }
     let (want_ranges, want_branches) = parse_inject(&std::fs::read_to_string(&inject).unwrap());

@@ -273,7 +273,10 @@ pub fn choose_window_mode(requested: Option<WindowMode>, inp: &ModeInputs<'_>) -
     match requested {
         None => {
             if hw_ok {
-                Ok(ModeChoice { mode: WindowMode::Hw, reason: format!("window hw: {pause_why}, trcextout1 and pmu_pulse present") })
+                Ok(ModeChoice {
+                    mode: WindowMode::Hw,
+                    reason: format!("window hw: {pause_why}, trcextout1 and pmu_pulse present"),
+                })
             } else if pause_ok {
                 Ok(ModeChoice { mode: WindowMode::Free, reason: format!("window free: {pause_why}, but {hw_missing}") })
             } else if autofdo {
@@ -282,10 +285,13 @@ pub fn choose_window_mode(requested: Option<WindowMode>, inp: &ModeInputs<'_>) -
                 Err(format!("no usable window mode: {pause_why} {strobe_why}"))
             }
         }
-        Some(WindowMode::Hw) if hw_ok => {
-            Ok(ModeChoice { mode: WindowMode::Hw, reason: format!("window hw (requested): {pause_why}, trcextout1 and pmu_pulse present") })
+        Some(WindowMode::Hw) if hw_ok => Ok(ModeChoice {
+            mode: WindowMode::Hw,
+            reason: format!("window hw (requested): {pause_why}, trcextout1 and pmu_pulse present"),
+        }),
+        Some(WindowMode::Hw) => {
+            Err(format!("--window hw unavailable: {}", if pause_ok { hw_missing.to_string() } else { pause_why }))
         }
-        Some(WindowMode::Hw) => Err(format!("--window hw unavailable: {}", if pause_ok { hw_missing.to_string() } else { pause_why })),
         Some(WindowMode::Free) if pause_ok => {
             Ok(ModeChoice { mode: WindowMode::Free, reason: format!("window free (requested): {pause_why}") })
         }
@@ -462,7 +468,8 @@ pub fn build_group(
         sys.field(name).ok_or(AttrError::MissingField(name))?.set(words, v)?;
         Ok(())
     };
-    let cpus: Vec<&crate::discovery::EtmCpu> = if cpu >= 0 { sys.cpu(cpu as u32).into_iter().collect() } else { sys.cpus.iter().collect() };
+    let cpus: Vec<&crate::discovery::EtmCpu> =
+        if cpu >= 0 { sys.cpu(cpu as u32).into_iter().collect() } else { sys.cpus.iter().collect() };
     if let Some(n) = opts.timestamp_interval {
         match sys.timestamp_layout() {
             TimestampLayout::Bool => set(&mut words, "timestamp", 1)?,
@@ -499,7 +506,8 @@ pub fn build_group(
     etm.config3 = words.config3;
     etm.sample_type = RING_SAMPLE_TYPE;
     // `mmap2` only changes the record format: exec mappings are reported because of `mmap`.
-    etm.flags = flag::DISABLED | flag::SAMPLE_ID_ALL | flag::MMAP | flag::MMAP2 | flag::COMM | flag::COMM_EXEC | flag::TASK | excl;
+    etm.flags =
+        flag::DISABLED | flag::SAMPLE_ID_ALL | flag::MMAP | flag::MMAP2 | flag::COMM | flag::COMM_EXEC | flag::TASK | excl;
     etm.aux_watermark = opts.aux_watermark;
     if mode != WindowMode::Strobe {
         etm.aux_action = aux_action::START_PAUSED;
@@ -573,10 +581,28 @@ mod tests {
     #[test]
     fn byte_layout_documented_offsets() {
         let a = PerfEventAttr {
-            ty: 0x11, size: 136, config: 0x22, sample_period: 0x33, sample_type: 0x44, read_format: 0x55, flags: 0x66,
-            wakeup_events: 0x77, bp_type: 0x88, config1: 0x99, config2: 0xaa, branch_sample_type: 0xbb,
-            sample_regs_user: 0xcc, sample_stack_user: 0xdd, clockid: -2, sample_regs_intr: 0xee, aux_watermark: 0xf1,
-            sample_max_stack: 0xf2, aux_sample_size: 0xf3, aux_action: 0x5, sig_data: 0xf4, config3: 0xf5,
+            ty: 0x11,
+            size: 136,
+            config: 0x22,
+            sample_period: 0x33,
+            sample_type: 0x44,
+            read_format: 0x55,
+            flags: 0x66,
+            wakeup_events: 0x77,
+            bp_type: 0x88,
+            config1: 0x99,
+            config2: 0xaa,
+            branch_sample_type: 0xbb,
+            sample_regs_user: 0xcc,
+            sample_stack_user: 0xdd,
+            clockid: -2,
+            sample_regs_intr: 0xee,
+            aux_watermark: 0xf1,
+            sample_max_stack: 0xf2,
+            aux_sample_size: 0xf3,
+            aux_action: 0x5,
+            sig_data: 0xf4,
+            config3: 0xf5,
         };
         let b = a.to_bytes();
         assert_eq!(b.len(), 136);
@@ -593,28 +619,51 @@ mod tests {
     fn layout_matches_system_header() {
         let header = Path::new("/usr/include/linux/perf_event.h");
         if !header.exists() {
-            eprintln!("SKIP: {} not installed (linux-libc-dev)", header.display());
+            etm_testutil::skip(format!("{} not installed (linux-libc-dev)", header.display()));
             return;
         }
         let dir = std::env::temp_dir().join(format!("etm-perf-attr-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let src = dir.join("a.c");
         let flags = [
-            ("disabled", flag::DISABLED), ("inherit", flag::INHERIT), ("exclude_user", flag::EXCLUDE_USER),
-            ("exclude_kernel", flag::EXCLUDE_KERNEL), ("exclude_hv", flag::EXCLUDE_HV), ("mmap", flag::MMAP),
-            ("comm", flag::COMM), ("freq", flag::FREQ), ("task", flag::TASK), ("watermark", flag::WATERMARK),
-            ("sample_id_all", flag::SAMPLE_ID_ALL), ("exclude_callchain_kernel", flag::EXCLUDE_CALLCHAIN_KERNEL),
-            ("mmap2", flag::MMAP2), ("comm_exec", flag::COMM_EXEC), ("use_clockid", flag::USE_CLOCKID),
-            ("context_switch", flag::CONTEXT_SWITCH), ("aux_output", flag::AUX_OUTPUT), ("build_id", flag::BUILD_ID),
+            ("disabled", flag::DISABLED),
+            ("inherit", flag::INHERIT),
+            ("exclude_user", flag::EXCLUDE_USER),
+            ("exclude_kernel", flag::EXCLUDE_KERNEL),
+            ("exclude_hv", flag::EXCLUDE_HV),
+            ("mmap", flag::MMAP),
+            ("comm", flag::COMM),
+            ("freq", flag::FREQ),
+            ("task", flag::TASK),
+            ("watermark", flag::WATERMARK),
+            ("sample_id_all", flag::SAMPLE_ID_ALL),
+            ("exclude_callchain_kernel", flag::EXCLUDE_CALLCHAIN_KERNEL),
+            ("mmap2", flag::MMAP2),
+            ("comm_exec", flag::COMM_EXEC),
+            ("use_clockid", flag::USE_CLOCKID),
+            ("context_switch", flag::CONTEXT_SWITCH),
+            ("aux_output", flag::AUX_OUTPUT),
+            ("build_id", flag::BUILD_ID),
         ];
         let offs = [
-            ("config", offset::CONFIG), ("sample_period", offset::SAMPLE_PERIOD), ("sample_type", offset::SAMPLE_TYPE),
-            ("wakeup_events", offset::WAKEUP_EVENTS), ("config1", offset::CONFIG1), ("config2", offset::CONFIG2),
-            ("branch_sample_type", offset::BRANCH_SAMPLE_TYPE), ("sample_stack_user", offset::SAMPLE_STACK_USER),
-            ("clockid", offset::CLOCKID), ("aux_watermark", offset::AUX_WATERMARK), ("sample_max_stack", offset::SAMPLE_MAX_STACK),
-            ("aux_sample_size", offset::AUX_SAMPLE_SIZE), ("__reserved_3", offset::AUX_ACTION), ("sig_data", offset::SIG_DATA),
+            ("config", offset::CONFIG),
+            ("sample_period", offset::SAMPLE_PERIOD),
+            ("sample_type", offset::SAMPLE_TYPE),
+            ("wakeup_events", offset::WAKEUP_EVENTS),
+            ("config1", offset::CONFIG1),
+            ("config2", offset::CONFIG2),
+            ("branch_sample_type", offset::BRANCH_SAMPLE_TYPE),
+            ("sample_stack_user", offset::SAMPLE_STACK_USER),
+            ("clockid", offset::CLOCKID),
+            ("aux_watermark", offset::AUX_WATERMARK),
+            ("sample_max_stack", offset::SAMPLE_MAX_STACK),
+            ("aux_sample_size", offset::AUX_SAMPLE_SIZE),
+            ("__reserved_3", offset::AUX_ACTION),
+            ("sig_data", offset::SIG_DATA),
         ];
-        let mut c = String::from("#include <linux/perf_event.h>\n#include <stddef.h>\n#include <stdio.h>\n#include <string.h>\nint main(void){struct perf_event_attr a; unsigned long long w;\n");
+        let mut c = String::from(
+            "#include <linux/perf_event.h>\n#include <stddef.h>\n#include <stdio.h>\n#include <string.h>\nint main(void){struct perf_event_attr a; unsigned long long w;\n",
+        );
         for (n, _) in offs {
             c += &format!("printf(\"{n} %zu\\n\", offsetof(struct perf_event_attr, {n}));\n");
         }
@@ -627,7 +676,7 @@ mod tests {
         match std::process::Command::new("cc").arg(&src).arg("-o").arg(&exe).status() {
             Ok(s) if s.success() => {}
             other => {
-                eprintln!("SKIP: cannot compile the layout probe with cc: {other:?}");
+                etm_testutil::skip(format!("cannot compile the layout probe with cc: {other:?}"));
                 return;
             }
         }
@@ -650,7 +699,8 @@ mod tests {
     fn n1_free_group() {
         let s = sys("n1-etr");
         let wp = WindowParams { window: 1000, period: 1_000_000, strobe_preset: 9 };
-        let g = build_group(&s, 2, WindowMode::Free, &wp, &EtmOptions { sink: Some("tmc_etr0".into()), ..Default::default() }).unwrap();
+        let g = build_group(&s, 2, WindowMode::Free, &wp, &EtmOptions { sink: Some("tmc_etr0".into()), ..Default::default() })
+            .unwrap();
         let roles: Vec<EventRole> = g.events.iter().map(|e| e.0).collect();
         assert_eq!(roles, vec![EventRole::Etm, EventRole::Resume, EventRole::Pause]);
         let etm = g.events[0].1;
@@ -696,7 +746,14 @@ mod tests {
     #[test]
     fn v2_interval_timestamps() {
         let s = sys("v2-trbe");
-        let g = build_group(&s, 0, WindowMode::Free, &WindowParams::default(), &EtmOptions { timestamp_interval: Some(3), ..Default::default() }).unwrap();
+        let g = build_group(
+            &s,
+            0,
+            WindowMode::Free,
+            &WindowParams::default(),
+            &EtmOptions { timestamp_interval: Some(3), ..Default::default() },
+        )
+        .unwrap();
         let etm = g.events[0].1;
         assert_eq!(etm.config & 0xf0, 3 << 4);
         assert_eq!(etm.config & (1 << 28), 0);

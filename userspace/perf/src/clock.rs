@@ -32,11 +32,8 @@ impl ClockConv {
     /// Converts a counter value (e.g. an ETM timestamp) to perf time in ns.
     #[inline]
     pub fn to_perf_time(&self, cyc: u64) -> u64 {
-        let cyc = if self.short {
-            self.time_cycles.wrapping_add(cyc.wrapping_sub(self.time_cycles) & self.time_mask)
-        } else {
-            cyc
-        };
+        let cyc =
+            if self.short { self.time_cycles.wrapping_add(cyc.wrapping_sub(self.time_cycles) & self.time_mask) } else { cyc };
         let shift = u32::from(self.time_shift.min(63));
         let mult = u64::from(self.time_mult);
         let quot = cyc >> shift;
@@ -124,7 +121,8 @@ mod tests {
     #[test]
     fn short_counter() {
         let mask = (1u64 << 56) - 1;
-        let c = ClockConv { time_zero: 0, time_mult: 1 << 20, time_shift: 20, time_cycles: mask - 10, time_mask: mask, short: true };
+        let c =
+            ClockConv { time_zero: 0, time_mult: 1 << 20, time_shift: 20, time_cycles: mask - 10, time_mask: mask, short: true };
         // 5 ticks after the wrap: extended value = time_cycles + 16.
         assert_eq!(c.to_perf_time(5), mask - 10 + 16);
     }

@@ -569,7 +569,7 @@ pub(crate) mod tests {
             .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
             .join("testdata/etm");
         let Ok(dirs) = fs::read_dir(&base) else {
-            eprintln!("SKIP: no shared test data at {}", base.display());
+            etm_testutil::skip(format!("no shared test data at {}", base.display()));
             return;
         };
         let mut checked = 0;

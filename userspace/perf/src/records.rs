@@ -327,14 +327,8 @@ pub fn parse_record<'a>(bytes: &'a [u8], fmt: &SampleFormat) -> Result<Record<'a
     let trunc = RecordError::Truncated { ty, size };
     if ty == types::SAMPLE {
         let s = parse_sample(&rec[HEADER_SIZE..], fmt).ok_or(trunc)??;
-        let sample_id = SampleId {
-            pid: s.pid,
-            tid: s.tid,
-            time: s.time,
-            id: s.id.or(s.identifier),
-            stream_id: s.stream_id,
-            cpu: s.cpu,
-        };
+        let sample_id =
+            SampleId { pid: s.pid, tid: s.tid, time: s.time, id: s.id.or(s.identifier), stream_id: s.stream_id, cpu: s.cpu };
         return Ok(Record { ty, misc, kind: PerfRecord::Sample(s), sample_id });
     }
     // Kernel-generated records below carry the trailer; user types (>= 64, perf.data only)
@@ -369,11 +363,7 @@ pub fn parse_record<'a>(bytes: &'a [u8], fmt: &SampleFormat) -> Result<Record<'a
         return Err(trunc);
     }
     let body = &rec[HEADER_SIZE..size - tl];
-    let sample_id = if tl > 0 {
-        parse_trailer(&rec[size - tl..], fmt.sample_type).ok_or(trunc)?
-    } else {
-        SampleId::default()
-    };
+    let sample_id = if tl > 0 { parse_trailer(&rec[size - tl..], fmt.sample_type).ok_or(trunc)? } else { SampleId::default() };
     let kind = parse_body(ty, misc, body).ok_or(trunc)?;
     Ok(Record { ty, misc, kind, sample_id })
 }
@@ -415,12 +405,7 @@ fn parse_body(ty: u32, misc: u16, body: &[u8]) -> Option<PerfRecord<'_>> {
                 filename: cstr(c.rest()),
             })
         }
-        types::COMM => PerfRecord::Comm {
-            pid: c.u32()?,
-            tid: c.u32()?,
-            comm: cstr(c.rest()),
-            exec: misc & misc::COMM_EXEC != 0,
-        },
+        types::COMM => PerfRecord::Comm { pid: c.u32()?, tid: c.u32()?, comm: cstr(c.rest()), exec: misc & misc::COMM_EXEC != 0 },
         types::FORK | types::EXIT => {
             let (pid, ppid, tid, ptid, time) = (c.u32()?, c.u32()?, c.u32()?, c.u32()?, c.u64()?);
             if ty == types::FORK {
@@ -431,20 +416,14 @@ fn parse_body(ty: u32, misc: u16, body: &[u8]) -> Option<PerfRecord<'_>> {
         }
         types::LOST => PerfRecord::Lost { id: c.u64()?, lost: c.u64()? },
         types::LOST_SAMPLES => PerfRecord::LostSamples { lost: c.u64()? },
-        types::THROTTLE | types::UNTHROTTLE => PerfRecord::Throttle {
-            time: c.u64()?,
-            id: c.u64()?,
-            stream_id: c.u64()?,
-            unthrottle: ty == types::UNTHROTTLE,
-        },
+        types::THROTTLE | types::UNTHROTTLE => {
+            PerfRecord::Throttle { time: c.u64()?, id: c.u64()?, stream_id: c.u64()?, unthrottle: ty == types::UNTHROTTLE }
+        }
         types::AUX => PerfRecord::Aux { aux_offset: c.u64()?, aux_size: c.u64()?, flags: c.u64()? },
         types::ITRACE_START => PerfRecord::ItraceStart { pid: c.u32()?, tid: c.u32()? },
         types::AUX_OUTPUT_HW_ID => PerfRecord::AuxOutputHwId { hw_id: c.u64()? },
         types::SWITCH => PerfRecord::Switch { out: misc & misc::SWITCH_OUT != 0, next_prev: None },
-        types::SWITCH_CPU_WIDE => PerfRecord::Switch {
-            out: misc & misc::SWITCH_OUT != 0,
-            next_prev: Some((c.u32()?, c.u32()?)),
-        },
+        types::SWITCH_CPU_WIDE => PerfRecord::Switch { out: misc & misc::SWITCH_OUT != 0, next_prev: Some((c.u32()?, c.u32()?)) },
         _ => return None,
     })
 }
@@ -636,7 +615,13 @@ mod tests {
     use super::*;
 
     const FMT: SampleFormat = SampleFormat {
-        sample_type: sample::IDENTIFIER | sample::IP | sample::TID | sample::TIME | sample::CPU | sample::PERIOD | sample::CALLCHAIN,
+        sample_type: sample::IDENTIFIER
+            | sample::IP
+            | sample::TID
+            | sample::TIME
+            | sample::CPU
+            | sample::PERIOD
+            | sample::CALLCHAIN,
         sample_id_all: true,
         branch_hw_index: false,
         regs_user_mask: 0,
@@ -651,14 +636,25 @@ mod tests {
     #[test]
     fn aux_record_hand_assembled() {
         let b = le(&[
-            &11u32.to_le_bytes(), &0u16.to_le_bytes(), &64u16.to_le_bytes(),
-            &0x1000u64.to_le_bytes(), &0x230u64.to_le_bytes(), &0x101u64.to_le_bytes(),
-            &7u32.to_le_bytes(), &8u32.to_le_bytes(), &123456789u64.to_le_bytes(),
-            &3u32.to_le_bytes(), &0u32.to_le_bytes(), &42u64.to_le_bytes(),
+            &11u32.to_le_bytes(),
+            &0u16.to_le_bytes(),
+            &64u16.to_le_bytes(),
+            &0x1000u64.to_le_bytes(),
+            &0x230u64.to_le_bytes(),
+            &0x101u64.to_le_bytes(),
+            &7u32.to_le_bytes(),
+            &8u32.to_le_bytes(),
+            &123456789u64.to_le_bytes(),
+            &3u32.to_le_bytes(),
+            &0u32.to_le_bytes(),
+            &42u64.to_le_bytes(),
         ]);
         let r = parse_record(&b, &FMT).unwrap();
         assert_eq!(r.kind, PerfRecord::Aux { aux_offset: 0x1000, aux_size: 0x230, flags: 0x101 });
-        assert_eq!(r.sample_id, SampleId { pid: Some(7), tid: Some(8), time: Some(123456789), id: Some(42), stream_id: None, cpu: Some(3) });
+        assert_eq!(
+            r.sample_id,
+            SampleId { pid: Some(7), tid: Some(8), time: Some(123456789), id: Some(42), stream_id: None, cpu: Some(3) }
+        );
     }
 
     /// A SAMPLE with a callchain: the user part is the entries after PERF_CONTEXT_USER.
@@ -666,8 +662,15 @@ mod tests {
     fn sample_with_callchain() {
         let chain = [context::KERNEL, 0xffff_8000_1000_0000, context::USER, 0x400100, 0x400200];
         let mut body = le(&[
-            &9u64.to_le_bytes(), &0x400100u64.to_le_bytes(), &10u32.to_le_bytes(), &11u32.to_le_bytes(),
-            &555u64.to_le_bytes(), &1u32.to_le_bytes(), &0u32.to_le_bytes(), &1000u64.to_le_bytes(), &5u64.to_le_bytes(),
+            &9u64.to_le_bytes(),
+            &0x400100u64.to_le_bytes(),
+            &10u32.to_le_bytes(),
+            &11u32.to_le_bytes(),
+            &555u64.to_le_bytes(),
+            &1u32.to_le_bytes(),
+            &0u32.to_le_bytes(),
+            &1000u64.to_le_bytes(),
+            &5u64.to_le_bytes(),
         ]);
         for c in chain {
             body.extend_from_slice(&c.to_le_bytes());
@@ -676,7 +679,10 @@ mod tests {
         b.extend_from_slice(&body);
         let r = parse_record(&b, &FMT).unwrap();
         let PerfRecord::Sample(s) = &r.kind else { panic!() };
-        assert_eq!((s.identifier, s.ip, s.pid, s.tid, s.time, s.cpu, s.period), (Some(9), Some(0x400100), Some(10), Some(11), Some(555), Some(1), Some(1000)));
+        assert_eq!(
+            (s.identifier, s.ip, s.pid, s.tid, s.time, s.cpu, s.period),
+            (Some(9), Some(0x400100), Some(10), Some(11), Some(555), Some(1), Some(1000))
+        );
         assert_eq!(s.user_callchain().collect::<Vec<_>>(), vec![0x400100, 0x400200]);
         assert_eq!(s.callchain().count(), 5);
         assert_eq!(r.sample_id.id, Some(9));

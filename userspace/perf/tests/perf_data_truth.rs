@@ -67,7 +67,7 @@ fn records_match_perf_report_dump() {
     let mut checked = 0;
     for name in FILES {
         let Some((data, dump)) = load(name) else {
-            eprintln!("SKIP: {name}: shared test data or xz missing (set ETM_BPF_SHARED)");
+            etm_testutil::skip(format!("{name}: shared test data or xz missing (set ETM_BPF_SHARED)"));
             return;
         };
         let pd = PerfData::parse(&data).unwrap();
@@ -116,7 +116,8 @@ fn records_match_perf_report_dump() {
                 }
                 PerfRecord::Mmap { pid, tid, addr, len, pgoff, filename } => {
                     assert_eq!(l.name, "PERF_RECORD_MMAP");
-                    let want = format!("{}/{}: [{:#x}({:#x}) @ {:#x}]:", pid as i32, tid, addr, len, pgoff).replace("@ 0x0]", "@ 0]");
+                    let want =
+                        format!("{}/{}: [{:#x}({:#x}) @ {:#x}]:", pid as i32, tid, addr, len, pgoff).replace("@ 0x0]", "@ 0]");
                     assert!(l.rest.starts_with(&want), "{:?} vs {want:?}", l.rest);
                     assert!(l.rest.ends_with(&*String::from_utf8_lossy(filename)));
                 }
@@ -135,7 +136,10 @@ fn records_match_perf_report_dump() {
                 12 => "PERF_RECORD_ITRACE_START",
                 _ => continue,
             };
-            let perf_n = lines.values().filter(|l| l.name.trim_end_matches(':') == tname || l.name.starts_with(&format!("{tname}("))).count();
+            let perf_n = lines
+                .values()
+                .filter(|l| l.name.trim_end_matches(':') == tname || l.name.starts_with(&format!("{tname}(")))
+                .count();
             assert_eq!(perf_n, n, "{name}: count of {tname}");
         }
     }
@@ -149,7 +153,7 @@ fn records_match_perf_report_dump() {
 fn aux_cursor_on_recorded_streams() {
     for name in FILES {
         let Some((data, _)) = load(name) else {
-            eprintln!("SKIP: {name}: shared test data or xz missing");
+            etm_testutil::skip(format!("{name}: shared test data or xz missing"));
             return;
         };
         let pd = PerfData::parse(&data).unwrap();
@@ -197,7 +201,10 @@ fn aux_cursor_on_recorded_streams() {
             if let Some(saved) = trace.get(cpu) {
                 let saved_total: u64 = saved.iter().map(|(_, p)| p.len() as u64).sum();
                 // perf pads each AUXTRACE payload to 8 bytes (PERF_AUXTRACE_RECORD_ALIGNMENT).
-                assert!(saved_total >= total && saved_total - total < 8 * saved.len() as u64, "{name} cpu{cpu}: AUXTRACE {saved_total} vs AUX {total}");
+                assert!(
+                    saved_total >= total && saved_total - total < 8 * saved.len() as u64,
+                    "{name} cpu{cpu}: AUXTRACE {saved_total} vs AUX {total}"
+                );
             }
         }
     }
@@ -216,14 +223,18 @@ fn trcconfigr_and_arch_match_auxtrace_info() {
     let mut cpus_checked = 0;
     for name in FILES {
         let Some((data, _)) = load(name) else {
-            eprintln!("SKIP: {name}: shared test data or xz missing");
+            etm_testutil::skip(format!("{name}: shared test data or xz missing"));
             return;
         };
         let pd = PerfData::parse(&data).unwrap();
         let attr = pd.attrs[0].0;
         let words = ConfigWords { config: attr.config, config1: attr.config1, config2: attr.config2, config3: attr.config3 };
         let want_cfgr = trcconfigr_for(&sys, &words);
-        let info = pd.records().into_iter().find(|r| u32::from_le_bytes(r.bytes[0..4].try_into().unwrap()) == 70).expect("AUXTRACE_INFO");
+        let info = pd
+            .records()
+            .into_iter()
+            .find(|r| u32::from_le_bytes(r.bytes[0..4].try_into().unwrap()) == 70)
+            .expect("AUXTRACE_INFO");
         let q: Vec<u64> = info.bytes[16..].chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
         let nr_cpu = (q[1] & 0xffff_ffff) as usize;
         let mut i = 3;

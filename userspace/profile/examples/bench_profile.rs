@@ -22,7 +22,9 @@ impl Rng {
 fn peak_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse().unwrap_or(0)))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse().unwrap_or(0))
+        })
         .unwrap_or(0)
 }
 
@@ -81,7 +83,13 @@ fn main() {
     let mut p = HybridProfile::default();
     // Skewed order: context i drawn with a power-law-ish distribution.
     let order: Vec<usize> = (0..samples)
-        .map(|i| if i < contexts { i } else { ((rng.next() % contexts as u64) * (rng.next() % contexts as u64) / contexts as u64) as usize })
+        .map(|i| {
+            if i < contexts {
+                i
+            } else {
+                ((rng.next() % contexts as u64) * (rng.next() % contexts as u64) / contexts as u64) as usize
+            }
+        })
         .collect();
     let n_new = contexts.min(samples);
     let t = Clock::start();

@@ -407,8 +407,6 @@ impl HybridProfile {
     }
 }
 
-
-
 #[cfg(test)]
 mod tests {
     use super::*;

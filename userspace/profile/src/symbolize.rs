@@ -146,7 +146,13 @@ impl DwarfSymbolizer {
                 break;
             }
             let Ok(e) = unit.entry(o) else { continue };
-            let s = |at| e.attr_value(at).ok().flatten().and_then(|v| dwarf.attr_string(unit, v).ok()).map(|s| s.to_string_lossy().into_owned());
+            let s = |at| {
+                e.attr_value(at)
+                    .ok()
+                    .flatten()
+                    .and_then(|v| dwarf.attr_string(unit, v).ok())
+                    .map(|s| s.to_string_lossy().into_owned())
+            };
             if linkage.is_none() {
                 linkage = s(gimli::DW_AT_linkage_name).or_else(|| s(gimli::DW_AT_MIPS_linkage_name));
             }
@@ -368,11 +374,11 @@ mod llvm_tests {
     fn matches_llvm_symbolizer() {
         let root = shared().join("testdata/profgen");
         if !root.is_dir() {
-            eprintln!("SKIP: no shared profgen test data at {}", root.display());
+            etm_testutil::skip(format!("no shared profgen test data at {}", root.display()));
             return;
         }
         if Command::new("llvm-symbolizer-22").arg("--version").output().is_err() {
-            eprintln!("SKIP: llvm-symbolizer-22 not installed");
+            etm_testutil::skip("llvm-symbolizer-22 not installed");
             return;
         }
         let bins = [
@@ -390,7 +396,7 @@ mod llvm_tests {
         for rel in bins {
             let path = root.join(rel);
             let Ok(data) = std::fs::read(&path) else {
-                eprintln!("SKIP: {rel} missing");
+                etm_testutil::skip(format!("{rel} missing"));
                 continue;
             };
             let sym = DwarfSymbolizer::from_elf(&data).unwrap();

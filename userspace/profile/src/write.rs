@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use crate::model::{Loc, ProfileBinary};
 use crate::HybridProfile;
+use crate::model::{Loc, ProfileBinary};
 
 /// Link-time address used for locations outside the written binary (never code: page 0).
 pub const EXTERNAL_ADDR: u64 = 0x1;
@@ -55,11 +55,7 @@ pub(crate) type ViewMap = BTreeMap<(bool, Vec<u64>, Vec<(u64, u64)>), u64>;
 
 /// Samples touching `b`, translated to b's view (externals collapsed, external-to-external
 /// branches dropped as llvm-profgen does), aggregated and sorted for deterministic output.
-pub(crate) fn views(
-    p: &HybridProfile,
-    b: ProfileBinary,
-    facts: Option<&dyn CodeFacts>,
-) -> (ViewMap, u64) {
+pub(crate) fn views(p: &HybridProfile, b: ProfileBinary, facts: Option<&dyn CodeFacts>) -> (ViewMap, u64) {
     let frame = |l: Loc| match (loc(l, b), facts) {
         (a, Some(f)) if a != EXTERNAL_ADDR && f.frame_is_external(a) => EXTERNAL_ADDR,
         (a, _) => a,
@@ -154,11 +150,7 @@ fn counters_from_lbr(
         if is_code(dst) {
             *brs.entry((src, dst)).or_insert(0) += count;
         }
-        if is_code(dst)
-            && is_code(end)
-            && dst <= end
-            && !facts.is_some_and(|f| f.range_crosses_uncond_branch(dst, end))
-        {
+        if is_code(dst) && is_code(end) && dst <= end && !facts.is_some_and(|f| f.range_crosses_uncond_branch(dst, end)) {
             *ranges.entry((dst, end)).or_insert(0) += count;
         }
         end = src;

@@ -13,8 +13,8 @@ use etm_decode::insn::{ArchVersion, DecodeConfig, InstrType, decode_a64};
 use etm_decode::pipeline::BufferDecoder;
 use etm_decode::snapshot::{CoreProfile, EtmConfig, Protocol};
 
-use crate::session::BranchPair;
 use crate::pipeline::{CodeMap, DecoderFactory, Discontinuity, WindowDecoder, WindowSink};
+use crate::session::BranchPair;
 use crate::session::{CpuTraceConfig, TraceArch};
 
 /// The default decoder factory: [`EtmFactory`].
@@ -136,15 +136,7 @@ impl IdState {
     }
 
     fn new() -> Self {
-        IdState {
-            prev: None,
-            prev_taken: false,
-            ranges: 0,
-            last_range_index: 0,
-            last_ts: None,
-            pending: None,
-            completed: None,
-        }
+        IdState { prev: None, prev_taken: false, ranges: 0, last_range_index: 0, last_ts: None, pending: None, completed: None }
     }
 }
 
@@ -218,9 +210,7 @@ impl Adapter {
         }
         let target = match st.pending {
             Some((n, t)) if n == st.ranges => Some(t),
-            _ if ty == InstrType::Br => {
-                code.read_u32(None, from).map(|w| decode_a64(from, w, &self.insn_cfg).branch_addr)
-            }
+            _ if ty == InstrType::Br => code.read_u32(None, from).map(|w| decode_a64(from, w, &self.insn_cfg).branch_addr),
             _ => None,
         };
         if let Some(to) = target {

@@ -681,12 +681,7 @@ impl<T: Default> CpuMap<T> {
 
     /// CPUs present.
     pub(crate) fn keys(&self) -> impl Iterator<Item = i32> + '_ {
-        self.dense
-            .iter()
-            .enumerate()
-            .filter(|(_, o)| o.is_some())
-            .map(|(i, _)| i as i32 - 1)
-            .chain(self.other.keys().copied())
+        self.dense.iter().enumerate().filter(|(_, o)| o.is_some()).map(|(i, _)| i as i32 - 1).chain(self.other.keys().copied())
     }
 }
 
@@ -829,7 +824,14 @@ mod tests {
     /// Window branches of the toy's path main->f (loop twice)->g->ret->jump, sampled in f at
     /// 0x2044 whose caller return address is 0x1014.
     fn window_path() -> Vec<BranchPair> {
-        vec![bp(0x1010, 0x2000), bp(0x2010, 0x2000), bp(0x2010, 0x2000), bp(0x2020, 0x3000), bp(0x3008, 0x2024), bp(0x2030, 0x2040)]
+        vec![
+            bp(0x1010, 0x2000),
+            bp(0x2010, 0x2000),
+            bp(0x2010, 0x2000),
+            bp(0x2020, 0x3000),
+            bp(0x3008, 0x2024),
+            bp(0x2030, 0x2040),
+        ]
     }
 
     fn run(events: &[Ev], cfg: JoinConfig) -> (Vec<(i32, u64, Vec<BranchPair>)>, JoinStats) {
@@ -917,10 +919,17 @@ mod tests {
         let mut w2 = w.clone();
         w2.remove(0); // a different window content on cpu 1
         let s = vec![0x2044, 0x1014];
-        let cpu0 = [Ev::Win(0, 10, w.clone()), Ev::Sample(0, 20, s.clone()), Ev::Win(0, 30, w2.clone()), Ev::Sample(0, 40, s.clone())];
-        let cpu1 = [Ev::Win(1, 12, w2.clone()), Ev::Sample(1, 22, s.clone()), Ev::Win(1, 32, w.clone()), Ev::Sample(1, 42, s.clone())];
+        let cpu0 =
+            [Ev::Win(0, 10, w.clone()), Ev::Sample(0, 20, s.clone()), Ev::Win(0, 30, w2.clone()), Ev::Sample(0, 40, s.clone())];
+        let cpu1 =
+            [Ev::Win(1, 12, w2.clone()), Ev::Sample(1, 22, s.clone()), Ev::Win(1, 32, w.clone()), Ev::Sample(1, 42, s.clone())];
         let expect = {
-            let mut e = vec![(0, 20, newest_first(&w)), (0, 40, newest_first(&w2)), (1, 22, newest_first(&w2)), (1, 42, newest_first(&w))];
+            let mut e = vec![
+                (0, 20, newest_first(&w)),
+                (0, 40, newest_first(&w2)),
+                (1, 22, newest_first(&w2)),
+                (1, 42, newest_first(&w)),
+            ];
             e.sort_by_key(|x| (x.0, x.1));
             e
         };
@@ -987,7 +996,15 @@ mod tests {
             // A jump (0x2030 is taken-type) between target 0x2024 and leaf 0x2034.
             (vec![0x2034, 0x1014], w[..5].to_vec(), Some(RejectReason::LeafNotReachable)),
             // Return from g to the wrong place.
-            (vec![0x2044, 0x1014], { let mut v = w.clone(); v[4] = bp(0x3008, 0x2028); v }, Some(RejectReason::ReturnMismatch)),
+            (
+                vec![0x2044, 0x1014],
+                {
+                    let mut v = w.clone();
+                    v[4] = bp(0x3008, 0x2028);
+                    v
+                },
+                Some(RejectReason::ReturnMismatch),
+            ),
             // Wrong caller in the stack (two open calls: f's return 0x1014, g's 0x2024).
             (vec![0x3004, 0x2024, 0x1018], vec![bp(0x1010, 0x2000), bp(0x2020, 0x3000)], Some(RejectReason::StackMismatch)),
             (vec![0x3004, 0x2024, 0x1014, 0x9999], vec![bp(0x1010, 0x2000), bp(0x2020, 0x3000)], None),

@@ -25,9 +25,8 @@ use etm_stacks::{ContextTrie, Frame, FrameId, FrameTable};
 
 use crate::join::{CodeOracle, CpuMap, InsnKind, JoinConfig, JoinStats, Joined, Joiner, RejectCounts, Straight};
 use crate::session::{
-    AuxRecord, BranchPair, ClockParams, CpuTraceConfig, PauseSample, SessionEvent, SessionMeta, Sideband,
-    PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, PERF_AUX_FLAG_OVERWRITE, PERF_AUX_FLAG_PARTIAL,
-    PERF_AUX_FLAG_TRUNCATED,
+    AuxRecord, BranchPair, ClockParams, CpuTraceConfig, PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW,
+    PERF_AUX_FLAG_OVERWRITE, PERF_AUX_FLAG_PARTIAL, PERF_AUX_FLAG_TRUNCATED, PauseSample, SessionEvent, SessionMeta, Sideband,
 };
 
 /// Why a decoder reported a discontinuity.
@@ -285,10 +284,7 @@ pub fn a64_kind(inst: u32) -> InsnKind {
     if inst & 0x7C00_0000 == 0x1400_0000 {
         return if inst & 0x8000_0000 != 0 { InsnKind::Call } else { InsnKind::Jump };
     }
-    if inst & 0x7E00_0000 == 0x3400_0000
-        || inst & 0x7E00_0000 == 0x3600_0000
-        || inst & 0xFF00_0000 == 0x5400_0000
-    {
+    if inst & 0x7E00_0000 == 0x3400_0000 || inst & 0x7E00_0000 == 0x3600_0000 || inst & 0xFF00_0000 == 0x5400_0000 {
         return InsnKind::CondBranch;
     }
     if inst & 0xFE00_0000 == 0xD600_0000 {
@@ -299,10 +295,10 @@ pub fn a64_kind(inst: u32) -> InsnKind {
             return InsnKind::Other;
         }
         return match opc {
-            0b0000 | 0b1000 => InsnKind::Jump,   // BR, BRAA/BRAB
-            0b0001 | 0b1001 => InsnKind::Call,   // BLR, BLRAA/BLRAB
-            0b0010 => InsnKind::Return,          // RET, RETAA/RETAB
-            _ => InsnKind::Flow,                 // ERET, DRPS, ...
+            0b0000 | 0b1000 => InsnKind::Jump, // BR, BRAA/BRAB
+            0b0001 | 0b1001 => InsnKind::Call, // BLR, BLRAA/BLRAB
+            0b0010 => InsnKind::Return,        // RET, RETAA/RETAB
+            _ => InsnKind::Flow,               // ERET, DRPS, ...
         };
     }
     if inst & 0xFF00_0000 == 0xD400_0000 {
@@ -397,11 +393,7 @@ impl AddressResolver for Resolver {
             return Some((BinaryId(b), addr.wrapping_add(bias)));
         }
         // Unplaced binaries: identity (static, non-PIE).
-        self.binaries
-            .iter()
-            .enumerate()
-            .find(|(_, (_, b))| b.in_exec_segment(addr))
-            .map(|(i, _)| (BinaryId(i as u32), addr))
+        self.binaries.iter().enumerate().find(|(_, (_, b))| b.in_exec_segment(addr)).map(|(i, _)| (BinaryId(i as u32), addr))
     }
     fn binary(&self, id: BinaryId) -> Option<&BinaryInfo> {
         self.binaries.get(id.0 as usize).map(|b| &b.1)
@@ -548,8 +540,38 @@ impl Pipeline {
             Some(c) => vec![c],
             None => self.cfg.cpus.iter().map(|c| c.cpu).collect(),
         };
-        let Pipeline { aux, joiner, code, profile, resolver, trie, frames, frame_cache, namer, stats, trace_cpu, pending_begin, cfg, scratch_branches, scratch_frames, observer, .. } = self;
-        let mut sink = Sink { profile, resolver, trie, frames, frame_cache, namer: namer.as_mut(), code, stats, scratch_branches, scratch_frames, observer };
+        let Pipeline {
+            aux,
+            joiner,
+            code,
+            profile,
+            resolver,
+            trie,
+            frames,
+            frame_cache,
+            namer,
+            stats,
+            trace_cpu,
+            pending_begin,
+            cfg,
+            scratch_branches,
+            scratch_frames,
+            observer,
+            ..
+        } = self;
+        let mut sink = Sink {
+            profile,
+            resolver,
+            trie,
+            frames,
+            frame_cache,
+            namer: namer.as_mut(),
+            code,
+            stats,
+            scratch_branches,
+            scratch_frames,
+            observer,
+        };
         // The windows' last branches are complete: nothing more of them can arrive.
         for (&aux_cpu, st) in aux.iter_mut() {
             if aux_cpu >= 0 && !cpus.contains(&aux_cpu) {
@@ -576,8 +598,38 @@ impl Pipeline {
 
     /// End of stream: flush the decoders and resolve every pending sample.
     pub fn finish(&mut self) {
-        let Pipeline { aux, joiner, code, profile, resolver, trie, frames, frame_cache, namer, stats, trace_cpu, pending_begin, cfg, scratch_branches, scratch_frames, observer, .. } = self;
-        let mut sink = Sink { profile, resolver, trie, frames, frame_cache, namer: namer.as_mut(), code, stats, scratch_branches, scratch_frames, observer };
+        let Pipeline {
+            aux,
+            joiner,
+            code,
+            profile,
+            resolver,
+            trie,
+            frames,
+            frame_cache,
+            namer,
+            stats,
+            trace_cpu,
+            pending_begin,
+            cfg,
+            scratch_branches,
+            scratch_frames,
+            observer,
+            ..
+        } = self;
+        let mut sink = Sink {
+            profile,
+            resolver,
+            trie,
+            frames,
+            frame_cache,
+            namer: namer.as_mut(),
+            code,
+            stats,
+            scratch_branches,
+            scratch_frames,
+            observer,
+        };
         let mut cpus: Vec<i32> = aux.keys().copied().collect();
         cpus.sort_unstable();
         for c in cpus {
@@ -639,9 +691,39 @@ impl Pipeline {
         let cpus = &self.cfg.cpus;
         self.aux.entry(rec.cpu).or_insert_with(|| AuxState { decoder: factory.create(rec.cpu, cpus, raw), raw });
         let reset_before = truncated || overwrite || gap;
-        let Pipeline { aux, joiner, code, profile, resolver, trie, frames, frame_cache, namer, stats, trace_cpu, pending_begin, cfg, scratch_branches, scratch_frames, observer, .. } = self;
+        let Pipeline {
+            aux,
+            joiner,
+            code,
+            profile,
+            resolver,
+            trie,
+            frames,
+            frame_cache,
+            namer,
+            stats,
+            trace_cpu,
+            pending_begin,
+            cfg,
+            scratch_branches,
+            scratch_frames,
+            observer,
+            ..
+        } = self;
         let st = aux.get_mut(&rec.cpu).expect("inserted above");
-        let mut out = Sink { profile, resolver, trie, frames, frame_cache, namer: namer.as_mut(), code, stats, scratch_branches, scratch_frames, observer };
+        let mut out = Sink {
+            profile,
+            resolver,
+            trie,
+            frames,
+            frame_cache,
+            namer: namer.as_mut(),
+            code,
+            stats,
+            scratch_branches,
+            scratch_frames,
+            observer,
+        };
         let mut ws = WinSink {
             aux_cpu: rec.cpu,
             aux_time: rec.time,
@@ -678,8 +760,35 @@ impl Pipeline {
 
     fn push_sample(&mut self, s: &PauseSample) {
         self.stats.samples += 1;
-        let Pipeline { joiner, code, profile, resolver, trie, frames, frame_cache, namer, stats, cfg, scratch_branches, scratch_frames, observer, .. } = self;
-        let mut sink = Sink { profile, resolver, trie, frames, frame_cache, namer: namer.as_mut(), code, stats, scratch_branches, scratch_frames, observer };
+        let Pipeline {
+            joiner,
+            code,
+            profile,
+            resolver,
+            trie,
+            frames,
+            frame_cache,
+            namer,
+            stats,
+            cfg,
+            scratch_branches,
+            scratch_frames,
+            observer,
+            ..
+        } = self;
+        let mut sink = Sink {
+            profile,
+            resolver,
+            trie,
+            frames,
+            frame_cache,
+            namer: namer.as_mut(),
+            code,
+            stats,
+            scratch_branches,
+            scratch_frames,
+            observer,
+        };
         match &s.branches {
             Some(b) => {
                 sink.stats.lbr_samples += 1;
@@ -1036,7 +1145,10 @@ mod tests {
             *e += data.len() as u64;
             off
         });
-        (AuxRecord { cpu, flags: flags | PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, time, aux_offset: off, size: data.len() as u64 }, data.to_vec())
+        (
+            AuxRecord { cpu, flags: flags | PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, time, aux_offset: off, size: data.len() as u64 },
+            data.to_vec(),
+        )
     }
 
     /// The pause sample after window `time / 1000` of `cpu`: leaf just after its newest
@@ -1216,7 +1328,16 @@ mod tests {
         };
         for raw in [true, false] {
             let cfg = PipelineConfig {
-                cpus: (0..2).map(|c| CpuTraceConfig { cpu: c, trace_id: 0x10 + 2 * c as u8, trcidr0: 0x2880_06a1, trcidr2: 0xc000_1088, trcconfigr: 0x1840, ..Default::default() }).collect(),
+                cpus: (0..2)
+                    .map(|c| CpuTraceConfig {
+                        cpu: c,
+                        trace_id: 0x10 + 2 * c as u8,
+                        trcidr0: 0x2880_06a1,
+                        trcidr2: 0xc000_1088,
+                        trcconfigr: 0x1840,
+                        ..Default::default()
+                    })
+                    .collect(),
                 ..Default::default()
             };
             let mut p = Pipeline::new(cfg);
@@ -1236,7 +1357,8 @@ mod tests {
                             d = v;
                         }
                         let flags = (rnd() % 0x200) & 0x10f | if raw { PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW } else { 0 };
-                        let rec = AuxRecord { cpu, flags, time: i * 100, aux_offset: rnd() % 4096, size: d.len() as u64 + rnd() % 3 };
+                        let rec =
+                            AuxRecord { cpu, flags, time: i * 100, aux_offset: rnd() % 4096, size: d.len() as u64 + rnd() % 3 };
                         p.push(SessionEvent::Aux { record: rec, data: &d });
                     }
                     2 => {
@@ -1247,7 +1369,19 @@ mod tests {
                     }
                     _ => {
                         let sb = match rnd() % 3 {
-                            0 => Sideband::Mmap2 { pid: 1, tid: 1, addr: rnd(), len: rnd(), pgoff: rnd(), prot: 5, flags: 2, filename: "/not/an/elf".into(), build_id: None, time: i, cpu: None },
+                            0 => Sideband::Mmap2 {
+                                pid: 1,
+                                tid: 1,
+                                addr: rnd(),
+                                len: rnd(),
+                                pgoff: rnd(),
+                                prot: 5,
+                                flags: 2,
+                                filename: "/not/an/elf".into(),
+                                build_id: None,
+                                time: i,
+                                cpu: None,
+                            },
                             1 => Sideband::Lost { id: 0, lost: rnd() % 10, time: i, cpu: Some(cpu) },
                             _ => Sideband::AuxOutputHwId { hw_id: rnd(), time: i, cpu: Some(cpu) },
                         };
@@ -1302,7 +1436,9 @@ mod tests {
             Arc::new(v)
         };
         let mut code = CodeMap::default();
-        for (i, data) in [words(&[NOP, BEQ, NOP, NOP], 0), words(&[NOP, NOP, B, NOP], 0), words(&[NOP], 2)].into_iter().enumerate() {
+        for (i, data) in
+            [words(&[NOP, BEQ, NOP, NOP], 0), words(&[NOP, NOP, B, NOP], 0), words(&[NOP], 2)].into_iter().enumerate()
+        {
             code.images.push(Image { path: format!("img{i}"), data, symbols: Vec::new() });
         }
         let maps = vec![

@@ -213,9 +213,7 @@ impl ClockParams {
         let quot = cyc >> shift;
         let rem = cyc & ((1u64 << shift) - 1);
         let mult = u64::from(self.time_mult);
-        self.time_zero
-            .wrapping_add(quot.wrapping_mul(mult))
-            .wrapping_add(rem.wrapping_mul(mult) >> shift)
+        self.time_zero.wrapping_add(quot.wrapping_mul(mult)).wrapping_add(rem.wrapping_mul(mult) >> shift)
     }
 }
 
@@ -564,10 +562,8 @@ impl SessionWriter {
                 v.insert((BufWriter::new(f), 0))
             }
         };
-        w.write_all(data).map_err(|source| SessionError::Io {
-            path: PathBuf::from(AUX_DIR).join(aux_file_name(record.cpu)),
-            source,
-        })?;
+        w.write_all(data)
+            .map_err(|source| SessionError::Io { path: PathBuf::from(AUX_DIR).join(aux_file_name(record.cpu)), source })?;
         let offset = *off;
         *off += data.len() as u64;
         let line = Line::Aux {
@@ -592,8 +588,7 @@ impl SessionWriter {
             #[serde(flatten)]
             s: &'a PauseSample,
         }
-        serde_json::to_writer(&mut self.line, &Tagged { ty: "sample", s: sample })
-            .expect("serializing to a Vec cannot fail");
+        serde_json::to_writer(&mut self.line, &Tagged { ty: "sample", s: sample }).expect("serializing to a Vec cannot fail");
         self.flush_line()
     }
 
@@ -615,12 +610,7 @@ impl SessionWriter {
 
     /// Reference a code image; with `copy`, copy the file into `images/` (name made unique)
     /// and record the copy. Returns the index in `meta.images`.
-    pub fn add_image(
-        &mut self,
-        path: &Path,
-        build_id: Option<String>,
-        copy: bool,
-    ) -> Result<usize, SessionError> {
+    pub fn add_image(&mut self, path: &Path, build_id: Option<String>, copy: bool) -> Result<usize, SessionError> {
         let mut image = CodeImage { path: path.to_string_lossy().into_owned(), build_id, copy: None };
         if copy {
             let name = path.file_name().ok_or_else(|| SessionError::ImageName(path.to_path_buf()))?;
@@ -648,10 +638,7 @@ impl SessionWriter {
 
     fn flush_line(&mut self) -> Result<(), SessionError> {
         self.line.push(b'\n');
-        self.events.write_all(&self.line).map_err(|source| SessionError::Io {
-            path: PathBuf::from(EVENTS_FILE),
-            source,
-        })
+        self.events.write_all(&self.line).map_err(|source| SessionError::Io { path: PathBuf::from(EVENTS_FILE), source })
     }
 
     /// Flush all files and write `session.json`.
@@ -659,10 +646,7 @@ impl SessionWriter {
         let ev = self.dir.join(EVENTS_FILE);
         self.events.flush().map_err(io_err(&ev))?;
         for (cpu, (w, _)) in self.aux.iter_mut() {
-            w.flush().map_err(|source| SessionError::Io {
-                path: self.dir.join(AUX_DIR).join(aux_file_name(*cpu)),
-                source,
-            })?;
+            w.flush().map_err(|source| SessionError::Io { path: self.dir.join(AUX_DIR).join(aux_file_name(*cpu)), source })?;
         }
         let path = self.dir.join(META_FILE);
         let tmp = self.dir.join(format!("{META_FILE}.tmp"));
@@ -785,9 +769,7 @@ impl SessionReader {
     fn load_aux(&mut self, cpu: i32, offset: u64, size: u64) {
         self.buf.clear();
         let dir = &self.dir;
-        let file = self.aux.entry(cpu).or_insert_with(|| {
-            File::open(dir.join(AUX_DIR).join(aux_file_name(cpu))).ok()
-        });
+        let file = self.aux.entry(cpu).or_insert_with(|| File::open(dir.join(AUX_DIR).join(aux_file_name(cpu))).ok());
         let Some(f) = file else {
             self.stats.aux_missing += 1;
             return;
@@ -822,8 +804,7 @@ impl SessionReader {
 pub fn read_meta(dir: &Path) -> Result<SessionMeta, SessionError> {
     let path = dir.join(META_FILE);
     let text = fs::read(&path).map_err(io_err(&path))?;
-    let meta: SessionMeta =
-        serde_json::from_slice(&text).map_err(|source| SessionError::Meta { path: path.clone(), source })?;
+    let meta: SessionMeta = serde_json::from_slice(&text).map_err(|source| SessionError::Meta { path: path.clone(), source })?;
     if meta.version > FORMAT_VERSION {
         return Err(SessionError::Version(meta.version));
     }
@@ -885,8 +866,17 @@ mod tests {
         };
         let sbs = vec![
             Sideband::Mmap2 {
-                pid: 42, tid: 42, addr: 0x40_0000, len: 0x1000, pgoff: 0, prot: 5, flags: 2,
-                filename: "/bin/prog".into(), build_id: Some("abcd".into()), time: 1, cpu: None,
+                pid: 42,
+                tid: 42,
+                addr: 0x40_0000,
+                len: 0x1000,
+                pgoff: 0,
+                prot: 5,
+                flags: 2,
+                filename: "/bin/prog".into(),
+                build_id: Some("abcd".into()),
+                time: 1,
+                cpu: None,
             },
             Sideband::Comm { pid: 42, tid: 42, comm: "prog".into(), exec: true, time: 2, cpu: Some(0) },
             Sideband::Fork { pid: 42, ppid: 1, tid: 43, ptid: 42, time: 3, cpu: Some(0) },

@@ -56,8 +56,8 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<ExitCode> {
     let mut images = Vec::new();
     for p in &paths {
         let data = std::fs::read(p).with_context(|| format!("reading binary {}", p.display()))?;
-        let info = BinaryInfo::from_elf(&p.to_string_lossy(), &data)
-            .with_context(|| format!("parsing binary {}", p.display()))?;
+        let info =
+            BinaryInfo::from_elf(&p.to_string_lossy(), &data).with_context(|| format!("parsing binary {}", p.display()))?;
         infos.push(info);
         images.push(data);
     }
@@ -176,13 +176,9 @@ fn write_manifest(
     profile: &HybridProfile,
     st: &perfscript::PerfScriptStats,
 ) -> anyhow::Result<()> {
-    let names: Vec<String> =
-        files.iter().filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
-    let binaries: Vec<serde_json::Value> = profile
-        .binaries()
-        .iter()
-        .map(|b| serde_json::json!({"path": b.path, "build_id": b.build_id_hex()}))
-        .collect();
+    let names: Vec<String> = files.iter().filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
+    let binaries: Vec<serde_json::Value> =
+        profile.binaries().iter().map(|b| serde_json::json!({"path": b.path, "build_id": b.build_id_hex()})).collect();
     let ps = profile.stats();
     let v = serde_json::json!({
         "tool": "etm-bpf",

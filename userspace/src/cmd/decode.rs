@@ -73,8 +73,7 @@ pub struct DecodeArgs {
 
 pub fn main(args: DecodeArgs) -> anyhow::Result<ExitCode> {
     let files = DirFiles::new(&args.snapshot);
-    let snap = Snapshot::parse(&files)
-        .with_context(|| format!("reading snapshot {}", args.snapshot.display()))?;
+    let snap = Snapshot::parse(&files).with_context(|| format!("reading snapshot {}", args.snapshot.display()))?;
     let buffer = match &args.src_name {
         Some(n) => snap.buffer(n).with_context(|| format!("no trace buffer named {n:?} in trace.ini"))?,
         None => snap.first_buffer().context("snapshot lists no trace buffer")?,
@@ -111,14 +110,13 @@ pub fn main(args: DecodeArgs) -> anyhow::Result<ExitCode> {
             if args.halt_on_error && is_error_line(line) {
                 halted = true;
             }
-            if !args.stats {
-                if let Err(e) = out.write_all(line.as_bytes()).and_then(|()| out.write_all(b"\n")) {
-                    io_err = Some(e);
-                }
+            if !args.stats
+                && let Err(e) = out.write_all(line.as_bytes()).and_then(|()| out.write_all(b"\n"))
+            {
+                io_err = Some(e);
             }
         };
-        list_buffer(&snap, &files, &buffer, opts, &mut emit)
-            .with_context(|| format!("listing buffer {}", buffer.name))?
+        list_buffer(&snap, &files, &buffer, opts, &mut emit).with_context(|| format!("listing buffer {}", buffer.name))?
     };
     let elapsed = start.elapsed();
     if let Some(e) = io_err {
@@ -155,7 +153,9 @@ pub fn main(args: DecodeArgs) -> anyhow::Result<ExitCode> {
 /// Lines of corrupt packets in the listing (reserved headers are prefixed by the OpenCSD
 /// error message; bad sequences and incomplete packets are named).
 fn is_error_line(line: &str) -> bool {
-    line.starts_with("PKTP_") || line.contains("\tI_BAD_SEQUENCE") || line.contains("\tI_INCOMPLETE_EOT")
+    line.starts_with("PKTP_")
+        || line.contains("\tI_BAD_SEQUENCE")
+        || line.contains("\tI_INCOMPLETE_EOT")
         || line.contains("\tI_RESERVED")
 }
 
@@ -210,7 +210,9 @@ fn decode_elements(
                 Format::Branches => {
                     let b = builders[(e.trace_id & 0x7F) as usize].get_or_insert_with(|| BranchBuilder::new(64));
                     match b.element(e) {
-                        Some(rec) => writeln!(out, "Idx:{}; ID:{:x}; BRANCH 0x{:x} -> 0x{:x}", e.index, e.trace_id, rec.from, rec.to),
+                        Some(rec) => {
+                            writeln!(out, "Idx:{}; ID:{:x}; BRANCH 0x{:x} -> 0x{:x}", e.index, e.trace_id, rec.from, rec.to)
+                        }
                         None => Ok(()),
                     }
                 }

@@ -62,8 +62,7 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     } else {
         crate::logging::init_stderr();
     }
-    let mut reader =
-        SessionReader::open(&args.dir).with_context(|| format!("cannot open session {}", args.dir.display()))?;
+    let mut reader = SessionReader::open(&args.dir).with_context(|| format!("cannot open session {}", args.dir.display()))?;
     if let Some(d) = &args.dump_dir {
         check_writable_dir(d)?;
     }
@@ -208,7 +207,10 @@ fn print_summary(
     if rs.bad_lines + rs.aux_short + rs.aux_missing > 0 || !missing_images.is_empty() {
         println!(
             "  session:  bad lines {}, short AUX reads {}, missing AUX files {}, missing images {}",
-            rs.bad_lines, rs.aux_short, rs.aux_missing, missing_images.len()
+            rs.bad_lines,
+            rs.aux_short,
+            rs.aux_missing,
+            missing_images.len()
         );
     }
     println!(
@@ -217,13 +219,25 @@ fn print_summary(
     );
     println!(
         "  decode:   branches {} trace-on {} resets {} errors {} overflows {} no-sync {} no-code {} unknown-id {}",
-        st.branches, st.trace_on, st.decoder_resets, st.decode_errors, st.decode_overflows, st.decode_nosync,
-        st.decode_nocode, st.unknown_trace_id
+        st.branches,
+        st.trace_on,
+        st.decoder_resets,
+        st.decode_errors,
+        st.decode_overflows,
+        st.decode_nosync,
+        st.decode_nocode,
+        st.unknown_trace_id
     );
     println!(
         "  join:     samples {} joined {} rejected {} (partial {}, unverified {}, leaf frame missing {}; segments {} unmatched {})",
-        st.samples, st.join.joined, st.join.rejected.total(), st.join.partial, st.join.unverified,
-        st.join.leaf_frame_missing, st.join.segments, st.join.segments_unmatched
+        st.samples,
+        st.join.joined,
+        st.join.rejected.total(),
+        st.join.partial,
+        st.join.unverified,
+        st.join.leaf_frame_missing,
+        st.join.segments,
+        st.join.segments_unmatched
     );
     for (name, n) in rejects(st) {
         println!("    rejected {name}: {n}");
@@ -252,23 +266,24 @@ fn write_dumps(
     elapsed: Duration,
     events: u64,
 ) -> anyhow::Result<()> {
-    let meta = DumpMeta {
-        period_ns: 0,
-        time_nanos: 0,
-        duration_nanos: 0,
-        comment: format!("etm-bpf replay {}", session.display()),
-    };
+    let meta =
+        DumpMeta { period_ns: 0, time_nanos: 0, duration_nanos: 0, comment: format!("etm-bpf replay {}", session.display()) };
     let mut files = write_profile_files(dir, e, &meta, true)?;
     files.push("manifest.json".into());
     let mut s = summary_json(rs, e.pipeline(), elapsed, events, &[]);
     s["tool"] = serde_json::json!("etm-bpf replay");
     s["files"] = serde_json::json!(files);
     s["session"] = serde_json::json!(session.display().to_string());
-    s["binaries"] = serde_json::json!(e.binaries().iter().map(|b| serde_json::json!({
-        "path": b.path,
-        "build_id": b.build_id_hex(),
-        "load_addresses": b.load_addresses.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>(),
-    })).collect::<Vec<_>>());
+    s["binaries"] = serde_json::json!(
+        e.binaries()
+            .iter()
+            .map(|b| serde_json::json!({
+                "path": b.path,
+                "build_id": b.build_id_hex(),
+                "load_addresses": b.load_addresses.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>(),
+            }))
+            .collect::<Vec<_>>()
+    );
     // Wall time is not part of the deterministic result.
     s.as_object_mut().map(|o| o.remove("elapsed_s"));
     write_atomic(&dir.join("manifest.json"), |w| {

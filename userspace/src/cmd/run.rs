@@ -116,11 +116,8 @@ const CAP_BPF: u32 = 39;
 /// Fails unless this process may load BPF programs and open system-wide perf events.
 pub(crate) fn check_privileges() -> anyhow::Result<()> {
     let status = std::fs::read_to_string("/proc/self/status").context("read /proc/self/status")?;
-    let caps = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
+    let caps =
+        status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).unwrap_or(0);
     let has = |bit: u32| caps & (1u64 << bit) != 0;
     if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
         return Ok(());
@@ -144,12 +141,7 @@ fn alive(pid: u32) -> bool {
 
 fn cmdline(pid: u32) -> Vec<String> {
     std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| {
-            b.split(|&c| c == 0)
-                .filter(|s| !s.is_empty())
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .collect()
-        })
+        .map(|b| b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
         .unwrap_or_default()
 }
 
@@ -351,12 +343,11 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let loader: crate::engine::ImageLoader = Box::new(move |f, addr, len| load_image(pid, f, addr, len));
     let use_etm = args.branches == Branches::Etm || (args.branches == Branches::Auto && has_etm);
-    let cpus = aya::util::online_cpus()
-        .map_err(|(what, e)| anyhow::anyhow!("cannot list online CPUs ({what}): {e}"))?;
+    let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot list online CPUs ({what}): {e}"))?;
 
     let (mut bpf, info, feed) = if use_etm {
-        let mut bpf = SampleBpf::load(pid, 0)
-            .context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
+        let mut bpf =
+            SampleBpf::load(pid, 0).context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
         let cfg = EtmConfig {
             sysfs_root: args.sysfs_root.clone(),
             pid: Some(pid as i32),
@@ -391,8 +382,8 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         let (event, fds, branches) = open_events(args.freq, args.branches, &cpus)?;
         let flags = if branches == "lbr" { FLAG_READ_BRANCHES } else { 0 };
-        let mut bpf = SampleBpf::load(pid, flags)
-            .context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
+        let mut bpf =
+            SampleBpf::load(pid, flags).context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
         for fd in fds {
             bpf.attach_perf_fd(fd).context("cannot attach the eBPF program to the perf event")?;
         }
@@ -459,10 +450,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         info.branches
     );
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("start the tokio runtime")?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the tokio runtime")?;
     rt.block_on(run_loop(&args, &info, &mut bpf, &mut feed))?;
     // Stop sampling, then drain what is left in the ring (done in run_loop); finish the
     // collection, the recording and the pipeline.
@@ -777,13 +765,7 @@ fn rfc3339(t: SystemTime) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60,
-        d.subsec_millis()
-    )
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z", sod / 3600, sod % 3600 / 60, sod % 60, d.subsec_millis())
 }
 
 fn write_dumps(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_dump: bool) -> anyhow::Result<()> {

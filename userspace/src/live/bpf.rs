@@ -15,9 +15,8 @@ use aya::{
     programs::PerfEvent,
 };
 use etm_bpf_common::{
-    CONFIG_FLAGS, CONFIG_MAP, CONFIG_TGID, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR,
-    COUNTER_ENTRIES, COUNTER_FILTERED, COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR,
-    COUNTERS_MAP, PROGRAM_NAME, SAMPLES_MAP,
+    CONFIG_FLAGS, CONFIG_MAP, CONFIG_TGID, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR, COUNTER_ENTRIES, COUNTER_FILTERED,
+    COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTERS_MAP, PROGRAM_NAME, SAMPLES_MAP,
 };
 
 /// The eBPF object built from `ebpf/` by `build.rs`.
@@ -60,20 +59,15 @@ impl SampleBpf {
     /// sets the `FLAG_*` bits in `flags`.
     pub fn load(tgid: u32, flags: u32) -> anyhow::Result<SampleBpf> {
         raise_memlock_limit();
-        let mut ebpf = EbpfLoader::new()
-            .load(OBJ)
-            .context("cannot load the eBPF object (is BPF available to this process?)")?;
+        let mut ebpf = EbpfLoader::new().load(OBJ).context("cannot load the eBPF object (is BPF available to this process?)")?;
         {
-            let mut config: Array<&mut MapData, u32> = Array::try_from(
-                ebpf.map_mut(CONFIG_MAP).ok_or_else(|| anyhow!("map {CONFIG_MAP} missing"))?,
-            )?;
+            let mut config: Array<&mut MapData, u32> =
+                Array::try_from(ebpf.map_mut(CONFIG_MAP).ok_or_else(|| anyhow!("map {CONFIG_MAP} missing"))?)?;
             config.set(CONFIG_TGID, tgid, 0).context("set target tgid")?;
             config.set(CONFIG_FLAGS, flags, 0).context("set flags")?;
         }
-        let prog: &mut PerfEvent = ebpf
-            .program_mut(PROGRAM_NAME)
-            .ok_or_else(|| anyhow!("program {PROGRAM_NAME} missing"))?
-            .try_into()?;
+        let prog: &mut PerfEvent =
+            ebpf.program_mut(PROGRAM_NAME).ok_or_else(|| anyhow!("program {PROGRAM_NAME} missing"))?.try_into()?;
         prog.load().context("the kernel rejected the eBPF sampling program")?;
         Ok(SampleBpf { ebpf, attached: Vec::new() })
     }
@@ -81,11 +75,8 @@ impl SampleBpf {
     /// Attaches the program to the perf event `fd` and enables the event. The fd is kept open
     /// (and the program attached) until `self` is dropped.
     pub fn attach_perf_fd(&mut self, fd: OwnedFd) -> anyhow::Result<()> {
-        let prog: &PerfEvent = self
-            .ebpf
-            .program(PROGRAM_NAME)
-            .ok_or_else(|| anyhow!("program {PROGRAM_NAME} missing"))?
-            .try_into()?;
+        let prog: &PerfEvent =
+            self.ebpf.program(PROGRAM_NAME).ok_or_else(|| anyhow!("program {PROGRAM_NAME} missing"))?.try_into()?;
         let prog_fd = prog.fd()?.as_fd().as_raw_fd();
         // SAFETY: ioctl on a perf fd we own with an int argument (the program fd).
         if unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, prog_fd) } < 0 {
@@ -105,19 +96,13 @@ impl SampleBpf {
 
     /// Takes the sample ring buffer (once).
     pub fn take_ring(&mut self) -> anyhow::Result<RingBuf<MapData>> {
-        let map = self
-            .ebpf
-            .take_map(SAMPLES_MAP)
-            .ok_or_else(|| anyhow!("map {SAMPLES_MAP} missing or already taken"))?;
+        let map = self.ebpf.take_map(SAMPLES_MAP).ok_or_else(|| anyhow!("map {SAMPLES_MAP} missing or already taken"))?;
         Ok(RingBuf::try_from(map)?)
     }
 
     /// Reads the kernel-side counters (summed over CPUs).
     pub fn counters(&self) -> anyhow::Result<BpfCounters> {
-        let map = self
-            .ebpf
-            .map(COUNTERS_MAP)
-            .ok_or_else(|| anyhow!("map {COUNTERS_MAP} missing"))?;
+        let map = self.ebpf.map(COUNTERS_MAP).ok_or_else(|| anyhow!("map {COUNTERS_MAP} missing"))?;
         let arr: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
         let mut v = [0u64; COUNTER_ENTRIES as usize];
         for (i, slot) in v.iter_mut().enumerate() {
@@ -152,7 +137,7 @@ mod tests {
     fn can_bpf() -> bool {
         let ok = crate::cmd::run::check_privileges().is_ok();
         if !ok {
-            eprintln!("SKIP: needs CAP_BPF + CAP_PERFMON or CAP_SYS_ADMIN (run as root)");
+            etm_testutil::skip("needs CAP_BPF + CAP_PERFMON or CAP_SYS_ADMIN (run as root)");
         }
         ok
     }

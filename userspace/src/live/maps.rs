@@ -131,10 +131,7 @@ mod tests {
                 _ => unreachable!(),
             })
             .collect();
-        assert_eq!(
-            names,
-            vec![(0x55d0c0001000, 0x1000, "/usr/bin/demo".into()), (0x7ffd00100000, 0, "[vdso]".into())]
-        );
+        assert_eq!(names, vec![(0x55d0c0001000, 0x1000, "/usr/bin/demo".into()), (0x7ffd00100000, 0, "[vdso]".into())]);
         out.clear();
         let dlopen = format!("{maps}7f0000001000-7f0000002000 r-xp 00001000 08:01 77 /usr/lib/libx.so\n");
         t.apply(&dlopen, 6, &mut out);

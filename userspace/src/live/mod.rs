@@ -3,6 +3,6 @@
 //! shared pipeline (`crate::engine`).
 
 pub mod bpf;
-pub mod perf_event;
-pub mod maps;
 pub mod etm;
+pub mod maps;
+pub mod perf_event;

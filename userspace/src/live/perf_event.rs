@@ -71,12 +71,7 @@ pub fn disable(fd: &OwnedFd) -> io::Result<()> {
 
 /// Opens `event` on every CPU in `cpus` for all processes (the BPF program filters by tgid,
 /// which also covers threads created later). Returns the fds in CPU order.
-pub fn open_per_cpu(
-    event: SampleEvent,
-    freq: u64,
-    branches: bool,
-    cpus: &[u32],
-) -> io::Result<Vec<OwnedFd>> {
+pub fn open_per_cpu(event: SampleEvent, freq: u64, branches: bool, cpus: &[u32]) -> io::Result<Vec<OwnedFd>> {
     let attr = sampling_attr(event, freq, branches);
     cpus.iter().map(|&cpu| perf_event_open(&attr, -1, cpu as i32)).collect()
 }

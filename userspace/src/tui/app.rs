@@ -179,17 +179,12 @@ impl App {
             .iter()
             .filter(|r| {
                 (self.sort == SortKey::Total || r.self_count > 0)
-                    && (needle.is_empty()
-                        || r.frames.iter().any(|f| f.to_lowercase().contains(&needle)))
+                    && (needle.is_empty() || r.frames.iter().any(|f| f.to_lowercase().contains(&needle)))
             })
             .collect();
         match self.sort {
-            SortKey::SelfSamples => {
-                rows.sort_by(|a, b| b.self_count.cmp(&a.self_count).then(a.node.cmp(&b.node)))
-            }
-            SortKey::Total => {
-                rows.sort_by(|a, b| b.total_count.cmp(&a.total_count).then(a.node.cmp(&b.node)))
-            }
+            SortKey::SelfSamples => rows.sort_by(|a, b| b.self_count.cmp(&a.self_count).then(a.node.cmp(&b.node))),
+            SortKey::Total => rows.sort_by(|a, b| b.total_count.cmp(&a.total_count).then(a.node.cmp(&b.node))),
         }
         rows
     }

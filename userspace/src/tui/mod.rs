@@ -66,12 +66,8 @@ fn pct(n: u64, total: u64) -> String {
 }
 
 fn render(f: &mut Frame, app: &App) {
-    let [head, body, status] = Layout::vertical([
-        Constraint::Length(2),
-        Constraint::Min(3),
-        Constraint::Length(2),
-    ])
-    .areas(f.area());
+    let [head, body, status] =
+        Layout::vertical([Constraint::Length(2), Constraint::Min(3), Constraint::Length(2)]).areas(f.area());
     let s = &app.snapshot.status;
     let filter = if app.editing_filter {
         format!("filter: {}_", app.filter)
@@ -125,13 +121,7 @@ fn render(f: &mut Frame, app: &App) {
         .collect();
     let table = Table::new(
         rows,
-        [
-            Constraint::Length(7),
-            Constraint::Length(7),
-            Constraint::Length(9),
-            Constraint::Length(9),
-            Constraint::Fill(1),
-        ],
+        [Constraint::Length(7), Constraint::Length(7), Constraint::Length(9), Constraint::Length(9), Constraint::Fill(1)],
     )
     .header(
         Row::new(["self", "total", "self#", "total#", "context (leaf ← callers)"])

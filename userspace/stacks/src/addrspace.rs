@@ -169,10 +169,7 @@ impl Binary {
 
     /// Link-time address of file offset `f`, via the `PT_LOAD` segment containing it.
     pub fn file_offset_to_vaddr(&self, f: u64) -> Option<u64> {
-        self.segments
-            .iter()
-            .find(|s| f >= s.offset && f < s.offset + s.filesz.max(1))
-            .map(|s| f - s.offset + s.vaddr)
+        self.segments.iter().find(|s| f >= s.offset && f < s.offset + s.filesz.max(1)).map(|s| f - s.offset + s.vaddr)
     }
 }
 
@@ -224,11 +221,7 @@ impl AddressSpace {
     /// Replaces the mappings with those in `maps_text` (all of `/proc/PID/maps`). Binaries are
     /// kept across updates (ids stay valid); `read_file` is called once per new file-backed
     /// executable mapping to get the file's bytes. Returns the number of new binaries.
-    pub fn update(
-        &mut self,
-        maps_text: &str,
-        read_file: &mut dyn FnMut(&MapsEntry) -> Option<Vec<u8>>,
-    ) -> usize {
+    pub fn update(&mut self, maps_text: &str, read_file: &mut dyn FnMut(&MapsEntry) -> Option<Vec<u8>>) -> usize {
         self.stats.updates += 1;
         let (entries, bad) = parse_maps(maps_text);
         self.stats.bad_maps_lines += bad as u64;
@@ -245,10 +238,8 @@ impl AddressSpace {
                 None => {
                     let bytes = if e.is_file() { read_file(e) } else { None };
                     let info = bytes.as_deref().and_then(|b| parse_elf(b).ok());
-                    let profile_info = bytes
-                        .as_deref()
-                        .and_then(|b| BinaryInfo::from_elf(&e.path, b).ok())
-                        .unwrap_or_else(|| BinaryInfo {
+                    let profile_info =
+                        bytes.as_deref().and_then(|b| BinaryInfo::from_elf(&e.path, b).ok()).unwrap_or_else(|| BinaryInfo {
                             path: e.path.clone(),
                             build_id: info.as_ref().and_then(|i| i.build_id.clone()),
                             ..Default::default()

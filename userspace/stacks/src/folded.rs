@@ -42,11 +42,7 @@ pub fn folded_lines(trie: &ContextTrie, frames: &FrameTable) -> Vec<String> {
 }
 
 /// Writes the folded profile of `trie` to `w`.
-pub fn write_folded<W: Write + ?Sized>(
-    trie: &ContextTrie,
-    frames: &FrameTable,
-    w: &mut W,
-) -> io::Result<()> {
+pub fn write_folded<W: Write + ?Sized>(trie: &ContextTrie, frames: &FrameTable, w: &mut W) -> io::Result<()> {
     for line in folded_lines(trie, frames) {
         writeln!(w, "{line}")?;
     }

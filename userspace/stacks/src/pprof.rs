@@ -151,12 +151,7 @@ impl Strings {
 }
 
 /// Builds the pprof `Profile` of `trie`. `binaries` is indexed by `Frame::binary`.
-pub fn build_profile(
-    trie: &ContextTrie,
-    frames: &FrameTable,
-    binaries: &[Binary],
-    meta: &PprofMeta,
-) -> Profile {
+pub fn build_profile(trie: &ContextTrie, frames: &FrameTable, binaries: &[Binary], meta: &PprofMeta) -> Profile {
     let mut s = Strings::default();
     s.id("");
     let samples = s.id("samples");
@@ -164,10 +159,7 @@ pub fn build_profile(
     let cpu = s.id("cpu");
     let ns = s.id("nanoseconds");
     let mut p = Profile {
-        sample_type: vec![
-            ValueType { r#type: samples, unit: count },
-            ValueType { r#type: cpu, unit: ns },
-        ],
+        sample_type: vec![ValueType { r#type: samples, unit: count }, ValueType { r#type: cpu, unit: ns }],
         period_type: Some(ValueType { r#type: cpu, unit: ns }),
         period: meta.period_ns,
         time_nanos: meta.time_nanos,
@@ -213,10 +205,7 @@ pub fn build_profile(
     for (f, _) in used.iter().enumerate().filter(|(_, u)| **u) {
         let frame = frames.get(f as u32);
         let name = s.id(&frame.function);
-        let mapping_id = frame
-            .binary
-            .filter(|&b| (b as usize) < binaries.len())
-            .map_or(0, |b| b as u64 + 1);
+        let mapping_id = frame.binary.filter(|&b| (b as usize) < binaries.len()).map_or(0, |b| b as u64 + 1);
         p.function.push(Function { id: f as u64 + 1, name, system_name: name, filename: 0 });
         p.location.push(Location {
             id: f as u64 + 1,
@@ -287,19 +276,10 @@ mod tests {
             let fid = l.line[0].function_id;
             st(p.function.iter().find(|f| f.id == fid).expect("function exists").name)
         };
-        let mut got: Vec<(Vec<&str>, i64, i64)> = p
-            .sample
-            .iter()
-            .map(|s| (s.location_id.iter().map(|&l| loc_name(l)).collect(), s.value[0], s.value[1]))
-            .collect();
+        let mut got: Vec<(Vec<&str>, i64, i64)> =
+            p.sample.iter().map(|s| (s.location_id.iter().map(|&l| loc_name(l)).collect(), s.value[0], s.value[1])).collect();
         got.sort();
-        assert_eq!(
-            got,
-            vec![
-                (vec!["a", "main"], 2, 2 * 1_001_001),
-                (vec!["hot", "a", "main"], 7, 7 * 1_001_001),
-            ]
-        );
+        assert_eq!(got, vec![(vec!["a", "main"], 2, 2 * 1_001_001), (vec!["hot", "a", "main"], 7, 7 * 1_001_001),]);
         let hot_loc = p.location.iter().find(|l| loc_name(l.id) == "hot").unwrap();
         let m = p.mapping.iter().find(|m| m.id == hot_loc.mapping_id).unwrap();
         assert_eq!(st(m.filename), "/lib/libc.so.6");

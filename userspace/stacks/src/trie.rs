@@ -131,15 +131,7 @@ impl ContextTrie {
         let depth = p.depth + 1;
         let next_sibling = p.first_child;
         p.first_child = id;
-        self.nodes.push(Node {
-            parent,
-            frame,
-            self_count: 0,
-            total_count: 0,
-            depth,
-            first_child: NONE,
-            next_sibling,
-        });
+        self.nodes.push(Node { parent, frame, self_count: 0, total_count: 0, depth, first_child: NONE, next_sibling });
         self.children.insert((parent, frame), id);
         id
     }
@@ -358,11 +350,7 @@ mod tests {
         assert_eq!(s.samples, 10_000);
         assert!(s.folded_samples > 9_000, "{s:?}");
         // Folded samples landed in [other] nodes under their known callers.
-        let other_total: u64 = t
-            .node_ids()
-            .filter(|&n| t.node(n).frame == FRAME_OTHER)
-            .map(|n| t.node(n).self_count)
-            .sum();
+        let other_total: u64 = t.node_ids().filter(|&n| t.node(n).frame == FRAME_OTHER).map(|n| t.node(n).self_count).sum();
         assert!(other_total > 0);
         check_consistent(&t);
     }

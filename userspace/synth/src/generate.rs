@@ -4,7 +4,7 @@
 
 use crate::ete::{self, Context, Encoder, EncoderConfig};
 use crate::image::CodeImage;
-use crate::truth::{flow, BranchKind, CallStack, Flow, PathStats, TrueBranch, TrueRange, WindowTruth};
+use crate::truth::{BranchKind, CallStack, Flow, PathStats, TrueBranch, TrueRange, WindowTruth, flow};
 
 /// Trace configuration of the synthetic ETE (recorded in the session's `cpus[0]`).
 /// The ID registers are those of a real ETE + TRBE system (the `perf_with_unformatted_trace`

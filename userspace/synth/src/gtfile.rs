@@ -234,9 +234,5 @@ pub fn read(r: impl BufRead) -> Result<GroundTruth, GtError> {
             GtLine::Totals(t) => totals = Some(t),
         }
     }
-    Ok(GroundTruth {
-        meta: meta.ok_or(GtError::Missing("meta"))?,
-        windows,
-        totals: totals.ok_or(GtError::Missing("totals"))?,
-    })
+    Ok(GroundTruth { meta: meta.ok_or(GtError::Missing("meta"))?, windows, totals: totals.ok_or(GtError::Missing("totals"))? })
 }

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use object::{Object, ObjectSegment, SegmentFlags};
 
-use crate::a64::{self, InsnClass};
 use crate::SynthError;
+use crate::a64::{self, InsnClass};
 
 /// `PF_X` in an ELF program header.
 const PF_X: u32 = 1;

@@ -64,10 +64,10 @@ pub fn run(prog: &Path, args: &[String], opts: &QemuOptions) -> Result<QemuRun, 
         let p = p.to_path_buf();
         move |source| SynthError::Io { path: p, source }
     };
-    let mk = Command::new("mkfifo").arg(&log).status().map_err(|source| SynthError::Spawn {
-        program: PathBuf::from("mkfifo"),
-        source,
-    })?;
+    let mk = Command::new("mkfifo")
+        .arg(&log)
+        .status()
+        .map_err(|source| SynthError::Spawn { program: PathBuf::from("mkfifo"), source })?;
     if !mk.success() {
         return Err(SynthError::Io { path: log, source: std::io::Error::other("mkfifo failed") });
     }

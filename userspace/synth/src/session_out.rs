@@ -13,15 +13,15 @@ use std::io::BufWriter;
 use std::path::Path;
 
 use etm_session::session::{
-    AuxRecord, ClockParams, CpuTraceConfig, PauseSample, SessionMeta, SessionSource, SessionWriter, Sideband,
-    TargetInfo, TraceArch, WindowParams, PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, PERF_AUX_FLAG_TRUNCATED,
+    AuxRecord, ClockParams, CpuTraceConfig, PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, PERF_AUX_FLAG_TRUNCATED, PauseSample,
+    SessionMeta, SessionSource, SessionWriter, Sideband, TargetInfo, TraceArch, WindowParams,
 };
 
+use crate::SynthError;
 use crate::ete::A_SYNC;
-use crate::generate::{clock, regs, Fault, Synthesis};
+use crate::generate::{Fault, Synthesis, clock, regs};
 use crate::gtfile::{self, GtMeta};
 use crate::image::CodeImage;
-use crate::SynthError;
 
 /// Name of the ground-truth file in the session directory.
 pub const GROUND_TRUTH_FILE: &str = "ground_truth.jsonl";
@@ -54,10 +54,7 @@ pub fn write_session(
     let mut notes = HashMap::new();
     notes.insert("generator".to_string(), format!("etm-synth {}", env!("CARGO_PKG_VERSION")));
     notes.insert("ground_truth".to_string(), GROUND_TRUTH_FILE.to_string());
-    notes.insert(
-        "clock_model".to_string(),
-        format!("1 instruction/ns, {} instructions per counter tick", clock::INSNS_PER_TICK),
-    );
+    notes.insert("clock_model".to_string(), format!("1 instruction/ns, {} instructions per counter tick", clock::INSNS_PER_TICK));
     let meta = SessionMeta {
         version: 0,
         source: SessionSource::Synthetic,
@@ -119,8 +116,7 @@ pub fn write_session(
         .map_err(sess)?;
     }
     w.write_sideband(&Sideband::ItraceStart { pid, tid, time: t0, cpu }).map_err(sess)?;
-    w.write_sideband(&Sideband::AuxOutputHwId { hw_id: (1u64 << 56) | regs::TRACE_ID as u64, time: t0, cpu })
-        .map_err(sess)?;
+    w.write_sideband(&Sideband::AuxOutputHwId { hw_id: (1u64 << 56) | regs::TRACE_ID as u64, time: t0, cpu }).map_err(sess)?;
 
     let mut summary = WriteSummary::default();
     let mut offsets = Vec::with_capacity(syn.windows.len());
@@ -146,20 +142,13 @@ pub fn write_session(
             Some(Fault::Lost) | None => {}
         }
         offsets.push((summary.aux_bytes, bytes.len() as u64));
-        let rec = AuxRecord {
-            cpu: cfg.cpu,
-            flags,
-            time: win.sample_time,
-            aux_offset: ring,
-            size: win.bytes.len() as u64,
-        };
+        let rec = AuxRecord { cpu: cfg.cpu, flags, time: win.sample_time, aux_offset: ring, size: win.bytes.len() as u64 };
         w.write_aux(&rec, &bytes).map_err(sess)?;
         ring += win.bytes.len() as u64;
         if fault == Some(Fault::Lost) {
             w.write_sideband(&Sideband::Lost { id: 0, lost: 1, time: win.sample_time, cpu }).map_err(sess)?;
         } else {
-            let sample =
-                PauseSample { cpu: cfg.cpu, pid, tid, time: win.sample_time, stack: win.stack.clone(), branches: None };
+            let sample = PauseSample { cpu: cfg.cpu, pid, tid, time: win.sample_time, stack: win.stack.clone(), branches: None };
             w.write_sample(&sample).map_err(sess)?;
         }
         summary.windows += 1;

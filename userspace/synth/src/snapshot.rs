@@ -13,9 +13,9 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::generate::{regs, Synthesis};
-use crate::image::CodeImage;
 use crate::SynthError;
+use crate::generate::{Synthesis, regs};
+use crate::image::CodeImage;
 
 /// Write the snapshot for `syn` into `dir` (created). Returns the byte offset of each window in
 /// `trace.bin`.
@@ -34,7 +34,9 @@ pub fn write_snapshot(dir: &Path, image: &CodeImage, syn: &Synthesis) -> Result<
         b"[snapshot]\nversion=1.0\ndescription=etm-bpf synthetic ETE session\n\n\
           [device_list]\ndevice0=cpu_0.ini\ndevice1=ETE_0.ini\n\n[trace]\nmetadata=trace.ini\n",
     )?;
-    let mut cpu = String::from("[device]\nname=cpu_0\nclass=core\ntype=ARM-AA64\n\n[regs]\nPC(size:64)=0\nSP(size:64)=0\nSCTLR_EL1=0\nCPSR=0\n");
+    let mut cpu = String::from(
+        "[device]\nname=cpu_0\nclass=core\ntype=ARM-AA64\n\n[regs]\nPC(size:64)=0\nSP(size:64)=0\nSCTLR_EL1=0\nCPSR=0\n",
+    );
     for (k, seg) in image.segments.iter().enumerate() {
         let name = format!("code_{k}.bin");
         w(&name, &seg.data)?;

@@ -58,11 +58,7 @@ pub const PROGRAMS: &[TestProgram] = &[
     TestProgram { name: "switch", sources: &["switch.c"], flags: &[] },
     // Two compilation units; the second one's code lives in its own section placed far from
     // .text (a second executable segment at 0x10000000: long address packets).
-    TestProgram {
-        name: "multi",
-        sources: &["multi_main.c", "multi_lib.c"],
-        flags: &["-Wl,--section-start=fartext=0x10000000"],
-    },
+    TestProgram { name: "multi", sources: &["multi_main.c", "multi_lib.c"], flags: &["-Wl,--section-start=fartext=0x10000000"] },
 ];
 
 /// Why a program could not be built.

@@ -4,9 +4,9 @@
 //! replaced by a `lost` record; untouched windows carry the clean bytes. Read back with the
 //! session crate's own reader.
 
-use etm_session::session::{SessionEvent, SessionReader, Sideband, PERF_AUX_FLAG_TRUNCATED};
+use etm_session::session::{PERF_AUX_FLAG_TRUNCATED, SessionEvent, SessionReader, Sideband};
 use etm_synth::ete::A_SYNC;
-use etm_synth::generate::{synthesize, Fault, SynthConfig};
+use etm_synth::generate::{Fault, SynthConfig, synthesize};
 use etm_synth::image::CodeImage;
 use etm_synth::qemu::{self, QemuOptions};
 use etm_synth::session_out::write_session;
@@ -16,7 +16,7 @@ use etm_synth::testprogs::{self, BuildError, Compiler, PROGRAMS};
 #[test]
 fn faults_are_written_as_documented() {
     if let Err(e) = testprogs::qemu_available() {
-        eprintln!("SKIP: {e}");
+        etm_testutil::skip(e);
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -24,7 +24,7 @@ fn faults_are_written_as_documented() {
     let bin = match testprogs::build(prog, Compiler::Gcc, tmp.path()) {
         Ok(b) => b,
         Err(BuildError::Missing(why)) => {
-            eprintln!("SKIP: {why}");
+            etm_testutil::skip(why);
             return;
         }
         Err(e) => panic!("{e}"),

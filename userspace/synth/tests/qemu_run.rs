@@ -2,17 +2,17 @@
 //! error (the log pipe is never opened by qemu), a run cut at `max_insns` returns exactly that
 //! many instructions, a prefix of the full run, and the full run ends in the exit syscall.
 
-use etm_synth::a64::{classify, InsnClass};
+use etm_synth::SynthError;
+use etm_synth::a64::{InsnClass, classify};
 use etm_synth::image::CodeImage;
 use etm_synth::qemu::{self, QemuOptions};
 use etm_synth::testprogs::{self, BuildError, Compiler, PROGRAMS};
-use etm_synth::SynthError;
 
 /// Missing program: an error, quickly. Cut run: a prefix of the full path.
 #[test]
 fn runner_edges() {
     if let Err(e) = testprogs::qemu_available() {
-        eprintln!("SKIP: {e}");
+        etm_testutil::skip(e);
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -25,7 +25,7 @@ fn runner_edges() {
     let bin = match testprogs::build(prog, Compiler::Gcc, tmp.path()) {
         Ok(b) => b,
         Err(BuildError::Missing(why)) => {
-            eprintln!("SKIP: {why}");
+            etm_testutil::skip(why);
             return;
         }
         Err(e) => panic!("{e}"),

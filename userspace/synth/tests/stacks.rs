@@ -6,12 +6,12 @@
 
 use std::path::Path;
 
-use etm_synth::a64::{classify, InsnClass};
-use etm_synth::generate::{synthesize, SynthConfig};
+use etm_synth::a64::{InsnClass, classify};
+use etm_synth::generate::{SynthConfig, synthesize};
 use etm_synth::gtfile;
 use etm_synth::image::CodeImage;
 use etm_synth::qemu::{self, QemuOptions};
-use etm_synth::session_out::{write_session, GROUND_TRUTH_FILE};
+use etm_synth::session_out::{GROUND_TRUTH_FILE, write_session};
 use etm_synth::testprogs::{self, BuildError, Compiler, PROGRAMS};
 use object::{Object, ObjectSymbol};
 
@@ -37,7 +37,7 @@ fn func_of(f: &[(u64, u64, String)], a: u64) -> Option<&str> {
 #[test]
 fn pause_stacks_match_static_code() {
     if let Err(e) = testprogs::qemu_available() {
-        eprintln!("SKIP: {e}");
+        etm_testutil::skip(e);
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -46,7 +46,7 @@ fn pause_stacks_match_static_code() {
             let bin = match testprogs::build(prog, compiler, tmp.path()) {
                 Ok(b) => b,
                 Err(BuildError::Missing(why)) => {
-                    eprintln!("SKIP: {} with {}: {why}", prog.name, compiler.name());
+                    etm_testutil::skip(format!("{} with {}: {why}", prog.name, compiler.name()));
                     continue;
                 }
                 Err(e) => panic!("{e}"),
@@ -93,8 +93,7 @@ fn pause_stacks_match_static_code() {
             // The session's samples carry the same stacks, and the ground truth file agrees.
             let sess = tmp.path().join(format!("s-{}-{}", prog.name, compiler.name()));
             write_session(&sess, &bin, &args, run.exit_code, &image, &syn).unwrap();
-            let gt = gtfile::read(std::io::BufReader::new(std::fs::File::open(sess.join(GROUND_TRUTH_FILE)).unwrap()))
-                .unwrap();
+            let gt = gtfile::read(std::io::BufReader::new(std::fs::File::open(sess.join(GROUND_TRUTH_FILE)).unwrap())).unwrap();
             let events = std::fs::read_to_string(sess.join("events.jsonl")).unwrap();
             let samples: Vec<Vec<u64>> = events
                 .lines()
@@ -107,7 +106,12 @@ fn pause_stacks_match_static_code() {
             let truth: Vec<Vec<u64>> = gt.windows.iter().map(|w| w.stack.clone()).collect();
             assert_eq!(samples, truth);
             assert!(gt.windows.len() >= 10);
-            eprintln!("ok: {} {}: {} windows, max recursion frames {max_rec_depth}", prog.name, compiler.name(), gt.windows.len());
+            eprintln!(
+                "ok: {} {}: {} windows, max recursion frames {max_rec_depth}",
+                prog.name,
+                compiler.name(),
+                gt.windows.len()
+            );
         }
     }
 }

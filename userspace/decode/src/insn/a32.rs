@@ -72,9 +72,7 @@ pub fn decode_a32(addr: u64, inst: u32, cfg: &DecodeConfig) -> InstrInfo {
         }
     } else if is_direct(inst) {
         info.ty = InstrType::Br;
-        let mut npc = (addr as u32)
-            .wrapping_add(8)
-            .wrapping_add((((inst & 0x00FF_FFFF) << 8) as i32 >> 6) as u32);
+        let mut npc = (addr as u32).wrapping_add(8).wrapping_add((((inst & 0x00FF_FFFF) << 8) as i32 >> 6) as u32);
         if inst & 0xF000_0000 == 0xF000_0000 {
             npc |= 1 | ((inst >> 23) & 2);
         }

@@ -102,8 +102,7 @@ pub fn decode_a64(addr: u64, inst: u32, cfg: &DecodeConfig) -> InstrInfo {
             _ => {}
         }
     } else if cfg.wfi_wfe_branch
-        && (inst & 0xFFFF_FFDF == 0xD503_205F
-            || (cfg.arch >= ArchVersion::Aa64 && inst & 0xFFFF_FFC0 == 0xD503_1000))
+        && (inst & 0xFFFF_FFDF == 0xD503_205F || (cfg.arch >= ArchVersion::Aa64 && inst & 0xFFFF_FFC0 == 0xD503_1000))
     {
         info.ty = InstrType::WfiWfe;
     } else if cfg.arch >= ArchVersion::Aa64 && inst & 0xFFFF_FFE0 == 0xD523_3060 {

@@ -127,12 +127,23 @@ pub enum ArchVersion {
 impl ArchVersion {
     /// Architecture of a snapshot core type name (OpenCSD `CoreArchProfileMap`).
     pub fn of_core_type(name: &str) -> ArchVersion {
-        let v8 = [
-            "Cortex-A53", "Cortex-A57", "Cortex-A72", "Cortex-A73", "Cortex-A35", "Cortex-A32",
-        ];
+        let v8 = ["Cortex-A53", "Cortex-A57", "Cortex-A72", "Cortex-A73", "Cortex-A35", "Cortex-A32"];
         let v8r3 = ["Cortex-A55", "Cortex-A65", "Cortex-A75", "Cortex-A76", "Cortex-A77"];
-        let v7 = ["Cortex-A15", "Cortex-A7", "Cortex-A9", "Cortex-A17", "Cortex-A5", "Cortex-A8",
-            "Cortex-R4", "Cortex-R5", "Cortex-R7", "Cortex-M0", "Cortex-M0+", "Cortex-M3", "Cortex-M4"];
+        let v7 = [
+            "Cortex-A15",
+            "Cortex-A7",
+            "Cortex-A9",
+            "Cortex-A17",
+            "Cortex-A5",
+            "Cortex-A8",
+            "Cortex-R4",
+            "Cortex-R5",
+            "Cortex-R7",
+            "Cortex-M0",
+            "Cortex-M0+",
+            "Cortex-M3",
+            "Cortex-M4",
+        ];
         if v8.contains(&name) || name.starts_with("ARMv8") || name.starts_with("Cortex-M") {
             ArchVersion::V8
         } else if v8r3.contains(&name) {

@@ -2,7 +2,7 @@
 //! Armv8.1-M low-overhead loops from DDI 0553), following OpenCSD's `inst_Thumb_*` rules,
 //! including IT-block tracking for the conditional flag.
 
-use super::{is_wide_thumb, DecodeConfig, InstrInfo, InstrSubtype, InstrType, Isa, ItState};
+use super::{DecodeConfig, InstrInfo, InstrSubtype, InstrType, Isa, ItState, is_wide_thumb};
 
 /// Direct branch: (is_link, is_cond).
 fn direct(inst: u32) -> Option<(bool, bool)> {
@@ -121,11 +121,8 @@ fn it_count(inst: u32) -> u8 {
 /// Classifies one T32 instruction; `raw` is the 4 bytes at `addr` read little-endian.
 pub fn decode_t32(addr: u64, raw: u32, cfg: &DecodeConfig, it: &mut ItState) -> InstrInfo {
     let inst = raw.rotate_left(16); // first halfword in the top 16 bits
-    let mut info = InstrInfo {
-        size: if is_wide_thumb((inst >> 16) as u16) { 4 } else { 2 },
-        next_isa: Isa::Thumb2,
-        ..InstrInfo::default()
-    };
+    let mut info =
+        InstrInfo { size: if is_wide_thumb((inst >> 16) as u16) { 4 } else { 2 }, next_isa: Isa::Thumb2, ..InstrInfo::default() };
     if let Some((link, cond)) = direct(inst) {
         info.ty = InstrType::Br;
         info.is_link = link;

@@ -25,8 +25,11 @@ fn config_from(sel: &[u8; 6], id: u8) -> EtmConfig {
     }
     // TRCIDR0: vary commit option, Q support, conditional trace, TS size, cycle counting.
     let b = sel[1];
-    cfg.idr[0] ^= ((b as u32 & 1) << 29) | ((b as u32 >> 1 & 3) << 15) | ((b as u32 >> 3 & 1) << 6)
-        | ((b as u32 >> 4 & 1) << 7) | ((b as u32 >> 5 & 1) << 23);
+    cfg.idr[0] ^= ((b as u32 & 1) << 29)
+        | ((b as u32 >> 1 & 3) << 15)
+        | ((b as u32 >> 3 & 1) << 6)
+        | ((b as u32 >> 4 & 1) << 7)
+        | ((b as u32 >> 5 & 1) << 23);
     // TRCIDR2: CID size, VMID size, CC size.
     let c = sel[2];
     cfg.idr[2] = (cfg.idr[2] & !((0x1F << 5) | (0x1F << 10) | (0xF << 25)))

@@ -494,9 +494,6 @@ impl Packet {
 
     /// Is this an error/corruption packet?
     pub fn is_error(&self) -> bool {
-        matches!(
-            self,
-            Packet::IncompleteEot(_) | Packet::BadSequence(_) | Packet::Reserved(_) | Packet::ReservedCfg(..)
-        )
+        matches!(self, Packet::IncompleteEot(_) | Packet::BadSequence(_) | Packet::Reserved(_) | Packet::ReservedCfg(..))
     }
 }

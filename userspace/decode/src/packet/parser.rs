@@ -350,10 +350,7 @@ impl PacketParser {
         t[0x02] = (T::Timestamp, H::Timestamp);
         t[0x03] = (T::Timestamp, H::Timestamp);
         t[0x04] = (T::TraceOn, H::NoPayload);
-        t[0x05] = (
-            T::FuncRet,
-            if cfg.core_profile == CoreProfile::M && full >= 0x42 { H::NoPayload } else { H::Reserved },
-        );
+        t[0x05] = (T::FuncRet, if cfg.core_profile == CoreProfile::M && full >= 0x42 { H::NoPayload } else { H::Reserved });
         t[0x06] = (T::Except, H::Exception);
         t[0x07] = (T::ExceptRtn, if ete { H::InvalidCfg } else { H::NoPayload });
         if ete {
@@ -879,9 +876,7 @@ impl PacketParser {
             let (v, _) = self.cont_field(1, 5);
             let p = match self.ty {
                 T::Commit => Packet::Commit(v),
-                T::CancelF1Mispred => {
-                    Packet::Cancel { format: 1, count: v, mispredict: true, atoms: Atoms::default() }
-                }
+                T::CancelF1Mispred => Packet::Cancel { format: 1, count: v, mispredict: true, atoms: Atoms::default() },
                 _ => Packet::Cancel { format: 1, count: v, mispredict: false, atoms: Atoms::default() },
             };
             self.send(p);
@@ -1277,10 +1272,8 @@ mod tests {
         d.extend([0x95, 0x05]); // short: bits[8:2] = 5
         d.extend([0x91]); // exact match [1] = the long address
         let v = parse(&cfg, &d);
-        let addrs: Vec<u64> = v
-            .iter()
-            .filter_map(|(_, p)| if let Packet::Address { addr, .. } = p { Some(addr.addr) } else { None })
-            .collect();
+        let addrs: Vec<u64> =
+            v.iter().filter_map(|(_, p)| if let Packet::Address { addr, .. } = p { Some(addr.addr) } else { None }).collect();
         let long = (0x5Au64 << 9) | (0x09 << 16) | (0xC0 << 24) | (0xFFFF_FFFFu64 << 32);
         assert_eq!(addrs, vec![long, (long & !0x1FF) | (5 << 2), long]);
         assert_eq!(v[0], (0, Packet::Async));

@@ -310,7 +310,10 @@ impl EtmLive {
     /// Discovers, decides the mode, opens and maps everything (events stay disabled until
     /// [`EtmLive::enable`]). `attach_pause` receives each pause event fd (after SET_OUTPUT) to
     /// attach the eBPF program; without it the kernel callchain is used.
-    pub fn open(cfg: &EtmConfig, mut attach_pause: Option<&mut dyn FnMut(OwnedFd) -> anyhow::Result<()>>) -> anyhow::Result<EtmLive> {
+    pub fn open(
+        cfg: &EtmConfig,
+        mut attach_pause: Option<&mut dyn FnMut(OwnedFd) -> anyhow::Result<()>>,
+    ) -> anyhow::Result<EtmLive> {
         let sys = CsEtmSystem::discover(&cfg.sysfs_root).context("cs_etm discovery")?;
         for w in &sys.warnings {
             log::warn!("cs_etm discovery: {w}");
@@ -358,7 +361,8 @@ impl EtmLive {
             let mut pause_fds = Vec::new();
             for &(role, attr) in &plan.events[1..] {
                 let group = plan.pause_in_group.then_some(&leader);
-                let fd = sys::open(&attr, open_pid, cpu, group).with_context(|| format!("perf_event_open({role:?}, cpu {cpu})"))?;
+                let fd =
+                    sys::open(&attr, open_pid, cpu, group).with_context(|| format!("perf_event_open({role:?}, cpu {cpu})"))?;
                 sys::set_output(&fd, &leader).context("PERF_EVENT_IOC_SET_OUTPUT")?;
                 let r = if role == EventRole::Resume { IdRole::Resume } else { IdRole::Pause };
                 ids.push((sys::event_id(&fd)?, r, attr.sample_format()));
@@ -368,8 +372,9 @@ impl EtmLive {
                     live.siblings.push(fd);
                 }
             }
-            let buf = PerfBuffer::map(leader, cfg.data_pages, cfg.aux_pages)
-                .with_context(|| format!("mmap of the data/AUX buffers (cpu {cpu}); raise /proc/sys/kernel/perf_event_mlock_kb?"))?;
+            let buf = PerfBuffer::map(leader, cfg.data_pages, cfg.aux_pages).with_context(|| {
+                format!("mmap of the data/AUX buffers (cpu {cpu}); raise /proc/sys/kernel/perf_event_mlock_kb?")
+            })?;
             for fd in pause_fds {
                 match attach_pause.as_deref_mut() {
                     Some(hook) => hook(fd).context("attaching the eBPF program to the pause event")?,
@@ -387,10 +392,14 @@ impl EtmLive {
             live.perf_minus_mono = clock::perf_minus_monotonic(&b.page(), 16);
         }
         if !sys.has_virtual_ts() {
-            log::warn!("not every ETM's ts_source is the virtual counter (1): trace timestamps may not convert to the perf clock (perf keeps them raw in that case)");
+            log::warn!(
+                "not every ETM's ts_source is the virtual counter (1): trace timestamps may not convert to the perf clock (perf keeps them raw in that case)"
+            );
         }
         if live.clock.is_none() {
-            log::warn!("no cap_user_time_zero: ETM timestamps cannot be converted to the perf clock, and eBPF sample times (CLOCK_MONOTONIC) cannot be aligned");
+            log::warn!(
+                "no cap_user_time_zero: ETM timestamps cannot be converted to the perf clock, and eBPF sample times (CLOCK_MONOTONIC) cannot be aligned"
+            );
         }
         if let Some(dir) = &cfg.record {
             let mut notes = std::collections::HashMap::new();
@@ -476,7 +485,8 @@ impl EtmLive {
         if self.buffers.first().and_then(|(_, s)| s.target).is_some_and(|t| t != rec.pid) {
             return;
         }
-        let s = PauseSample { cpu: rec.cpu as i32, pid: rec.pid, tid: rec.tid, time, stack: rec.stack().to_vec(), branches: None };
+        let s =
+            PauseSample { cpu: rec.cpu as i32, pid: rec.pid, tid: rec.tid, time, stack: rec.stack().to_vec(), branches: None };
         self.bpf_samples += 1;
         self.last_bpf_time = self.last_bpf_time.max(time);
         let mut consumer = Consumer { pipeline, recorder: self.recorder.as_mut() };
@@ -537,7 +547,7 @@ mod tests {
     use super::*;
     use etm_perf::attr::RING_SAMPLE_TYPE;
     use etm_perf::records::{SampleFormat, SampleId, build, context, sample};
-    use etm_session::session::{SessionReader, SessionEvent};
+    use etm_session::session::{SessionEvent, SessionReader};
 
     fn fixture(name: &str) -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("perf/tests/fixtures").join(name)
@@ -584,7 +594,14 @@ mod tests {
         p.set_observer(Box::new(move |j| g.borrow_mut().push((j.time, j.branches.to_vec()))));
         let mut ring = FakeRing::new(1024, 512);
         let mut s = CpuStream::new(cpu, fmt, &[(1, IdRole::Etm, fmt), (2, IdRole::Pause, pfmt)], 512);
-        let sid = |t: u64, id: u64| SampleId { pid: Some(1), tid: Some(1), time: Some(t), id: Some(id), stream_id: None, cpu: Some(cpu as u32) };
+        let sid = |t: u64, id: u64| SampleId {
+            pid: Some(1),
+            tid: Some(1),
+            time: Some(t),
+            id: Some(id),
+            stream_id: None,
+            cpu: Some(cpu as u32),
+        };
         let mut want = Vec::new();
         for k in 1..=8u64 {
             let base = 0x10_0000 + 0x1000 * k;
@@ -625,7 +642,11 @@ mod tests {
             assert!(n > 30, "{name}: {n} files");
             let a = CsEtmSystem::discover(&fixture(name)).unwrap();
             let b = CsEtmSystem::discover(dir.path()).unwrap();
-            assert_eq!((a.pmu_type, &a.formats, &a.sinks, &a.configs, &a.cpus, &a.pmus), (b.pmu_type, &b.formats, &b.sinks, &b.configs, &b.cpus, &b.pmus), "{name}");
+            assert_eq!(
+                (a.pmu_type, &a.formats, &a.sinks, &a.configs, &a.cpus, &a.pmus),
+                (b.pmu_type, &b.formats, &b.sinks, &b.configs, &b.cpus, &b.pmus),
+                "{name}"
+            );
         }
     }
 
@@ -651,7 +672,8 @@ mod tests {
     fn record_round_trip_through_session_reader() {
         let fmt = SampleFormat { sample_type: RING_SAMPLE_TYPE, sample_id_all: true, branch_hw_index: false, regs_user_mask: 0 };
         let pfmt = SampleFormat { sample_type: RING_SAMPLE_TYPE | sample::CALLCHAIN, ..fmt };
-        let sid = |t: u64, id: u64| SampleId { pid: Some(9), tid: Some(9), time: Some(t), id: Some(id), stream_id: None, cpu: Some(0) };
+        let sid =
+            |t: u64, id: u64| SampleId { pid: Some(9), tid: Some(9), time: Some(t), id: Some(id), stream_id: None, cpu: Some(0) };
         let mut ring = FakeRing::new(4096, 512);
         let mut s = CpuStream::new(0, fmt, &[(1, IdRole::Etm, fmt), (2, IdRole::Pause, pfmt)], 512);
         let exe = std::env::current_exe().unwrap();

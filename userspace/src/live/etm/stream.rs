@@ -282,7 +282,12 @@ pub mod fake {
 
     impl FakeRing {
         pub fn new(data_size: usize, aux_size: usize) -> Self {
-            FakeRing { words: (0..512).map(|_| AtomicU64::new(0)).collect(), data: vec![0; data_size], aux: vec![0; aux_size], reenables: 0 }
+            FakeRing {
+                words: (0..512).map(|_| AtomicU64::new(0)).collect(),
+                data: vec![0; data_size],
+                aux: vec![0; aux_size],
+                reenables: 0,
+            }
         }
         fn word(&self, off: usize) -> &AtomicU64 {
             &self.words[off / 8]
@@ -338,7 +343,8 @@ mod tests {
     use etm_perf::attr::RING_SAMPLE_TYPE;
     use etm_perf::records::{SampleId, build, context, sample, types};
 
-    const FMT: SampleFormat = SampleFormat { sample_type: RING_SAMPLE_TYPE, sample_id_all: true, branch_hw_index: false, regs_user_mask: 0 };
+    const FMT: SampleFormat =
+        SampleFormat { sample_type: RING_SAMPLE_TYPE, sample_id_all: true, branch_hw_index: false, regs_user_mask: 0 };
     const PAUSE_FMT: SampleFormat = SampleFormat { sample_type: RING_SAMPLE_TYPE | sample::CALLCHAIN, ..FMT };
     const PAUSE_ID: u64 = 77;
     const RESUME_ID: u64 = 78;
@@ -348,7 +354,12 @@ mod tests {
     }
 
     fn stream(aux_size: u64) -> CpuStream {
-        CpuStream::new(2, FMT, &[(5, IdRole::Etm, FMT), (PAUSE_ID, IdRole::Pause, PAUSE_FMT), (RESUME_ID, IdRole::Resume, FMT)], aux_size)
+        CpuStream::new(
+            2,
+            FMT,
+            &[(5, IdRole::Etm, FMT), (PAUSE_ID, IdRole::Pause, PAUSE_FMT), (RESUME_ID, IdRole::Resume, FMT)],
+            aux_size,
+        )
     }
 
     #[derive(Debug, PartialEq)]
@@ -379,7 +390,13 @@ mod tests {
         let mut s = stream(1024);
         let trace: Vec<u8> = (0..200u32).map(|i| i as u8).collect();
         ring.push_record(&build::record(types::ITRACE_START, 0, &[100, 0, 0, 0, 101, 0, 0, 0], &FMT, &sid(1)));
-        ring.push_record(&build::record(types::AUX_OUTPUT_HW_ID, 0, &((1u64 << 56) | (0x55 << 8) | 0x14).to_le_bytes(), &FMT, &sid(2)));
+        ring.push_record(&build::record(
+            types::AUX_OUTPUT_HW_ID,
+            0,
+            &((1u64 << 56) | (0x55 << 8) | 0x14).to_le_bytes(),
+            &FMT,
+            &sid(2),
+        ));
         let resume = SampleId { id: Some(RESUME_ID), ..sid(3) };
         ring.push_record(&build::sample(&FMT, &resume, 0x400000, 1000, &[]));
         let off = ring.push_aux(&trace);
@@ -391,7 +408,10 @@ mod tests {
         assert!(matches!(&out[0], Ev::Side(Sideband::ItraceStart { pid: 100, tid: 101, time: 1, cpu: Some(2) })));
         assert!(matches!(&out[1], Ev::Side(Sideband::AuxOutputHwId { time: 2, .. })));
         assert_eq!(out[2], Ev::Aux(AuxRecord { cpu: 2, flags: 0x100, time: 10, aux_offset: 0, size: 200 }, trace.clone()));
-        assert_eq!(out[3], Ev::Sample(PauseSample { cpu: 2, pid: 100, tid: 101, time: 11, stack: vec![0x400100, 0x400abc], branches: None }));
+        assert_eq!(
+            out[3],
+            Ev::Sample(PauseSample { cpu: 2, pid: 100, tid: 101, time: 11, stack: vec![0x400100, 0x400abc], branches: None })
+        );
         assert_eq!((s.stats.resume_samples, s.stats.pause_samples), (1, 1));
         assert_eq!(s.hw_ids[0].trace_id, 0x14);
         assert_eq!(ring.data_tail(), ring.page().data_head());
@@ -436,7 +456,13 @@ mod tests {
             let w: Vec<u8> = (0..(37 + k % 50)).map(|i| (i * 7 + k) as u8).collect();
             let off = ring.push_aux(&w);
             ring.push_record(&build::aux(off, w.len() as u64, 0, &FMT, &sid(k)));
-            ring.push_record(&build::sample(&PAUSE_FMT, &SampleId { id: Some(PAUSE_ID), ..sid(k) }, 1, 1, &[context::USER, 0x1000 + k]));
+            ring.push_record(&build::sample(
+                &PAUSE_FMT,
+                &SampleId { id: Some(PAUSE_ID), ..sid(k) },
+                1,
+                1,
+                &[context::USER, 0x1000 + k],
+            ));
             want.push(w);
             for e in collect(&mut s, &mut ring) {
                 if let Ev::Aux(_, b) = e {
@@ -457,7 +483,13 @@ mod tests {
         let mut s = stream(256);
         let off = ring.push_aux(&[1; 64]);
         ring.push_record(&build::aux(off, 64, 0x1, &FMT, &sid(1)));
-        ring.push_record(&build::record(types::LOST, 0, &[&9u64.to_le_bytes()[..], &3u64.to_le_bytes()[..]].concat(), &FMT, &sid(2)));
+        ring.push_record(&build::record(
+            types::LOST,
+            0,
+            &[&9u64.to_le_bytes()[..], &3u64.to_le_bytes()[..]].concat(),
+            &FMT,
+            &sid(2),
+        ));
         let mut bad = build::record(types::ITRACE_START, 0, &[0; 8], &FMT, &sid(3));
         bad[0] = 12;
         bad[6] = 16; // claims 16 bytes: body + trailer no longer fit

@@ -156,7 +156,7 @@ impl RingSource for PerfBuffer {
 mod tests {
     use super::super::stream::{CpuStream, IdRole};
     use super::*;
-    use etm_perf::attr::{RING_SAMPLE_TYPE, PERF_TYPE_SOFTWARE, aux_action, flag};
+    use etm_perf::attr::{PERF_TYPE_SOFTWARE, RING_SAMPLE_TYPE, aux_action, flag};
     use etm_perf::records::sample;
     use etm_session::session::{SessionEvent, Sideband};
 
@@ -174,7 +174,15 @@ mod tests {
         let mut a = PerfEventAttr::new(PERF_TYPE_SOFTWARE, 1 /* TASK_CLOCK */);
         a.sample_period = 200_000; // ns of task clock
         a.sample_type = st;
-        a.flags = flag::SAMPLE_ID_ALL | flag::MMAP | flag::MMAP2 | flag::COMM | flag::COMM_EXEC | flag::TASK | flag::EXCLUDE_KERNEL | flag::EXCLUDE_HV | flag::EXCLUDE_CALLCHAIN_KERNEL;
+        a.flags = flag::SAMPLE_ID_ALL
+            | flag::MMAP
+            | flag::MMAP2
+            | flag::COMM
+            | flag::COMM_EXEC
+            | flag::TASK
+            | flag::EXCLUDE_KERNEL
+            | flag::EXCLUDE_HV
+            | flag::EXCLUDE_CALLCHAIN_KERNEL;
         a.sample_max_stack = 64;
         a
     }
@@ -189,7 +197,7 @@ mod tests {
         let fd = match open(&attr, 0, -1, None) {
             Ok(fd) => fd,
             Err(e) => {
-                eprintln!("SKIP: perf_event_open(task-clock) failed: {e} (perf_event_paranoid / container)");
+                etm_testutil::skip(format!("perf_event_open(task-clock) failed: {e} (perf_event_paranoid / container)"));
                 return;
             }
         };
@@ -201,7 +209,9 @@ mod tests {
         let exe = std::env::current_exe().unwrap();
         let f = std::fs::File::open(&exe).unwrap();
         // SAFETY: read-only private mapping of a file we opened; unmapped below.
-        let m = unsafe { libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_EXEC, libc::MAP_PRIVATE, f.as_raw_fd(), 0) };
+        let m = unsafe {
+            libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_EXEC, libc::MAP_PRIVATE, f.as_raw_fd(), 0)
+        };
         assert_ne!(m, libc::MAP_FAILED);
         let t0 = std::time::Instant::now();
         let mut x = 0u64;
@@ -233,7 +243,7 @@ mod tests {
                 let last = samples.last().unwrap().time;
                 assert!(now >= last && now - last < 5_000_000_000, "perf now {now} vs last sample {last}");
             }
-            None => eprintln!("SKIP (clock part): no cap_user_time_zero or counter on this host"),
+            None => etm_testutil::skip("clock part: no cap_user_time_zero or counter on this host"),
         }
     }
 
@@ -244,7 +254,7 @@ mod tests {
     fn live_kernel_rejects_misplaced_aux_action() {
         let base = software_attr(RING_SAMPLE_TYPE);
         if let Err(e) = open(&base, 0, -1, None) {
-            eprintln!("SKIP: perf_event_open failed: {e}");
+            etm_testutil::skip(format!("perf_event_open failed: {e}"));
             return;
         }
         for act in [aux_action::PAUSE, aux_action::RESUME, aux_action::START_PAUSED] {

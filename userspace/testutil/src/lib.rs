@@ -1,0 +1,35 @@
+//! Test support shared by the etm-bpf crates.
+//!
+//! A test that cannot run here (no root, a missing tool or data set) calls [`skip`] with the
+//! reason instead of passing silently:
+//!
+//! * under `CI=true` a skip is a failure: CI installs every tool and data set the suite needs,
+//!   so a missing one is a broken set-up, not a reason to pass;
+//! * otherwise it prints `SKIP: <reason>` and, when `ETM_BPF_SKIP_LOG` names a file, appends
+//!   one line to it, so `scripts/test.sh` can count run-time skips in its closing line (the
+//!   test harness captures the output of passing tests, which would hide the `SKIP:` lines).
+
+use std::fmt::Display;
+use std::io::Write as _;
+
+/// Whether skips are failures (`CI` is `true` or `1`).
+pub fn skips_fail() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Records that (part of) a test did not run, for `reason`. Panics under CI; the caller returns
+/// (or carries on without the part) otherwise.
+#[track_caller]
+pub fn skip(reason: impl Display) {
+    let reason = reason.to_string();
+    if skips_fail() {
+        panic!("required under CI=true, but this test would skip: {reason}");
+    }
+    eprintln!("SKIP: {reason}");
+    if let Some(path) = std::env::var_os("ETM_BPF_SKIP_LOG")
+        && let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path)
+    {
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let _ = writeln!(f, "{test}: {}", reason.replace('\n', " "));
+    }
+}
