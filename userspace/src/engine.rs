@@ -19,8 +19,8 @@ use etm_stacks::addrspace::Binary;
 use etm_stacks::{Frame, FrameId, FrameTable};
 
 use crate::dump::write_atomic;
-use crate::live::etm::stream::EventSink;
 use crate::symbolize::Symbolizer;
+use etm_live::stream::EventSink;
 
 /// Reads the bytes of a code image named by an MMAP2 record (file name, address, length):
 /// `(local file, bytes)`.

@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 
 use etm_perf::attr::{PERF_COUNT_HW_CPU_CYCLES, PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE, PerfEventAttr, flag};
 
-use super::etm::sys;
+use etm_live::sys;
 
 pub const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
 pub const PERF_SAMPLE_BRANCH_STACK: u64 = 1 << 11;

@@ -21,10 +21,6 @@
 //!
 //! Nothing here has run on Arm hardware; see docs/live-etm.md.
 
-pub mod clock;
-pub mod stream;
-pub mod sys;
-
 use std::collections::HashSet;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -40,8 +36,10 @@ use etm_session::session::{
     ClockParams, CpuTraceConfig, PauseSample, SessionEvent, SessionMeta, SessionSource, SessionWriter, Sideband, TargetInfo,
 };
 
-use stream::{CpuStream, EventSink, IdRole, RingSource, StreamStats};
-use sys::PerfBuffer;
+use etm_live::clock;
+use etm_live::ring::RingSource;
+use etm_live::stream::{CpuStream, EventSink, IdRole, StreamStats};
+use etm_live::sys::{self, PerfBuffer};
 
 /// What to collect.
 #[derive(Debug, Clone)]
@@ -543,8 +541,8 @@ impl EtmLive {
 
 #[cfg(test)]
 mod tests {
-    use super::stream::fake::FakeRing;
     use super::*;
+    use etm_live::ring::MemRing as FakeRing;
     use etm_perf::attr::RING_SAMPLE_TYPE;
     use etm_perf::records::{SampleFormat, SampleId, build, context, sample};
     use etm_session::session::{SessionEvent, SessionReader};

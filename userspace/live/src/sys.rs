@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicU64;
 use etm_perf::attr::PerfEventAttr;
 use etm_perf::ring::{UserPage, aux_offset_for, page};
 
-use super::stream::RingSource;
+use crate::ring::RingSource;
 
 /// `PERF_FLAG_FD_CLOEXEC`.
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
@@ -154,8 +154,8 @@ impl RingSource for PerfBuffer {
 
 #[cfg(test)]
 mod tests {
-    use super::super::stream::{CpuStream, IdRole};
     use super::*;
+    use crate::stream::{CpuStream, IdRole};
     use etm_perf::attr::{PERF_TYPE_SOFTWARE, RING_SAMPLE_TYPE, aux_action, flag};
     use etm_perf::records::sample;
     use etm_session::session::{SessionEvent, Sideband};
@@ -238,7 +238,7 @@ mod tests {
         assert_eq!(s.stats.bad_records, 0);
         assert_eq!(buf.page().data_tail(), buf.page().data_head());
         // Clock: the user-page conversion of the counter read now is after the last sample.
-        match super::super::clock::perf_now(&buf.page()) {
+        match crate::clock::perf_now(&buf.page()) {
             Some(now) => {
                 let last = samples.last().unwrap().time;
                 assert!(now >= last && now - last < 5_000_000_000, "perf now {now} vs last sample {last}");

@@ -4,20 +4,10 @@
 use std::collections::HashMap;
 
 use etm_perf::records::{CsHwId, Mmap2FileId, PerfRecord, SampleFormat, parse_record};
-use etm_perf::ring::{AuxCursor, AuxStats, DataRingStats, UserPage, read_data_ring};
-use etm_session::session::{AuxRecord, PauseSample, SessionEvent, Sideband};
+use etm_perf::ring::{AuxCursor, AuxStats, DataRingStats, read_data_ring};
 
-/// A mapped perf buffer: the user page, the data ring and the AUX ring.
-pub trait RingSource {
-    /// The metadata page.
-    fn page(&self) -> UserPage<'_>;
-    /// The data ring bytes (power-of-two length).
-    fn data(&self) -> &[u8];
-    /// The AUX ring bytes (empty if the event has none).
-    fn aux(&self) -> &[u8];
-    /// `PERF_EVENT_IOC_ENABLE` on the AUX event (after the kernel disabled it).
-    fn reenable(&mut self) -> std::io::Result<()>;
-}
+use crate::ring::RingSource;
+use etm_session::session::{AuxRecord, PauseSample, SessionEvent, Sideband};
 
 /// Where drained events go (the pipeline, a session writer, or both).
 pub trait EventSink {
@@ -266,80 +256,10 @@ impl CpuStream {
     }
 }
 
-/// A ring backed by plain memory, for tests: the "kernel" side writes records and AUX bytes
-/// and moves the heads; the stream under test consumes them.
-#[cfg(test)]
-pub mod fake {
-    use super::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    pub struct FakeRing {
-        pub words: Vec<AtomicU64>,
-        pub data: Vec<u8>,
-        pub aux: Vec<u8>,
-        pub reenables: usize,
-    }
-
-    impl FakeRing {
-        pub fn new(data_size: usize, aux_size: usize) -> Self {
-            FakeRing {
-                words: (0..512).map(|_| AtomicU64::new(0)).collect(),
-                data: vec![0; data_size],
-                aux: vec![0; aux_size],
-                reenables: 0,
-            }
-        }
-        fn word(&self, off: usize) -> &AtomicU64 {
-            &self.words[off / 8]
-        }
-        /// Kernel side: append a record at data_head.
-        pub fn push_record(&mut self, rec: &[u8]) {
-            let head = self.word(1024).load(Ordering::Relaxed);
-            let n = self.data.len() as u64;
-            for (i, b) in rec.iter().enumerate() {
-                self.data[((head + i as u64) % n) as usize] = *b;
-            }
-            self.word(1024).store(head + rec.len() as u64, Ordering::Release);
-        }
-        /// Kernel side: write AUX bytes at aux_head; returns the old head (the record offset).
-        pub fn push_aux(&mut self, bytes: &[u8]) -> u64 {
-            let head = self.word(1056).load(Ordering::Relaxed);
-            let n = self.aux.len() as u64;
-            for (i, b) in bytes.iter().enumerate() {
-                self.aux[((head + i as u64) % n) as usize] = *b;
-            }
-            self.word(1056).store(head + bytes.len() as u64, Ordering::Release);
-            head
-        }
-        pub fn data_tail(&self) -> u64 {
-            self.word(1032).load(Ordering::Relaxed)
-        }
-        pub fn aux_tail(&self) -> u64 {
-            self.word(1064).load(Ordering::Relaxed)
-        }
-    }
-
-    impl RingSource for FakeRing {
-        fn page(&self) -> UserPage<'_> {
-            UserPage::new(&self.words).expect("512 words")
-        }
-        fn data(&self) -> &[u8] {
-            &self.data
-        }
-        fn aux(&self) -> &[u8] {
-            &self.aux
-        }
-        fn reenable(&mut self) -> std::io::Result<()> {
-            self.reenables += 1;
-            Ok(())
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::fake::FakeRing;
     use super::*;
+    use crate::ring::MemRing as FakeRing;
     use etm_perf::attr::RING_SAMPLE_TYPE;
     use etm_perf::records::{SampleId, build, context, sample, types};
 
@@ -517,7 +437,7 @@ mod tests {
     /// Throughput of the drain (parse + AUX copy + sample conversion) per window: one 256-byte
     /// window, its AUX record and one pause sample with a 16-frame callchain per drain.
     #[test]
-    #[ignore = "benchmark: cargo test --release -p etm-bpf --bin etm-bpf bench_drain -- --ignored --nocapture"]
+    #[ignore = "benchmark: cargo test --release -p etm-live --lib bench_drain -- --ignored --nocapture"]
     fn bench_drain() {
         let mut ring = FakeRing::new(1 << 16, 1 << 16);
         let mut s = stream(1 << 16);
