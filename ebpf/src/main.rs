@@ -16,23 +16,29 @@ fn main() {}
 
 #[cfg(target_arch = "bpf")]
 mod prog {
-    use core::{ffi::c_void, mem::offset_of, ptr::addr_of_mut};
+    use core::{
+        ffi::c_void,
+        mem::offset_of,
+        ptr::{addr_of, addr_of_mut},
+    };
 
     use aya_ebpf::{
         EbpfContext,
-        bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+        bindings::{BPF_F_CURRENT_CPU, BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
         helpers::{
             bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-            generated::{bpf_get_stack, bpf_read_branch_records},
+            generated::{bpf_get_stack, bpf_perf_event_output, bpf_read_branch_records},
         },
         macros::{map, perf_event},
-        maps::{Array, PerCpuArray, RingBuf},
+        maps::{Array, PerCpuArray, PerfEventByteArray, RingBuf},
         programs::PerfEventContext,
     };
     use etm_bpf_common::{
-        BranchEntry, CONFIG_ENTRIES, CONFIG_FLAGS, CONFIG_TGID, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR, COUNTER_ENTRIES,
-        COUNTER_FILTERED, COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR, FLAG_READ_BRANCHES, MAX_BRANCHES,
-        MAX_STACK_DEPTH, REC_HAS_BRANCHES, RING_BYTES, RING_WAKEUP_BYTES, SampleRecord,
+        BranchEntry, CONFIG_ENTRIES, CONFIG_FLAGS, CONFIG_TGID, CONFIG_WINDOW_FLAGS, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR,
+        COUNTER_ENTRIES, COUNTER_FILTERED, COUNTER_FOREIGN_WINDOWS, COUNTER_OUTPUT_ERR, COUNTER_PAUSE_IDLE, COUNTER_RESUMES,
+        COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTER_WINDOWS, FLAG_READ_BRANCHES, MAX_BRANCHES, MAX_SLOTS,
+        MAX_STACK_DEPTH, PAUSE_HEADER, PAUSE_MAGIC, PAUSE_STACK_ERR, PAUSE_TARGET, PauseRecord, REC_HAS_BRANCHES, RING_BYTES,
+        RING_WAKEUP_BYTES, SampleRecord, WINDOW_PER_THREAD, WINDOW_UNGATED, WindowState,
     };
 
     #[map]
@@ -126,6 +132,128 @@ mod prog {
             if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= RING_WAKEUP_BYTES { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
         entry.submit(wake as u64);
         count(COUNTER_SAMPLES);
+        Ok(())
+    }
+
+    // ---- ETM windows: resume / pause (see etm_bpf_common's module docs) -----------------
+
+    #[map]
+    static WINDOWS: Array<WindowState> = Array::with_max_entries(MAX_SLOTS, 0);
+
+    /// Each CPU's bpf-output event (max_entries 0: user space sizes it to the CPU count).
+    #[map]
+    static PAUSE_OUT: PerfEventByteArray = PerfEventByteArray::new(0);
+
+    /// The record under construction (bigger than the BPF stack).
+    #[map]
+    static PAUSE_SCRATCH: PerCpuArray<PauseRecord> = PerCpuArray::with_max_entries(1, 0);
+
+    #[inline(always)]
+    fn window_slot() -> u32 {
+        if config(CONFIG_WINDOW_FLAGS) & WINDOW_PER_THREAD != 0 {
+            0
+        } else {
+            // SAFETY: a helper without memory arguments.
+            unsafe { bpf_get_smp_processor_id() }
+        }
+    }
+
+    /// On the resume event's overflow (before the kernel resumes the trace): the first
+    /// resume after a pause opens the slot's window; further resumes are no-ops, as they are
+    /// for the trace (`hw.aux_paused`).
+    #[perf_event]
+    pub fn etm_bpf_resume(_ctx: PerfEventContext) -> u32 {
+        if let Some(st) = WINDOWS.get_ptr_mut(window_slot()) {
+            // SAFETY: a valid map value; one writer per slot (the slot's CPU, in NMI context).
+            unsafe {
+                if (*st).open == 0 {
+                    (*st).open = 1;
+                    (*st).seq = (*st).seq.wrapping_add(1);
+                    (*st).resume_ns = bpf_ktime_get_ns();
+                    count(COUNTER_RESUMES);
+                }
+            }
+        }
+        0
+    }
+
+    /// On the pause event's overflow (after the kernel paused the trace): if this closes an
+    /// open window, write its record; otherwise nothing.
+    #[perf_event]
+    pub fn etm_bpf_pause(ctx: PerfEventContext) -> u32 {
+        match try_pause(&ctx) {
+            Ok(()) | Err(()) => 0,
+        }
+    }
+
+    #[inline(always)]
+    fn try_pause(ctx: &PerfEventContext) -> Result<(), ()> {
+        let st = WINDOWS.get_ptr_mut(window_slot()).ok_or(())?;
+        let ungated = config(CONFIG_WINDOW_FLAGS) & WINDOW_UNGATED != 0;
+        // SAFETY: a valid map value, written only on this slot's CPU.
+        let (seq, resume_ns) = unsafe {
+            if ungated {
+                // Strobing: every pause samples; `window_ns` is the time since the last one.
+                (*st).seq = (*st).seq.wrapping_add(1);
+                let prev = (*st).resume_ns;
+                (*st).resume_ns = bpf_ktime_get_ns();
+                ((*st).seq, prev)
+            } else {
+                if (*st).open == 0 {
+                    count(COUNTER_PAUSE_IDLE);
+                    return Err(());
+                }
+                (*st).open = 0;
+                ((*st).seq, (*st).resume_ns)
+            }
+        };
+        // SAFETY: a helper without memory arguments.
+        let now = unsafe { bpf_ktime_get_ns() };
+        count(COUNTER_WINDOWS);
+        let rec = PAUSE_SCRATCH.get_ptr_mut(0).ok_or(())?;
+        let pid_tgid = bpf_get_current_pid_tgid();
+        let tgid = (pid_tgid >> 32) as u32;
+        let want = config(CONFIG_TGID);
+        let mut flags = 0u32;
+        let mut len = PAUSE_HEADER as u64;
+        // SAFETY: `rec` is this CPU's scratch value of size_of::<PauseRecord>() bytes; the
+        // stack write is bounded by the array size and the output by the record size.
+        unsafe {
+            addr_of_mut!((*rec).magic).write(PAUSE_MAGIC);
+            addr_of_mut!((*rec).pid).write(tgid);
+            addr_of_mut!((*rec).tid).write(pid_tgid as u32);
+            addr_of_mut!((*rec).window_ns).write(now.wrapping_sub(resume_ns));
+            addr_of_mut!((*rec).seq).write(seq);
+            addr_of_mut!((*rec).stack_len).write(0);
+            if tgid != 0 && (want == 0 || tgid == want) {
+                flags |= PAUSE_TARGET;
+                let stack_ptr = (rec as *mut u8).add(PAUSE_HEADER) as *mut c_void;
+                let n = bpf_get_stack(ctx.as_ptr(), stack_ptr, (MAX_STACK_DEPTH * 8) as u32, BPF_F_USER_STACK as u64);
+                if n > 0 && n <= (MAX_STACK_DEPTH * 8) as i64 {
+                    addr_of_mut!((*rec).stack_len).write((n as u32) / 8);
+                    len += n as u64;
+                } else {
+                    flags |= PAUSE_STACK_ERR;
+                    count(COUNTER_STACK_ERR);
+                }
+            } else {
+                count(COUNTER_FOREIGN_WINDOWS);
+            }
+            addr_of_mut!((*rec).flags).write(flags);
+            if len > core::mem::size_of::<PauseRecord>() as u64 {
+                return Err(());
+            }
+            let r = bpf_perf_event_output(
+                ctx.as_ptr(),
+                addr_of!(PAUSE_OUT) as *mut c_void,
+                BPF_F_CURRENT_CPU,
+                rec as *mut c_void,
+                len,
+            );
+            if r < 0 {
+                count(COUNTER_OUTPUT_ERR);
+            }
+        }
         Ok(())
     }
 

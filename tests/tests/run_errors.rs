@@ -159,5 +159,6 @@ fn auto_picks_etm_when_cs_etm_exists() {
         "--sysfs-root",
         fixture.to_str().unwrap(),
     ]);
-    assert_clean_error(&o, &format!("--branches etm: perf_event_open(cs_etm, pid {pid}, cpu "));
+    // CPU-wide groups (pid -1): the target is chosen by the eBPF programs.
+    assert_clean_error(&o, "--branches etm: opening the cs_etm event group: perf_event_open(leader, pid -1, cpu ");
 }

@@ -55,7 +55,166 @@ pub const COUNTER_BRANCH_ENOENT: u32 = 4;
 /// Counter: samples of other processes that the tgid filter skipped.
 pub const COUNTER_FILTERED: u32 = 5;
 /// Number of counters in the counter map.
-pub const COUNTER_ENTRIES: u32 = 8;
+pub const COUNTER_ENTRIES: u32 = 12;
+
+// ---------------------------------------------------------------------------------------
+// The ETM pause/resume programs (`etm_bpf_resume`, `etm_bpf_pause`).
+//
+// The resume program runs on the overflow of the resume event, before the kernel resumes the
+// trace (`__perf_event_overflow`: BPF first, `perf_event_aux_pause(.., false)` at `out:`); it
+// marks the window of its slot open. The pause program runs after the kernel paused the
+// trace; only if it closes an open window does it capture the user stack (or, for another
+// process, a header without stack) and write a [`PauseRecord`] with `bpf_perf_event_output`
+// into the slot CPU's bpf-output event. That event is redirected into the cs_etm leader's
+// data ring, so the kernel stamps the record in the perf clock (`perf_prepare_sample`), and
+// in ring order after the pause's own PERF_RECORD_AUX. Pauses that close no window cost a map
+// lookup. Both programs return 0 (no kernel sample; the pause and resume still happen).
+// ---------------------------------------------------------------------------------------
+
+/// Name of the resume program (a `perf_event` program).
+pub const RESUME_PROGRAM: &str = "etm_bpf_resume";
+/// Name of the pause program (a `perf_event` program).
+pub const PAUSE_PROGRAM: &str = "etm_bpf_pause";
+/// Name of the `PerCpuArray`-like `Array<WindowState>` map, indexed by slot.
+pub const WINDOWS_MAP: &str = "WINDOWS";
+/// Name of the `PERF_EVENT_ARRAY` map holding each CPU's bpf-output event.
+pub const PAUSE_OUT_MAP: &str = "PAUSE_OUT";
+/// Number of window slots (CPU numbers in CPU-wide mode; slot 0 in per-thread mode).
+pub const MAX_SLOTS: u32 = 4096;
+
+/// `CONFIG[CONFIG_WINDOW_FLAGS]`: `WINDOW_*` bits for the pause/resume programs.
+pub const CONFIG_WINDOW_FLAGS: u32 = 2;
+/// Window flag: one event group follows one thread (per-thread mode): every CPU uses slot 0.
+pub const WINDOW_PER_THREAD: u32 = 1;
+/// Window flag: no resume event (strobing: the ETM opens and closes windows itself); every
+/// pause captures.
+pub const WINDOW_UNGATED: u32 = 2;
+
+/// The state of one window slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WindowState {
+    /// 1 while a window is open (a resume ran and no pause since).
+    pub open: u32,
+    /// Windows opened in this slot so far.
+    pub seq: u32,
+    /// `bpf_ktime_get_ns()` at the resume that opened the window.
+    pub resume_ns: u64,
+}
+
+/// [`PauseRecord::magic`].
+pub const PAUSE_MAGIC: u32 = 0x5045_544d; // "MTEP"
+/// [`PauseRecord::flags`]: the window closed in the target process; `stack` is valid.
+pub const PAUSE_TARGET: u32 = 1;
+/// [`PauseRecord::flags`]: `bpf_get_stack` failed (target sample without stack).
+pub const PAUSE_STACK_ERR: u32 = 2;
+/// Bytes of a [`PauseRecord`] before its stack.
+pub const PAUSE_HEADER: usize = 32;
+
+/// What the pause program writes for each window it closes. Only `PAUSE_HEADER + 8 *
+/// stack_len` bytes are written.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PauseRecord {
+    /// [`PAUSE_MAGIC`].
+    pub magic: u32,
+    /// `PAUSE_*` flags.
+    pub flags: u32,
+    /// Thread-group id of the task the pause interrupted.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// `bpf_ktime_get_ns()` at the pause minus at the resume that opened the window: the
+    /// window's length (one clock, so the NTP slew of CLOCK_MONOTONIC does not matter).
+    pub window_ns: u64,
+    /// [`WindowState::seq`] of the window (gaps show lost records).
+    pub seq: u32,
+    /// Valid entries in `stack`.
+    pub stack_len: u32,
+    /// User stack, leaf first.
+    pub stack: [u64; MAX_STACK_DEPTH],
+}
+
+/// Size of a full [`PauseRecord`].
+pub const PAUSE_RECORD_SIZE: usize = core::mem::size_of::<PauseRecord>();
+
+/// A [`PauseRecord`] read back from the `PERF_SAMPLE_RAW` payload of a bpf-output sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PauseHeader {
+    pub flags: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub window_ns: u64,
+    pub seq: u32,
+    pub stack_len: u32,
+}
+
+impl PauseHeader {
+    /// Parses the header of a raw payload (which may carry the kernel's alignment padding)
+    /// and returns it with the stack bytes; `None` if it is not a pause record or the stack
+    /// does not fit.
+    pub fn parse(raw: &[u8]) -> Option<(PauseHeader, &[u8])> {
+        let u32_at = |o: usize| raw.get(o..o + 4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+        if u32_at(0)? != PAUSE_MAGIC {
+            return None;
+        }
+        let w = raw.get(16..24)?;
+        let h = PauseHeader {
+            flags: u32_at(4)?,
+            pid: u32_at(8)?,
+            tid: u32_at(12)?,
+            window_ns: u64::from_ne_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]),
+            seq: u32_at(24)?,
+            stack_len: u32_at(28)?,
+        };
+        let n = (h.stack_len as usize).min(MAX_STACK_DEPTH);
+        let stack = raw.get(PAUSE_HEADER..PAUSE_HEADER + 8 * n)?;
+        Some((h, stack))
+    }
+
+    /// Writes the bytes the pause program outputs for this header and `stack` (its first
+    /// `stack_len` entries) into `out`; returns their number (`None` if `out` is too short).
+    pub fn encode(&self, stack: &[u64], out: &mut [u8]) -> Option<usize> {
+        let n = (self.stack_len as usize).min(stack.len()).min(MAX_STACK_DEPTH);
+        let len = PAUSE_HEADER + 8 * n;
+        let out = out.get_mut(..len)?;
+        out[0..4].copy_from_slice(&PAUSE_MAGIC.to_ne_bytes());
+        out[4..8].copy_from_slice(&self.flags.to_ne_bytes());
+        out[8..12].copy_from_slice(&self.pid.to_ne_bytes());
+        out[12..16].copy_from_slice(&self.tid.to_ne_bytes());
+        out[16..24].copy_from_slice(&self.window_ns.to_ne_bytes());
+        out[24..28].copy_from_slice(&self.seq.to_ne_bytes());
+        out[28..32].copy_from_slice(&(n as u32).to_ne_bytes());
+        for (i, a) in stack[..n].iter().enumerate() {
+            out[PAUSE_HEADER + 8 * i..PAUSE_HEADER + 8 * i + 8].copy_from_slice(&a.to_ne_bytes());
+        }
+        Some(len)
+    }
+}
+
+/// `PERF_CONTEXT_MAX` as a u64: callchain entries at or above it are context markers
+/// (`PERF_CONTEXT_USER` = -512, ...), not addresses.
+pub const PERF_CONTEXT_MAX: u64 = -4095i64 as u64;
+
+/// The addresses of a user stack as `bpf_get_stack(.., BPF_F_USER_STACK)` wrote them: leading
+/// context markers are dropped. When the sampled event has `PERF_SAMPLE_CALLCHAIN`,
+/// `bpf_get_stack_pe()` (kernel/bpf/stackmap.c) copies the kernel's callchain instead of
+/// walking, and that copy starts with `PERF_CONTEXT_USER`.
+pub fn user_frames(stack: &[u64]) -> &[u64] {
+    let skip = stack.iter().take_while(|&&a| a >= PERF_CONTEXT_MAX).count();
+    &stack[skip..]
+}
+
+/// Counter: windows the pause program closed (records written or attempted).
+pub const COUNTER_WINDOWS: u32 = 6;
+/// Counter: pauses that closed no window (the trace was already paused).
+pub const COUNTER_PAUSE_IDLE: u32 = 7;
+/// Counter: windows closed in another process (header-only records).
+pub const COUNTER_FOREIGN_WINDOWS: u32 = 8;
+/// Counter: `bpf_perf_event_output` failed (record lost).
+pub const COUNTER_OUTPUT_ERR: u32 = 9;
+/// Counter: resumes that opened a window.
+pub const COUNTER_RESUMES: u32 = 10;
 
 /// One branch record as the kernel's `struct perf_branch_entry` lays it out (24 bytes).
 #[repr(C)]
@@ -110,10 +269,11 @@ impl SampleRecord {
         Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr().cast::<SampleRecord>()) })
     }
 
-    /// The valid part of the stack (leaf first), clamped to the array size.
+    /// The valid part of the stack (leaf first), clamped to the array size, without the
+    /// context markers a callchain copy starts with ([`user_frames`]).
     pub fn stack(&self) -> &[u64] {
         let n = (self.stack_len as usize).min(MAX_STACK_DEPTH);
-        &self.stack[..n]
+        user_frames(&self.stack[..n])
     }
 
     /// The valid branch records (newest first), clamped to the array size.
@@ -132,6 +292,9 @@ unsafe impl aya::Pod for SampleRecord {}
 #[cfg(feature = "user")]
 // SAFETY: plain-data repr(C) struct.
 unsafe impl aya::Pod for BranchEntry {}
+#[cfg(feature = "user")]
+// SAFETY: plain-data repr(C) struct without padding.
+unsafe impl aya::Pod for WindowState {}
 
 #[cfg(test)]
 mod tests {
@@ -144,6 +307,41 @@ mod tests {
         assert_eq!(core::mem::offset_of!(SampleRecord, stack), 32);
         assert_eq!(core::mem::offset_of!(SampleRecord, branches), 32 + 8 * MAX_STACK_DEPTH);
         assert_eq!(SAMPLE_RECORD_SIZE, 32 + 8 * MAX_STACK_DEPTH + 24 * MAX_BRANCHES);
+        assert_eq!(core::mem::offset_of!(PauseRecord, stack), PAUSE_HEADER);
+        assert_eq!(core::mem::offset_of!(PauseRecord, window_ns), 16);
+        assert_eq!(core::mem::size_of::<WindowState>(), 16);
+    }
+
+    use core::mem::offset_of;
+
+    /// A pause record's header and stack read back from the bytes the program writes, with
+    /// the kernel's raw padding after them; other payloads and short stacks are refused.
+    #[test]
+    fn pause_header_round_trip() {
+        let mut raw = [0u8; PAUSE_HEADER + 8 * 3 + 4];
+        let want = PauseHeader { flags: PAUSE_TARGET, pid: 42, tid: 43, window_ns: 1234, seq: 7, stack_len: 3 };
+        assert_eq!(want.encode(&[0x1000, 0x1001, 0x1002], &mut raw), Some(PAUSE_HEADER + 24));
+        // The program's field offsets (the struct the kernel side writes).
+        assert_eq!(raw[0..4], PAUSE_MAGIC.to_ne_bytes());
+        assert_eq!(raw[16..24], 1234u64.to_ne_bytes());
+        assert_eq!(raw[offset_of!(PauseRecord, stack)..][..8], 0x1000u64.to_ne_bytes());
+        let (h, st) = PauseHeader::parse(&raw).unwrap();
+        assert_eq!(h, want);
+        assert_eq!(st.len(), 24);
+        raw[28] = 9;
+        assert!(PauseHeader::parse(&raw).is_none(), "9 frames do not fit");
+        raw[0] ^= 1;
+        assert!(PauseHeader::parse(&raw).is_none());
+    }
+
+    /// Context markers (PERF_CONTEXT_USER and the others above PERF_CONTEXT_MAX) at the start
+    /// of a copied callchain are not frames.
+    #[test]
+    fn markers_are_not_frames() {
+        let user = -512i64 as u64;
+        assert_eq!(user_frames(&[user, 0x400100, 0x400200]), &[0x400100, 0x400200]);
+        assert_eq!(user_frames(&[0x400100]), &[0x400100]);
+        assert_eq!(user_frames(&[user]), &[] as &[u64]);
     }
 
     /// Reading back clamps lengths that a corrupt record could carry.

@@ -552,8 +552,12 @@ impl Decoder {
 
     #[inline]
     fn add(&mut self, index: u64, kind: ElementKind) {
-        if let ElementKind::AddrNacc { .. } = kind {
-            self.stats.nacc += 1;
+        match kind {
+            ElementKind::AddrNacc { .. } => self.stats.nacc += 1,
+            // Not an OpenCSD element: `flush` counts every element it hands over, so this one
+            // is taken back to keep `elements` comparable with trc_pkt_lister's count.
+            ElementKind::TraceInfo => self.stats.elements = self.stats.elements.wrapping_sub(1),
+            _ => {}
         }
         self.out.push(Element { index, trace_id: self.cfg.trace_id, kind });
     }
@@ -839,6 +843,7 @@ impl Decoder {
                 P0Kind::TInfo => {
                     self.ret.tinfo_wait_addr = true;
                     self.ret.flush();
+                    self.add(e.index, ElementKind::TraceInfo);
                     Ok(())
                 }
             };

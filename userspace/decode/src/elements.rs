@@ -142,6 +142,10 @@ pub enum ElementKind {
     TraceOn(TraceOnReason),
     /// End of trace.
     EoTrace(UnsyncReason),
+    /// A Trace Info packet was committed: the trace unit (re)synchronised, as it does when it
+    /// is enabled (a new trace session, or the resume of a paused one). OpenCSD outputs no
+    /// element for it; listings skip it ([`Element::write_line`]).
+    TraceInfo,
     /// PE context changed.
     PeContext {
         /// ISA after the change.
@@ -224,6 +228,7 @@ impl fmt::Display for ElementKind {
         match *self {
             ElementKind::NoSync(r) => write!(f, "OCSD_GEN_TRC_ELEM_NO_SYNC( [{}])", r.name()),
             ElementKind::EoTrace(r) => write!(f, "OCSD_GEN_TRC_ELEM_EO_TRACE( [{}])", r.name()),
+            ElementKind::TraceInfo => f.write_str("TRACE_INFO (not an OpenCSD element)"),
             ElementKind::TraceOn(r) => {
                 let s = match r {
                     TraceOnReason::Normal => "begin or filter",
@@ -357,6 +362,9 @@ impl Element {
     /// Appends the listing line (same text as `Display`, plus `\n`) to `out`. Instruction
     /// ranges, by far the most common element, are formatted without `core::fmt`.
     pub fn write_line(&self, out: &mut Vec<u8>) {
+        if let ElementKind::TraceInfo = self.kind {
+            return;
+        }
         if let ElementKind::InstrRange(r) = &self.kind {
             out.extend_from_slice(b"Idx:");
             push_dec(out, self.index);

@@ -41,7 +41,6 @@ pub fn counter() -> Option<u64> {
 }
 
 /// Perf-clock "now" through the user page (None without time_zero or counter).
-#[cfg(test)]
 pub fn perf_now(pg: &UserPage<'_>) -> Option<u64> {
     let c: etm_perf::clock::ClockConv = read_clock(pg, 1000).ok()?;
     Some(c.to_perf_time(counter()?))

@@ -27,8 +27,11 @@ pub enum IdRole {
     Etm,
     /// Resume event: its samples mark window starts (counted, not forwarded).
     Resume,
-    /// Pause event: its samples (kernel callchain) are the pause samples.
+    /// Pause event (its samples, if any, are counted: the pause program suppresses them).
     Pause,
+    /// The bpf-output event: its samples carry the pause program's records
+    /// (`etm_bpf_common::PauseRecord` as PERF_SAMPLE_RAW), stamped by the kernel.
+    BpfOutput,
 }
 
 /// Counters of one stream.
@@ -38,10 +41,6 @@ pub struct StreamStats {
     pub aux: AuxStats,
     /// Records that failed to parse (truncated, bad size, unsupported sample_type).
     pub bad_records: u64,
-    /// Pause samples forwarded.
-    pub pause_samples: u64,
-    /// Pause samples without a user callchain (dropped).
-    pub empty_stacks: u64,
     /// Resume samples seen.
     pub resume_samples: u64,
     /// Samples from ids not in the group.
@@ -54,6 +53,46 @@ pub struct StreamStats {
     pub reenable_errors: u64,
     /// Samples and sideband of other processes dropped by the target filter.
     pub filtered: u64,
+    /// Pause records of the target (windows closed in it).
+    pub pause_records: u64,
+    /// Header-only pause records: windows closed in another process.
+    pub foreign_windows: u64,
+    /// Pause records of the target without a stack (`bpf_get_stack` failed).
+    pub stack_errors: u64,
+    /// bpf-output samples that are not pause records.
+    pub bad_pause_records: u64,
+    /// Windows missing from the pause records' sequence numbers (records lost).
+    pub window_seq_gaps: u64,
+    /// Samples of the pause or resume events themselves (0 while the programs are attached).
+    pub kernel_samples: u64,
+    /// PERF_RECORD_THROTTLE records (the kernel stopped the group).
+    pub throttles: u64,
+    /// PERF_RECORD_UNTHROTTLE records.
+    pub unthrottles: u64,
+    /// Context-switch records.
+    pub switches: u64,
+    /// Pause records whose stack began with a callchain context marker (the pause event had
+    /// PERF_SAMPLE_CALLCHAIN, so `bpf_get_stack` copied the kernel's callchain); stripped.
+    pub stack_markers: u64,
+    /// Pause records whose first frame is not the sample's IP (the interrupted user PC, as
+    /// the kernel stamped it): a stack that does not start where the pause hit.
+    pub leaf_not_ip: u64,
+}
+
+/// The bpf-output sample the pause program makes the kernel write for one closed window:
+/// PERF_RECORD_SAMPLE of the bpf-output event (`fmt`, trailer `sid` with the event's id), its
+/// IP the interrupted PC, the [`etm_bpf_common::PauseRecord`] bytes of `h` and `stack` as
+/// PERF_SAMPLE_RAW. The producer side of tests and of the driver model.
+pub fn pause_sample_record(
+    fmt: &SampleFormat,
+    sid: &etm_perf::records::SampleId,
+    h: &etm_bpf_common::PauseHeader,
+    stack: &[u64],
+) -> Vec<u8> {
+    let mut raw = vec![0u8; etm_bpf_common::PAUSE_RECORD_SIZE];
+    let n = h.encode(stack, &mut raw).expect("a full record fits");
+    let ip = etm_bpf_common::user_frames(&stack[..(h.stack_len as usize).min(stack.len())]).first().copied().unwrap_or(0);
+    etm_perf::records::build::sample_raw(fmt, sid, ip, 1, &[], &raw[..n])
 }
 
 /// Consumer state of one mmap (one CPU, or one thread with cpu = -1).
@@ -73,6 +112,8 @@ pub struct CpuStream {
     /// Keep only this process's pause samples and MMAP2/COMM/FORK/EXIT records (system-wide
     /// per-CPU tracing of one target). AUX data and the other records are always forwarded.
     pub target: Option<u32>,
+    /// Sequence number of the last pause record per window slot (CPU).
+    last_seq: HashMap<i32, u32>,
 }
 
 impl CpuStream {
@@ -90,6 +131,7 @@ impl CpuStream {
             stats: StreamStats::default(),
             hw_ids: Vec::new(),
             target: None,
+            last_seq: HashMap::new(),
         }
     }
 
@@ -139,6 +181,52 @@ impl CpuStream {
         n
     }
 
+    /// A bpf-output sample: the pause program's record of one closed window, in the perf
+    /// clock of the sample's trailer.
+    fn pause_record(&mut self, s: &etm_perf::records::Sample<'_>, sink: &mut impl EventSink) {
+        let Some((h, stack)) = etm_bpf_common::PauseHeader::parse(s.raw) else {
+            self.stats.bad_pause_records += 1;
+            return;
+        };
+        let cpu = s.cpu.map_or(self.cpu, |c| c as i32);
+        let slot = if self.cpu < 0 { -1 } else { cpu };
+        if let Some(prev) = self.last_seq.insert(slot, h.seq) {
+            self.stats.window_seq_gaps += u64::from(h.seq.wrapping_sub(prev).saturating_sub(1));
+        }
+        let time = s.time.unwrap_or(0);
+        let window_ns = Some(h.window_ns);
+        if h.flags & etm_bpf_common::PAUSE_TARGET == 0 || self.target.is_some_and(|t| t != h.pid) {
+            self.stats.foreign_windows += 1;
+            let sb = Sideband::WindowEnd { pid: h.pid, tid: h.tid, window_ns, time, cpu };
+            sink.event(SessionEvent::Sideband(&sb));
+            return;
+        }
+        self.stats.pause_records += 1;
+        self.stack.clear();
+        self.stack.extend(stack.chunks_exact(8).map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes"))));
+        let n = etm_bpf_common::user_frames(&self.stack).len();
+        if n < self.stack.len() {
+            self.stats.stack_markers += 1;
+            self.stack.drain(..self.stack.len() - n);
+        }
+        if let (Some(ip), Some(&leaf)) = (s.ip, self.stack.first())
+            && ip != leaf
+        {
+            self.stats.leaf_not_ip += 1;
+        }
+        if self.stack.is_empty() {
+            // A window of the target without a stack: it still ends the CPU's window.
+            self.stats.stack_errors += 1;
+            let sb = Sideband::WindowEnd { pid: h.pid, tid: h.tid, window_ns, time, cpu };
+            sink.event(SessionEvent::Sideband(&sb));
+            return;
+        }
+        let p =
+            PauseSample { cpu, pid: h.pid, tid: h.tid, time, stack: std::mem::take(&mut self.stack), branches: None, window_ns };
+        sink.event(SessionEvent::Sample(&p));
+        self.stack = p.stack;
+    }
+
     fn record(&mut self, bytes: &[u8], aux: &[u8], sink: &mut impl EventSink) {
         // SAMPLE layouts differ per event: the first u64 of the body is PERF_SAMPLE_IDENTIFIER.
         let mut fmt = self.fmt;
@@ -170,41 +258,49 @@ impl CpuStream {
         let cpu = id.cpu.map(|c| c as i32);
         let sb = match rec.kind {
             PerfRecord::Aux { aux_offset, aux_size, flags } => {
-                let w = self.cursor.on_aux_record(aux_offset, aux_size, flags);
+                let w = self.cursor.on_aux_record_in(aux, aux_offset, aux_size, flags);
                 self.aux_bytes.clear();
                 if !self.cursor.copy_window(aux, &w, &mut self.aux_bytes) {
                     self.stats.bad_records += 1;
                 }
-                let record = AuxRecord { cpu: self.cpu, flags, time, aux_offset: w.start, size: w.len };
+                let record = AuxRecord {
+                    cpu: self.cpu,
+                    flags,
+                    time,
+                    aux_offset: w.start,
+                    size: w.len,
+                    source_cpu: cpu.filter(|&c| c != self.cpu),
+                };
                 sink.event(SessionEvent::Aux { record, data: &self.aux_bytes });
                 return;
             }
             PerfRecord::Sample(s) => {
                 match role {
-                    Some(IdRole::Pause) if self.target.is_some_and(|t| s.pid != Some(t)) => self.stats.filtered += 1,
-                    Some(IdRole::Pause) => {
-                        self.stack.clear();
-                        self.stack.extend(s.user_callchain());
-                        if self.stack.is_empty() {
-                            self.stats.empty_stacks += 1;
-                            return;
-                        }
-                        self.stats.pause_samples += 1;
-                        let p = PauseSample {
-                            cpu: s.cpu.map_or(self.cpu, |c| c as i32),
-                            pid: s.pid.unwrap_or(0),
-                            tid: s.tid.unwrap_or(0),
-                            time: s.time.unwrap_or(0),
-                            stack: std::mem::take(&mut self.stack),
-                            branches: None,
-                        };
-                        sink.event(SessionEvent::Sample(&p));
-                        self.stack = p.stack;
-                    }
+                    Some(IdRole::BpfOutput) => self.pause_record(&s, sink),
                     Some(IdRole::Resume) => self.stats.resume_samples += 1,
+                    Some(IdRole::Pause) => self.stats.kernel_samples += 1,
                     _ => self.stats.unknown_samples += 1,
                 }
                 return;
+            }
+            PerfRecord::Throttle { id: eid, unthrottle, time: t, .. } => {
+                if unthrottle {
+                    self.stats.unthrottles += 1;
+                } else {
+                    self.stats.throttles += 1;
+                }
+                Sideband::Throttle { id: eid, unthrottle, time: t, cpu: cpu.or((self.cpu >= 0).then_some(self.cpu)) }
+            }
+            PerfRecord::Switch { out, next_prev } => {
+                self.stats.switches += 1;
+                Sideband::Switch {
+                    out,
+                    pid: id.pid.unwrap_or(0),
+                    tid: id.tid.unwrap_or(0),
+                    next_prev,
+                    time,
+                    cpu: cpu.or((self.cpu >= 0).then_some(self.cpu)),
+                }
             }
             PerfRecord::Mmap2(m) => Sideband::Mmap2 {
                 pid: m.pid,
@@ -245,6 +341,8 @@ impl CpuStream {
             let keep = match &sb {
                 Sideband::Mmap2 { pid, .. } | Sideband::Comm { pid, .. } => *pid == t,
                 Sideband::Fork { pid, ppid, .. } | Sideband::Exit { pid, ppid, .. } => *pid == t || *ppid == t,
+                // Switches into or out of the target (CPU-wide records name both tasks).
+                Sideband::Switch { pid, next_prev, .. } => *pid == t || next_prev.is_some_and(|(p, _)| p == t),
                 _ => true,
             };
             if !keep {
@@ -265,8 +363,27 @@ mod tests {
 
     const FMT: SampleFormat =
         SampleFormat { sample_type: RING_SAMPLE_TYPE, sample_id_all: true, branch_hw_index: false, regs_user_mask: 0 };
-    const PAUSE_FMT: SampleFormat = SampleFormat { sample_type: RING_SAMPLE_TYPE | sample::CALLCHAIN, ..FMT };
+    const OUT_FMT: SampleFormat = SampleFormat { sample_type: RING_SAMPLE_TYPE | sample::RAW, ..FMT };
     const PAUSE_ID: u64 = 77;
+    const OUT_ID: u64 = 79;
+
+    /// The bpf-output sample the pause program produces for a window closed in `pid` (a
+    /// target record with `stack`, or header-only if `stack` is empty), with a leading
+    /// PERF_CONTEXT_USER as `bpf_get_stack` copies it from a callchain.
+    fn pause(id: &SampleId, seq: u32, stack: &[u64]) -> Vec<u8> {
+        let mut st = vec![context::USER];
+        st.extend_from_slice(stack);
+        let flags = if stack.is_empty() { 0 } else { etm_bpf_common::PAUSE_TARGET };
+        let h = etm_bpf_common::PauseHeader {
+            flags,
+            pid: id.pid.unwrap_or(0),
+            tid: id.tid.unwrap_or(0),
+            window_ns: 700,
+            seq,
+            stack_len: if stack.is_empty() { 0 } else { st.len() as u32 },
+        };
+        pause_sample_record(&OUT_FMT, &SampleId { id: Some(OUT_ID), ..*id }, &h, &st)
+    }
     const RESUME_ID: u64 = 78;
 
     fn sid(time: u64) -> SampleId {
@@ -277,7 +394,12 @@ mod tests {
         CpuStream::new(
             2,
             FMT,
-            &[(5, IdRole::Etm, FMT), (PAUSE_ID, IdRole::Pause, PAUSE_FMT), (RESUME_ID, IdRole::Resume, FMT)],
+            &[
+                (5, IdRole::Etm, FMT),
+                (PAUSE_ID, IdRole::Pause, FMT),
+                (RESUME_ID, IdRole::Resume, FMT),
+                (OUT_ID, IdRole::BpfOutput, OUT_FMT),
+            ],
             aux_size,
         )
     }
@@ -321,26 +443,36 @@ mod tests {
         ring.push_record(&build::sample(&FMT, &resume, 0x400000, 1000, &[]));
         let off = ring.push_aux(&trace);
         ring.push_record(&build::aux(off, trace.len() as u64, 0x100, &FMT, &sid(10)));
-        let pause = SampleId { id: Some(PAUSE_ID), ..sid(11) };
-        ring.push_record(&build::sample(&PAUSE_FMT, &pause, 0x400100, 2000, &[context::USER, 0x400100, 0x400abc]));
+        ring.push_record(&pause(&sid(11), 1, &[0x400100, 0x400abc]));
         let out = collect(&mut s, &mut ring);
         assert_eq!(out.len(), 4, "{out:?}");
         assert!(matches!(&out[0], Ev::Side(Sideband::ItraceStart { pid: 100, tid: 101, time: 1, cpu: Some(2) })));
         assert!(matches!(&out[1], Ev::Side(Sideband::AuxOutputHwId { time: 2, .. })));
-        assert_eq!(out[2], Ev::Aux(AuxRecord { cpu: 2, flags: 0x100, time: 10, aux_offset: 0, size: 200 }, trace.clone()));
+        assert_eq!(
+            out[2],
+            Ev::Aux(AuxRecord { cpu: 2, flags: 0x100, time: 10, aux_offset: 0, size: 200, source_cpu: None }, trace.clone())
+        );
         assert_eq!(
             out[3],
-            Ev::Sample(PauseSample { cpu: 2, pid: 100, tid: 101, time: 11, stack: vec![0x400100, 0x400abc], branches: None })
+            Ev::Sample(PauseSample {
+                cpu: 2,
+                pid: 100,
+                tid: 101,
+                time: 11,
+                stack: vec![0x400100, 0x400abc],
+                branches: None,
+                window_ns: Some(700)
+            })
         );
-        assert_eq!((s.stats.resume_samples, s.stats.pause_samples), (1, 1));
+        assert_eq!((s.stats.resume_samples, s.stats.pause_records), (1, 1));
         assert_eq!(s.hw_ids[0].trace_id, 0x14);
         assert_eq!(ring.data_tail(), ring.page().data_head());
         assert_eq!(ring.aux_tail(), 200);
         assert_eq!(ring.reenables, 0);
     }
 
-    /// With a target, other processes' pause samples and mappings are dropped (counted); AUX
-    /// data and the target's records pass.
+    /// With a target, other processes' mappings are dropped (counted) and their pause records
+    /// become window ends; AUX data and the target's records pass.
     #[test]
     fn target_filter() {
         let mut ring = FakeRing::new(4096, 256);
@@ -352,16 +484,18 @@ mod tests {
         ring.push_record(&build::record(types::MMAP2, 0, &mm, &FMT, &other));
         mm[0..4].copy_from_slice(&100u32.to_le_bytes());
         ring.push_record(&build::record(types::MMAP2, 0, &mm, &FMT, &sid(1)));
-        ring.push_record(&build::sample(&PAUSE_FMT, &SampleId { id: Some(PAUSE_ID), ..other }, 1, 1, &[context::USER, 7]));
-        ring.push_record(&build::sample(&PAUSE_FMT, &SampleId { id: Some(PAUSE_ID), ..sid(2) }, 1, 1, &[context::USER, 8]));
+        ring.push_record(&pause(&other, 1, &[7]));
+        ring.push_record(&pause(&sid(2), 2, &[8]));
         let off = ring.push_aux(&[1; 16]);
         ring.push_record(&build::aux(off, 16, 0, &FMT, &other));
         let out = collect(&mut s, &mut ring);
-        assert_eq!(out.len(), 3, "{out:?}");
+        assert_eq!(out.len(), 4, "{out:?}");
         assert!(matches!(&out[0], Ev::Side(Sideband::Mmap2 { pid: 100, .. })));
-        assert!(matches!(&out[1], Ev::Sample(p) if p.pid == 100 && p.stack == vec![8]));
-        assert!(matches!(&out[2], Ev::Aux(..)));
-        assert_eq!(s.stats.filtered, 2);
+        // The other process's window still ends the CPU's window: it is forwarded as such.
+        assert!(matches!(&out[1], Ev::Side(Sideband::WindowEnd { pid: 555, cpu: 2, window_ns: Some(700), .. })));
+        assert!(matches!(&out[2], Ev::Sample(p) if p.pid == 100 && p.stack == vec![8]));
+        assert!(matches!(&out[3], Ev::Aux(..)));
+        assert_eq!((s.stats.filtered, s.stats.foreign_windows, s.stats.pause_records), (1, 1, 1));
     }
 
     /// Many windows through small rings: data records and AUX windows wrap repeatedly, every
@@ -376,13 +510,7 @@ mod tests {
             let w: Vec<u8> = (0..(37 + k % 50)).map(|i| (i * 7 + k) as u8).collect();
             let off = ring.push_aux(&w);
             ring.push_record(&build::aux(off, w.len() as u64, 0, &FMT, &sid(k)));
-            ring.push_record(&build::sample(
-                &PAUSE_FMT,
-                &SampleId { id: Some(PAUSE_ID), ..sid(k) },
-                1,
-                1,
-                &[context::USER, 0x1000 + k],
-            ));
+            ring.push_record(&pause(&sid(k), k as u32 + 1, &[0x1000 + k]));
             want.push(w);
             for e in collect(&mut s, &mut ring) {
                 if let Ev::Aux(_, b) = e {
@@ -392,7 +520,8 @@ mod tests {
         }
         assert_eq!(got, want);
         assert!(s.stats.data.wrapped > 0);
-        assert_eq!((s.stats.aux.gap_bytes, s.stats.bad_records, s.stats.pause_samples), (0, 0, 50));
+        assert_eq!((s.stats.aux.gap_bytes, s.stats.bad_records, s.stats.pause_records), (0, 0, 50));
+        assert_eq!(s.stats.window_seq_gaps, 0);
     }
 
     /// TRUNCATED asks for a re-enable; a full AUX ring (head - tail = size) too; LOST records
@@ -415,7 +544,7 @@ mod tests {
         bad[6] = 16; // claims 16 bytes: body + trailer no longer fit
         bad.truncate(16);
         ring.push_record(&bad);
-        ring.push_record(&build::sample(&PAUSE_FMT, &SampleId { id: Some(999), ..sid(4) }, 1, 1, &[]));
+        ring.push_record(&build::sample(&OUT_FMT, &SampleId { id: Some(999), ..sid(4) }, 1, 1, &[]));
         let out = collect(&mut s, &mut ring);
         assert_eq!(out.len(), 2);
         assert!(matches!(out[1], Ev::Side(Sideband::Lost { lost: 3, .. })));
@@ -442,7 +571,7 @@ mod tests {
         let mut ring = FakeRing::new(1 << 16, 1 << 16);
         let mut s = stream(1 << 16);
         let w = vec![0x5au8; 256];
-        let chain: Vec<u64> = std::iter::once(context::USER).chain((0..16).map(|i| 0x40_0000 + i * 64)).collect();
+        let chain: Vec<u64> = (0..16).map(|i| 0x40_0000 + i * 64).collect();
         let n = 200_000u64;
         let mut sink_bytes = 0usize;
         let t0 = std::time::Instant::now();
@@ -450,7 +579,7 @@ mod tests {
         for k in 0..n {
             let off = ring.push_aux(&w);
             ring.push_record(&build::aux(off, 256, 0x100, &FMT, &sid(k)));
-            ring.push_record(&build::sample(&PAUSE_FMT, &SampleId { id: Some(PAUSE_ID), ..sid(k) }, 1, 1, &chain));
+            ring.push_record(&pause(&sid(k), k as u32 + 1, &chain));
             let td = std::time::Instant::now();
             s.drain(&mut ring, &mut |ev: SessionEvent<'_>| {
                 if let SessionEvent::Aux { data, .. } = ev {

@@ -360,8 +360,6 @@ pub struct EtmOptions {
     pub retstack: bool,
     /// Sink name from `sinks/` (None = kernel default).
     pub sink: Option<String>,
-    /// Ask the kernel for the user callchain in pause samples (used when no eBPF stack).
-    pub kernel_callchain: bool,
     /// AUX wakeup watermark in bytes (0 = kernel default, half the buffer).
     pub aux_watermark: u32,
 }
@@ -374,7 +372,6 @@ impl Default for EtmOptions {
             context_id: true,
             retstack: true,
             sink: None,
-            kernel_callchain: true,
             aux_watermark: 0,
         }
     }
@@ -422,6 +419,69 @@ pub struct GroupPlan {
     pub trcconfigr: u32,
     /// In strobe mode the sampling event is not grouped with cs_etm.
     pub pause_in_group: bool,
+}
+
+/// `PERF_COUNT_SW_DUMMY`: a software event that never overflows (a record-only leader).
+pub const PERF_COUNT_SW_DUMMY: u64 = 9;
+/// `PERF_COUNT_SW_CPU_CLOCK`: the hrtimer-driven cpu-clock.
+pub const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+/// `PERF_COUNT_SW_BPF_OUTPUT`: the event `bpf_perf_event_output` writes to.
+pub const PERF_COUNT_SW_BPF_OUTPUT: u64 = 10;
+
+/// The per-CPU bpf-output event that carries the pause program's records: the kernel stamps
+/// each with the ring's trailer (`perf_prepare_sample`: perf-clock TIME, TID, CPU) and the
+/// record itself as PERF_SAMPLE_RAW. Same trailer bits as every other event of the ring.
+pub fn bpf_output_attr() -> PerfEventAttr {
+    let mut a = PerfEventAttr::new(PERF_TYPE_SOFTWARE, PERF_COUNT_SW_BPF_OUTPUT);
+    a.sample_period = 1;
+    a.sample_type = RING_SAMPLE_TYPE | sample::RAW;
+    a.flags = flag::DISABLED | flag::SAMPLE_ID_ALL;
+    a.wakeup_events = 1;
+    a
+}
+
+/// What stands in for the cs_etm and PMU events where the kernel has none (this project's
+/// real-kernel tests): the group keeps every other attr bit, so the open → mmap → SET_OUTPUT →
+/// BPF attach → enable → drain sequence is the one a cs_etm group goes through.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StandIn {
+    /// Leader: `dummy`; resume/pause: `cpu-clock` with each period in cycles scaled to ns
+    /// (`perf_swevent_init_hrtimer` raises periods below 10 µs to 10 µs).
+    Software { ns_per_cycle: f64 },
+    /// Leader: `dummy`; resume/pause: the generic hardware cycles event (a guest with a PMU).
+    HwCycles,
+}
+
+impl GroupPlan {
+    /// The same group with stand-in events: no AUX (`aux_action` cleared, the kernel refuses
+    /// it without an AUX leader) and no `pmu_pulse`/trcextout dependency.
+    pub fn stand_in(&self, with: StandIn) -> GroupPlan {
+        let mut g = self.clone();
+        for (role, a) in &mut g.events {
+            a.aux_action = 0;
+            a.config1 = 0;
+            a.config2 = 0;
+            a.config3 = 0;
+            match role {
+                EventRole::Etm => {
+                    a.ty = PERF_TYPE_SOFTWARE;
+                    a.config = PERF_COUNT_SW_DUMMY;
+                }
+                EventRole::Resume | EventRole::Pause => match with {
+                    StandIn::Software { ns_per_cycle } => {
+                        a.ty = PERF_TYPE_SOFTWARE;
+                        a.config = PERF_COUNT_SW_CPU_CLOCK;
+                        a.sample_period = ((a.sample_period as f64 * ns_per_cycle).round() as u64).max(1);
+                    }
+                    StandIn::HwCycles => {
+                        a.ty = PERF_TYPE_HARDWARE;
+                        a.config = PERF_COUNT_HW_CPU_CYCLES;
+                    }
+                },
+            }
+        }
+        g
+    }
 }
 
 /// TRCCONFIGR as perf's `cs_etmv4_get_config` synthesises it from the cs_etm config words
@@ -527,14 +587,6 @@ pub fn build_group(
         a.flags = flag::SAMPLE_ID_ALL | excl;
         a
     };
-    let with_stack = |mut a: PerfEventAttr| {
-        if opts.kernel_callchain {
-            a.sample_type |= sample::CALLCHAIN;
-            a.flags |= flag::EXCLUDE_CALLCHAIN_KERNEL;
-            a.sample_max_stack = 127;
-        }
-        a
-    };
     let mut events = vec![(EventRole::Etm, etm)];
     match mode {
         WindowMode::Hw => {
@@ -548,7 +600,7 @@ pub fn build_group(
             pause.flags = flag::SAMPLE_ID_ALL | excl;
             pause.aux_action = aux_action::PAUSE;
             events.push((EventRole::Resume, resume));
-            events.push((EventRole::Pause, with_stack(pause)));
+            events.push((EventRole::Pause, pause));
         }
         WindowMode::Free => {
             let (p, r) = free_running_periods(wp.window, wp.period);
@@ -557,10 +609,13 @@ pub fn build_group(
             let mut pause = cycles(p);
             pause.aux_action = aux_action::PAUSE;
             events.push((EventRole::Resume, resume));
-            events.push((EventRole::Pause, with_stack(pause)));
+            events.push((EventRole::Pause, pause));
         }
         WindowMode::Strobe => {
-            events.push((EventRole::Pause, with_stack(cycles(wp.period))));
+            // Outside the group: opened disabled and enabled with it.
+            let mut sampler = cycles(wp.period);
+            sampler.flags |= flag::DISABLED;
+            events.push((EventRole::Pause, sampler));
         }
     }
     Ok(GroupPlan { mode, events, trcconfigr, pause_in_group: mode != WindowMode::Strobe })
@@ -717,7 +772,10 @@ mod tests {
         assert_eq!((resume.ty, resume.config, resume.aux_action), (10, 0x11, aux_action::RESUME));
         assert_eq!((pause.ty, pause.config, pause.aux_action), (10, 0x11, aux_action::PAUSE));
         assert_eq!((pause.sample_period, resume.sample_period), free_running_periods(1000, 1_000_000));
-        assert!(pause.sample_type & sample::CALLCHAIN != 0 && pause.flags & flag::EXCLUDE_CALLCHAIN_KERNEL != 0);
+        // No PERF_SAMPLE_CALLCHAIN: the eBPF program reads the stack, and with CALLCHAIN the
+        // kernel would unwind at every pause (perf_prepare_sample before the program runs) and
+        // bpf_get_stack would copy that callchain, marker first (bpf_get_stack_pe).
+        assert_eq!(pause.sample_type & sample::CALLCHAIN, 0);
         // All events agree on the trailer bits (one ring).
         let t = |a: &PerfEventAttr| a.sample_format().trailer_len();
         assert!(g.events.iter().all(|(_, a)| t(a) == t(&etm)));

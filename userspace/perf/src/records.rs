@@ -575,6 +575,13 @@ pub mod build {
 
     /// A SAMPLE with IDENTIFIER/IP/TID/TIME/CPU/PERIOD/CALLCHAIN as far as `fmt` asks for them.
     pub fn sample(fmt: &SampleFormat, id: &SampleId, ip: u64, period: u64, callchain: &[u64]) -> Vec<u8> {
+        sample_raw(fmt, id, ip, period, callchain, &[])
+    }
+
+    /// [`sample`] plus PERF_SAMPLE_RAW if `fmt` asks for it: `u32 size` and the bytes, padded
+    /// with zeros so that size field and bytes end on 8 bytes (`perf_sample_save_raw_data`:
+    /// `raw->size = round_up(sum + sizeof(u32), sizeof(u64)) - sizeof(u32)`).
+    pub fn sample_raw(fmt: &SampleFormat, id: &SampleId, ip: u64, period: u64, callchain: &[u64], raw: &[u8]) -> Vec<u8> {
         let st = fmt.sample_type;
         let mut b = Vec::new();
         if st & sample::IDENTIFIER != 0 {
@@ -605,6 +612,12 @@ pub mod build {
             for x in callchain {
                 b.extend_from_slice(&x.to_le_bytes());
             }
+        }
+        if st & sample::RAW != 0 {
+            let size = (raw.len() + 4).next_multiple_of(8) - 4;
+            b.extend_from_slice(&(size as u32).to_le_bytes());
+            b.extend_from_slice(raw);
+            b.resize(b.len() + size - raw.len(), 0);
         }
         record(types::SAMPLE, misc::USER, &b, fmt, id)
     }

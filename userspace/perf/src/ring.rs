@@ -235,6 +235,10 @@ pub struct AuxStats {
     pub overwrite: u64,
     /// Bytes between our tail and a record's start (their records were lost): skipped.
     pub gap_bytes: u64,
+    /// Bytes before a record's start that hold only ETE Ignore packets (0x70): padding a
+    /// TRBE wrote and skipped without a record (`trbe_pad_buf` -> `perf_aux_output_skip`);
+    /// handed over with the record's data, as perf's copy of the ring range would.
+    pub pad_bytes: u64,
     /// Records overlapping already consumed data (trimmed).
     pub overlaps: u64,
     /// Records claiming more than the ring holds (clamped to the newest ring-full).
@@ -262,6 +266,10 @@ impl AuxWindow {
         self.flags & aux_flags::PMU_FORMAT_TYPE_MASK == aux_flags::CORESIGHT_FORMAT_RAW
     }
 }
+
+/// The ETE Ignore packet a TRBE pads skipped AUX space with (`ETE_IGNORE_PACKET`,
+/// drivers/hwtracing/coresight/coresight-trbe.c).
+pub const ETE_IGNORE: u8 = 0x70;
 
 /// Consumer state for one AUX ring in normal (writable) mode, or snapshot mode.
 #[derive(Debug, Clone)]
@@ -337,6 +345,26 @@ impl AuxCursor {
         }
         s.bytes += len;
         AuxWindow { start, len, flags }
+    }
+
+    /// [`AuxCursor::on_aux_record`] for a normal-mode ring whose bytes are at hand: if the
+    /// record starts after the cursor and everything in between is ETE Ignore padding (a TRBE
+    /// aligning its write pointer, `__trbe_normal_offset`, or skipping a too-short run,
+    /// `trbe_normal_offset`: both pad with `ETE_IGNORE_PACKET` and advance `aux_head` through
+    /// `perf_aux_output_skip`, which writes no record), the window starts at the cursor and
+    /// includes the padding. Otherwise the same as `on_aux_record`.
+    pub fn on_aux_record_in(&mut self, ring: &[u8], aux_offset: u64, aux_size: u64, flags: u64) -> AuxWindow {
+        let pad = aux_offset.wrapping_sub(self.tail);
+        if flags & aux_flags::OVERWRITE == 0
+            && aux_offset > self.tail
+            && !ring.is_empty()
+            && pad.saturating_add(aux_size) <= ring.len() as u64
+            && (self.tail..aux_offset).all(|p| ring[(p % ring.len() as u64) as usize] == ETE_IGNORE)
+        {
+            self.stats.pad_bytes += pad;
+            return self.on_aux_record(self.tail, aux_size + pad, flags);
+        }
+        self.on_aux_record(aux_offset, aux_size, flags)
     }
 
     /// Gives up on the bytes between the cursor and `pos` (their PERF_RECORD_AUX records were

@@ -30,10 +30,10 @@
 //! // One window on CPU 0: trace on at t=100, two taken branches.
 //! let mut w = ToyWriter::default();
 //! w.sync().trace_on().ts(100).branch(0x1008, 0x2000).branch(0x2010, 0x3000);
-//! let rec = AuxRecord { cpu: 0, flags: 0x100, time: 150, aux_offset: 0, size: w.0.len() as u64 };
+//! let rec = AuxRecord { cpu: 0, flags: 0x100, time: 150, aux_offset: 0, size: w.0.len() as u64, source_cpu: None };
 //! p.push(SessionEvent::Aux { record: rec, data: &w.0 });
 //! // The pause sample that closed it (leaf just after the newest target).
-//! let s = PauseSample { cpu: 0, pid: 1, tid: 1, time: 160, stack: vec![0x3008, 0x100c], branches: None };
+//! let s = PauseSample { cpu: 0, pid: 1, tid: 1, time: 160, stack: vec![0x3008, 0x100c], branches: None, window_ns: None };
 //! p.push(SessionEvent::Sample(&s));
 //! p.finish();
 //! assert_eq!(p.stats().join.joined, 1);

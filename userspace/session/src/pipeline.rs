@@ -1146,7 +1146,14 @@ mod tests {
             off
         });
         (
-            AuxRecord { cpu, flags: flags | PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, time, aux_offset: off, size: data.len() as u64 },
+            AuxRecord {
+                cpu,
+                flags: flags | PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW,
+                time,
+                aux_offset: off,
+                size: data.len() as u64,
+                source_cpu: None,
+            },
             data.to_vec(),
         )
     }
@@ -1155,7 +1162,7 @@ mod tests {
     /// target (no code images: the code checks are skipped, counted as unverified).
     fn sample(cpu: i32, time: u64) -> PauseSample {
         let leaf = base(cpu, time / 1000) + 0x54;
-        PauseSample { cpu, pid: 1, tid: 1, time, stack: vec![leaf, 0x1234], branches: None }
+        PauseSample { cpu, pid: 1, tid: 1, time, stack: vec![leaf, 0x1234], branches: None, window_ns: None }
     }
 
     enum E {
@@ -1357,14 +1364,28 @@ mod tests {
                             d = v;
                         }
                         let flags = (rnd() % 0x200) & 0x10f | if raw { PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW } else { 0 };
-                        let rec =
-                            AuxRecord { cpu, flags, time: i * 100, aux_offset: rnd() % 4096, size: d.len() as u64 + rnd() % 3 };
+                        let rec = AuxRecord {
+                            cpu,
+                            flags,
+                            time: i * 100,
+                            aux_offset: rnd() % 4096,
+                            size: d.len() as u64 + rnd() % 3,
+                            source_cpu: None,
+                        };
                         p.push(SessionEvent::Aux { record: rec, data: &d });
                     }
                     2 => {
                         samples += 1;
                         let stack: Vec<u64> = (0..rnd() % 5).map(|_| rnd()).collect();
-                        let s = PauseSample { cpu, pid: 1, tid: 1, time: i * 100 + rnd() % 200, stack, branches: None };
+                        let s = PauseSample {
+                            cpu,
+                            pid: 1,
+                            tid: 1,
+                            time: i * 100 + rnd() % 200,
+                            stack,
+                            branches: None,
+                            window_ns: None,
+                        };
                         p.push(SessionEvent::Sample(&s));
                     }
                     _ => {

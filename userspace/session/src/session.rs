@@ -294,6 +294,10 @@ pub struct PauseSample {
     /// LBR/BRBE records carried by the sample (newest first), or `None`.
     #[serde(default)]
     pub branches: Option<Vec<BranchPair>>,
+    /// Length of the trace window this pause closed (ns, measured by the eBPF programs
+    /// between the resume and the pause), if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ns: Option<u64>,
 }
 
 /// Sideband perf records (the fields the pipeline uses).
@@ -420,6 +424,66 @@ pub enum Sideband {
         #[serde(default)]
         cpu: Option<i32>,
     },
+    /// `PERF_RECORD_THROTTLE` / `UNTHROTTLE` of a group leader (`perf_log_throttle`, written
+    /// only for the leader): the kernel stopped (or restarted) the whole group of `cpu`
+    /// (`perf_event_throttle_group`); trace between the two is lost.
+    Throttle {
+        /// Leader event id.
+        #[serde(default)]
+        id: u64,
+        /// The group was restarted (UNTHROTTLE) rather than stopped.
+        unthrottle: bool,
+        /// Time.
+        time: u64,
+        /// CPU (sample_id).
+        #[serde(default)]
+        cpu: Option<i32>,
+    },
+    /// `PERF_RECORD_SWITCH` / `SWITCH_CPU_WIDE`: a context switch on `cpu`. `pid`/`tid` are
+    /// the task the record is about (sample_id: the one switched out, or in); for CPU-wide
+    /// records `next_prev` is the task on the other side of the switch.
+    Switch {
+        /// Switch out (true) or in.
+        out: bool,
+        /// Process id (sample_id).
+        pid: u32,
+        /// Thread id (sample_id).
+        tid: u32,
+        /// The other task (CPU-wide records): (pid, tid).
+        #[serde(default)]
+        next_prev: Option<(u32, u32)>,
+        /// Time.
+        time: u64,
+        /// CPU.
+        #[serde(default)]
+        cpu: Option<i32>,
+    },
+    /// A trace window closed by the pause of another process on `cpu` (the pause program's
+    /// header-only record): the trace up to `time` on that CPU belongs to no sample of the
+    /// target.
+    WindowEnd {
+        /// Process of the interrupted task.
+        pid: u32,
+        /// Thread.
+        tid: u32,
+        /// Window length (ns, from the eBPF clock).
+        #[serde(default)]
+        window_ns: Option<u64>,
+        /// Perf-clock time of the pause.
+        time: u64,
+        /// CPU.
+        cpu: i32,
+    },
+    /// The live driver proved that every trace byte of `cpu` (all CPUs with `None`) up to
+    /// `time` has been handed to the pipeline (it disabled the groups, which makes every sink
+    /// publish its data, and drained the rings): pending samples before `time` can be joined.
+    TraceComplete {
+        /// CPU, or all.
+        #[serde(default)]
+        cpu: Option<i32>,
+        /// Perf-clock time.
+        time: u64,
+    },
 }
 
 impl Sideband {
@@ -432,7 +496,11 @@ impl Sideband {
             | Sideband::Exit { time, .. }
             | Sideband::Lost { time, .. }
             | Sideband::ItraceStart { time, .. }
-            | Sideband::AuxOutputHwId { time, .. } => *time,
+            | Sideband::AuxOutputHwId { time, .. }
+            | Sideband::Throttle { time, .. }
+            | Sideband::Switch { time, .. }
+            | Sideband::WindowEnd { time, .. }
+            | Sideband::TraceComplete { time, .. } => *time,
         }
     }
 }
@@ -454,6 +522,11 @@ pub struct AuxRecord {
     /// (the reader sets it from the line, so a truncated `aux/cpuN.bin` shows up as short).
     #[serde(default)]
     pub size: u64,
+    /// CPU that wrote the data (`sample_id.cpu` of the record), where it differs from the
+    /// buffer's: in a per-thread buffer every CPU the thread ran on writes fragments, and raw
+    /// (TRBE) data belongs to the CPU of its record (perf's `cs_etm__queue_aux_fragment`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_cpu: Option<i32>,
 }
 
 /// One line of `events.jsonl`.
@@ -468,6 +541,8 @@ enum Line {
         time: u64,
         #[serde(default)]
         aux_offset: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source_cpu: Option<i32>,
     },
     Sample(PauseSample),
 }
@@ -573,6 +648,7 @@ impl SessionWriter {
             flags: record.flags,
             time: record.time,
             aux_offset: record.aux_offset,
+            source_cpu: record.source_cpu,
         };
         self.write_line(&line)
     }
@@ -756,8 +832,15 @@ impl SessionReader {
             self.load_aux(cpu, offset, size);
         }
         Ok(match self.current.as_ref() {
-            Some(Parsed::Core(Line::Aux { cpu, flags, time, aux_offset, size, .. })) => Some(SessionEvent::Aux {
-                record: AuxRecord { cpu: *cpu, flags: *flags, time: *time, aux_offset: *aux_offset, size: *size },
+            Some(Parsed::Core(Line::Aux { cpu, flags, time, aux_offset, size, source_cpu, .. })) => Some(SessionEvent::Aux {
+                record: AuxRecord {
+                    cpu: *cpu,
+                    flags: *flags,
+                    time: *time,
+                    aux_offset: *aux_offset,
+                    size: *size,
+                    source_cpu: *source_cpu,
+                },
                 data: &self.buf,
             }),
             Some(Parsed::Core(Line::Sample(s))) => Some(SessionEvent::Sample(s)),
@@ -863,6 +946,7 @@ mod tests {
             time: 1000,
             stack: vec![u64::MAX - 3, 0x40_0000],
             branches: Some(vec![BranchPair { from: 1, to: 2 }]),
+            window_ns: Some(812),
         };
         let sbs = vec![
             Sideband::Mmap2 {
@@ -884,9 +968,16 @@ mod tests {
             Sideband::Lost { id: 9, lost: 3, time: 5, cpu: Some(1) },
             Sideband::ItraceStart { pid: 42, tid: 42, time: 6, cpu: Some(0) },
             Sideband::AuxOutputHwId { hw_id: 0x0100_0000_0000_0110, time: 7, cpu: Some(0) },
+            Sideband::Throttle { id: 3, unthrottle: false, time: 8, cpu: Some(1) },
+            Sideband::Throttle { id: 3, unthrottle: true, time: 9, cpu: Some(1) },
+            Sideband::Switch { out: true, pid: 42, tid: 43, next_prev: Some((0, 0)), time: 9, cpu: Some(1) },
+            Sideband::WindowEnd { pid: 7, tid: 8, window_ns: Some(640), time: 9, cpu: 1 },
+            Sideband::TraceComplete { cpu: None, time: 9 },
         ];
-        let aux0 = AuxRecord { cpu: 0, flags: PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, time: 10, aux_offset: 0, size: 0 };
-        let aux1 = AuxRecord { cpu: 1, flags: PERF_AUX_FLAG_TRUNCATED, time: 11, aux_offset: 64, size: 100 };
+        let aux0 =
+            AuxRecord { cpu: 0, flags: PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW, time: 10, aux_offset: 0, size: 0, source_cpu: None };
+        let aux1 =
+            AuxRecord { cpu: -1, flags: PERF_AUX_FLAG_TRUNCATED, time: 11, aux_offset: 64, size: 100, source_cpu: Some(3) };
         let sized = |r: AuxRecord, n: u64| AuxRecord { size: n, ..r };
         for sb in &sbs {
             w.write_sideband(sb).unwrap();
@@ -913,7 +1004,7 @@ mod tests {
         assert_eq!(r.next_event().unwrap(), Some(SessionEvent::Sample(&sample)));
         assert_eq!(r.next_event().unwrap(), Some(SessionEvent::Aux { record: sized(aux0, 0), data: &[] }));
         assert_eq!(r.next_event().unwrap(), None);
-        assert_eq!(r.stats(), ReaderStats { lines: 12, ..Default::default() });
+        assert_eq!(r.stats(), ReaderStats { lines: 17, ..Default::default() });
         let imgs = r.meta().images.clone();
         assert_eq!(fs::read(r.image_path(&imgs[0])).unwrap(), b"\x7fELF fake");
         assert_eq!(fs::read(r.image_path(&imgs[1])).unwrap(), b"\x7fELF fake");

@@ -241,10 +241,6 @@ impl Feed {
         {
             log::debug!("re-reading maps of {}: {e}", self.pid);
         }
-        if let Some(etm) = self.etm.as_mut() {
-            etm.push_bpf_sample(&rec, Some(&mut self.engine));
-            return;
-        }
         // One sample buffer reused for every record (no allocation per sample).
         let mut s = std::mem::take(&mut self.scratch);
         s.cpu = rec.cpu as i32;
@@ -267,18 +263,14 @@ impl Feed {
         self.scratch = s;
     }
 
-    /// Drains the ETM buffers and lets the join complete samples up to the newest one seen
-    /// before the drain (their windows' AUX records were written at the same pause).
+    /// Drains the ETM buffers: AUX records, the pause program's records and the sideband,
+    /// in ring order (samples are joined once their CPU's trace after them, or the
+    /// collection's proof that everything up to them arrived, has been seen).
     fn drain_etm(&mut self) {
-        if let Some(etm) = self.etm.as_mut() {
-            // In the perf clock (the pipeline's), read before the drain.
-            let until = etm.last_bpf_time();
-            if let Err(e) = etm.poll(0, Some(&mut self.engine)) {
-                log::warn!("ETM poll: {e:#}");
-            }
-            if until > 0 {
-                self.engine.pipeline_mut().trace_complete_until(None, until.saturating_add(1));
-            }
+        if let Some(etm) = self.etm.as_mut()
+            && let Err(e) = etm.poll(0, Some(&mut self.engine))
+        {
+            log::warn!("ETM poll: {e:#}");
         }
     }
 }
@@ -346,8 +338,10 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot list online CPUs ({what}): {e}"))?;
 
     let (mut bpf, info, feed) = if use_etm {
-        let mut bpf =
-            SampleBpf::load(pid, 0).context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
+        let ungated = args.window == Some(Window::Strobe);
+        let flags = if ungated { etm_bpf_common::WINDOW_UNGATED } else { 0 };
+        let mut bpf = SampleBpf::load_windows(pid, flags)
+            .context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
         let cfg = EtmConfig {
             sysfs_root: args.sysfs_root.clone(),
             pid: Some(pid as i32),
@@ -362,8 +356,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             command: command.clone(),
             ..Default::default()
         };
-        let mut hook = |fd| bpf.attach_perf_fd(fd);
-        let mut etm = EtmLive::open(&cfg, Some(&mut hook)).context("--branches etm")?;
+        let mut etm = EtmLive::open(&cfg, &mut bpf).context("--branches etm")?;
         etm.note(TRIE_NODES_NOTE, args.max_contexts.to_string());
         let mode = etm.mode_line().to_string();
         let mut pc = etm.pipeline_config(args.depth as usize);

@@ -15,9 +15,12 @@ use aya::{
     programs::PerfEvent,
 };
 use etm_bpf_common::{
-    CONFIG_FLAGS, CONFIG_MAP, CONFIG_TGID, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR, COUNTER_ENTRIES, COUNTER_FILTERED,
-    COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTERS_MAP, PROGRAM_NAME, SAMPLES_MAP,
+    CONFIG_FLAGS, CONFIG_MAP, CONFIG_TGID, CONFIG_WINDOW_FLAGS, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR, COUNTER_ENTRIES,
+    COUNTER_FILTERED, COUNTER_FOREIGN_WINDOWS, COUNTER_OUTPUT_ERR, COUNTER_PAUSE_IDLE, COUNTER_RESUMES, COUNTER_RING_FULL,
+    COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTER_WINDOWS, COUNTERS_MAP, PAUSE_OUT_MAP, PAUSE_PROGRAM, PROGRAM_NAME,
+    RESUME_PROGRAM, SAMPLES_MAP,
 };
+use etm_perf::attr::EventRole;
 
 /// The eBPF object built from `ebpf/` by `build.rs`.
 pub static OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/etm-bpf"));
@@ -39,6 +42,16 @@ pub struct BpfCounters {
     pub branch_enoent: u64,
     /// Samples of other processes skipped by the tgid filter.
     pub filtered: u64,
+    /// ETM windows closed by a pause (records written or attempted).
+    pub windows: u64,
+    /// Pauses that closed no window.
+    pub pause_idle: u64,
+    /// Windows closed in another process.
+    pub foreign_windows: u64,
+    /// Pause records `bpf_perf_event_output` could not write.
+    pub output_err: u64,
+    /// Resumes that opened a window.
+    pub resumes: u64,
 }
 
 impl BpfCounters {
@@ -70,6 +83,27 @@ impl SampleBpf {
             ebpf.program_mut(PROGRAM_NAME).ok_or_else(|| anyhow!("program {PROGRAM_NAME} missing"))?.try_into()?;
         prog.load().context("the kernel rejected the eBPF sampling program")?;
         Ok(SampleBpf { ebpf, attached: Vec::new() })
+    }
+
+    /// Loads the ETM window programs (resume, pause) for process `tgid` with `WINDOW_*`
+    /// `flags`; [`etm_live::group::BpfHooks`] then attaches them to a group's events.
+    pub fn load_windows(tgid: u32, flags: u32) -> anyhow::Result<SampleBpf> {
+        let mut bpf = SampleBpf::load(tgid, 0)?;
+        {
+            let mut config: Array<&mut MapData, u32> =
+                Array::try_from(bpf.ebpf.map_mut(CONFIG_MAP).ok_or_else(|| anyhow!("map {CONFIG_MAP} missing"))?)?;
+            config.set(CONFIG_WINDOW_FLAGS, flags, 0).context("set window flags")?;
+        }
+        for name in [RESUME_PROGRAM, PAUSE_PROGRAM] {
+            let prog: &mut PerfEvent = bpf.ebpf.program_mut(name).ok_or_else(|| anyhow!("program {name} missing"))?.try_into()?;
+            prog.load().with_context(|| format!("the kernel rejected the eBPF program {name}"))?;
+        }
+        Ok(bpf)
+    }
+
+    fn program_fd(&self, name: &str) -> anyhow::Result<std::os::fd::RawFd> {
+        let prog: &PerfEvent = self.ebpf.program(name).ok_or_else(|| anyhow!("program {name} missing"))?.try_into()?;
+        Ok(prog.fd()?.as_fd().as_raw_fd())
     }
 
     /// Attaches the program to the perf event `fd` and enables the event. The fd is kept open
@@ -115,7 +149,67 @@ impl SampleBpf {
             branch_err: v[COUNTER_BRANCH_ERR as usize],
             branch_enoent: v[COUNTER_BRANCH_ENOENT as usize],
             filtered: v[COUNTER_FILTERED as usize],
+            windows: v[COUNTER_WINDOWS as usize],
+            pause_idle: v[COUNTER_PAUSE_IDLE as usize],
+            foreign_windows: v[COUNTER_FOREIGN_WINDOWS as usize],
+            output_err: v[COUNTER_OUTPUT_ERR as usize],
+            resumes: v[COUNTER_RESUMES as usize],
         })
+    }
+}
+
+/// `BPF_MAP_UPDATE_ELEM` (the `bpf(2)` command number).
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+
+/// `union bpf_attr` for the map element commands (`map_fd`, `key`, `value`, `flags`).
+#[repr(C)]
+struct MapElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+impl etm_live::group::BpfHooks for SampleBpf {
+    /// `PERF_EVENT_IOC_SET_BPF` with the resume or pause program; the group's enable starts
+    /// the event (the fd stays with the group).
+    fn attach(&mut self, role: EventRole, _cpu: i32, fd: &OwnedFd) -> Result<(), String> {
+        let name = match role {
+            EventRole::Resume => RESUME_PROGRAM,
+            EventRole::Pause => PAUSE_PROGRAM,
+            EventRole::Etm => return Ok(()),
+        };
+        let prog_fd = self.program_fd(name).map_err(|e| format!("{e:#}"))?;
+        // SAFETY: ioctl on a perf fd the caller owns with an int argument (the program fd).
+        if unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, prog_fd) } < 0 {
+            return Err(format!("PERF_EVENT_IOC_SET_BPF ({name}): {}", std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// Stores the bpf-output event's fd at index `cpu` of the `PERF_EVENT_ARRAY`.
+    fn register_output(&mut self, cpu: u32, fd: &OwnedFd) -> Result<(), String> {
+        let map = self.ebpf.map(PAUSE_OUT_MAP).ok_or_else(|| format!("map {PAUSE_OUT_MAP} missing"))?;
+        let aya::maps::Map::PerfEventArray(data) = map else { return Err(format!("{PAUSE_OUT_MAP} is not a PERF_EVENT_ARRAY")) };
+        let key: u32 = cpu;
+        let value: u32 = fd.as_raw_fd() as u32;
+        let attr = MapElemAttr {
+            map_fd: data.fd().as_fd().as_raw_fd() as u32,
+            _pad: 0,
+            key: &key as *const u32 as u64,
+            value: &value as *const u32 as u64,
+            flags: 0,
+        };
+        // SAFETY: bpf(BPF_MAP_UPDATE_ELEM) reads `attr` (size given) and the key/value it
+        // points to, all alive for the call.
+        let r = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_MAP_UPDATE_ELEM, &attr as *const MapElemAttr, std::mem::size_of::<MapElemAttr>())
+        };
+        if r < 0 {
+            return Err(format!("adding the bpf-output event of cpu {cpu}: {}", std::io::Error::last_os_error()));
+        }
+        Ok(())
     }
 }
 

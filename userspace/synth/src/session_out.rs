@@ -142,13 +142,28 @@ pub fn write_session(
             Some(Fault::Lost) | None => {}
         }
         offsets.push((summary.aux_bytes, bytes.len() as u64));
-        let rec = AuxRecord { cpu: cfg.cpu, flags, time: win.sample_time, aux_offset: ring, size: win.bytes.len() as u64 };
+        let rec = AuxRecord {
+            cpu: cfg.cpu,
+            flags,
+            time: win.sample_time,
+            aux_offset: ring,
+            size: win.bytes.len() as u64,
+            source_cpu: None,
+        };
         w.write_aux(&rec, &bytes).map_err(sess)?;
         ring += win.bytes.len() as u64;
         if fault == Some(Fault::Lost) {
             w.write_sideband(&Sideband::Lost { id: 0, lost: 1, time: win.sample_time, cpu }).map_err(sess)?;
         } else {
-            let sample = PauseSample { cpu: cfg.cpu, pid, tid, time: win.sample_time, stack: win.stack.clone(), branches: None };
+            let sample = PauseSample {
+                cpu: cfg.cpu,
+                pid,
+                tid,
+                time: win.sample_time,
+                stack: win.stack.clone(),
+                branches: None,
+                window_ns: None,
+            };
             w.write_sample(&sample).map_err(sess)?;
         }
         summary.windows += 1;

@@ -21,25 +21,29 @@
 //!
 //! Nothing here has run on Arm hardware; see docs/live-etm.md.
 
+#[cfg(test)]
+mod standin;
+
 use std::collections::HashSet;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, anyhow, bail};
 use etm_perf::attr::{
-    EtmOptions, EventRole, ModeChoice, ModeInputs, PerfEventAttr, WindowMode, WindowParams, aux_action, build_group,
-    choose_window_mode, flag,
+    EtmOptions, ModeChoice, ModeInputs, PerfEventAttr, WindowMode, WindowParams, aux_action, build_group, choose_window_mode,
+    flag,
 };
 use etm_perf::discovery::{CsEtmSystem, EtmCpu, KernelVersion, TraceArch, TsSource};
 use etm_session::pipeline::PipelineConfig;
 use etm_session::session::{
-    ClockParams, CpuTraceConfig, PauseSample, SessionEvent, SessionMeta, SessionSource, SessionWriter, Sideband, TargetInfo,
+    ClockParams, CpuTraceConfig, SessionEvent, SessionMeta, SessionSource, SessionWriter, Sideband, TargetInfo,
 };
 
 use etm_live::clock;
+use etm_live::group::{self, BpfHooks, GroupSpec, LiveGroup};
 use etm_live::ring::RingSource;
-use etm_live::stream::{CpuStream, EventSink, IdRole, StreamStats};
-use etm_live::sys::{self, PerfBuffer};
+use etm_live::stream::{EventSink, StreamStats};
+use etm_live::sys;
 
 /// What to collect.
 #[derive(Debug, Clone)]
@@ -60,10 +64,11 @@ pub struct EtmConfig {
     pub window: Option<WindowMode>,
     pub params: WindowParams,
     pub opts: EtmOptions,
-    /// Data ring pages per buffer (power of two).
-    pub data_pages: usize,
-    /// AUX ring pages per buffer (power of two).
-    pub aux_pages: usize,
+    /// Data ring bytes per buffer (rounded up to a power of two of pages).
+    pub data_bytes: usize,
+    /// AUX ring bytes per buffer (rounded up to a power of two of pages): in bytes, so a
+    /// 64 KiB-page kernel does not get 16 times the memory of a 4 KiB-page one.
+    pub aux_bytes: usize,
     /// Probe AUX pause support by opening cs_etm with aux_start_paused (else: kernel version).
     pub probe: bool,
     /// `--record DIR`.
@@ -87,8 +92,8 @@ impl Default for EtmConfig {
             window: None,
             params: WindowParams::default(),
             opts: EtmOptions::default(),
-            data_pages: 64,
-            aux_pages: 1024,
+            data_bytes: 256 << 10,
+            aux_bytes: 4 << 20,
             probe: true,
             record: None,
             copy_images: true,
@@ -289,29 +294,18 @@ pub fn probe_aux_pause(sys: &CsEtmSystem) -> Option<bool> {
 
 /// A running live ETM collection.
 pub struct EtmLive {
-    buffers: Vec<(PerfBuffer, CpuStream)>,
-    /// Sibling fds kept open (resume events, and pause events not handed to a BPF hook).
-    siblings: Vec<OwnedFd>,
+    groups: Vec<LiveGroup>,
     choice: ModeChoice,
     cpus: Vec<CpuTraceConfig>,
     clock: Option<ClockParams>,
-    perf_minus_mono: Option<i64>,
-    bpf_attached: bool,
     recorder: Option<Recorder>,
-    /// Stack-only samples pushed from the eBPF ring.
-    pub bpf_samples: u64,
-    /// Perf-clock time of the newest eBPF sample pushed.
-    last_bpf_time: u64,
 }
 
 impl EtmLive {
-    /// Discovers, decides the mode, opens and maps everything (events stay disabled until
-    /// [`EtmLive::enable`]). `attach_pause` receives each pause event fd (after SET_OUTPUT) to
-    /// attach the eBPF program; without it the kernel callchain is used.
-    pub fn open(
-        cfg: &EtmConfig,
-        mut attach_pause: Option<&mut dyn FnMut(OwnedFd) -> anyhow::Result<()>>,
-    ) -> anyhow::Result<EtmLive> {
+    /// Discovers, decides the mode, and opens one group per CPU (or the per-thread group) in
+    /// the kernel's order through `etm_live::group::open`, with `bpf` attaching the window
+    /// programs; events stay disabled until [`EtmLive::enable`].
+    pub fn open(cfg: &EtmConfig, bpf: &mut dyn BpfHooks) -> anyhow::Result<EtmLive> {
         let sys = CsEtmSystem::discover(&cfg.sysfs_root).context("cs_etm discovery")?;
         for w in &sys.warnings {
             log::warn!("cs_etm discovery: {w}");
@@ -330,64 +324,30 @@ impl EtmLive {
             .map_err(|e| anyhow!(e))?;
         log::info!("{}", choice.reason);
         let pid = cfg.pid.unwrap_or(-1);
-        let targets: Vec<i32> = if cfg.per_thread { vec![-1] } else { cpus.iter().map(|&c| c as i32).collect() };
         if cfg.per_thread && pid < 0 {
             bail!("per-thread mode needs a target pid");
         }
-        let mut live = EtmLive {
-            buffers: Vec::new(),
-            siblings: Vec::new(),
-            choice: choice.clone(),
-            cpus: Vec::new(),
-            clock: None,
-            perf_minus_mono: None,
-            bpf_attached: attach_pause.is_some(),
-            recorder: None,
-            bpf_samples: 0,
-            last_bpf_time: 0,
-        };
+        let targets: Vec<i32> = if cfg.per_thread { vec![-1] } else { cpus.iter().map(|&c| c as i32).collect() };
+        let mut live = EtmLive { groups: Vec::new(), choice: choice.clone(), cpus: Vec::new(), clock: None, recorder: None };
         let mut trcconfigr = 0;
         for &cpu in &targets {
             let plan = build_group(&sys, cpu, choice.mode, &cfg.params, &cfg.opts).context("building the event group")?;
             trcconfigr = plan.trcconfigr;
-            let (_, leader_attr) = plan.events[0];
-            let open_pid = if cfg.per_thread { pid } else { -1 };
-            let leader = sys::open(&leader_attr, open_pid, cpu, None)
-                .with_context(|| format!("perf_event_open(cs_etm, pid {pid}, cpu {cpu})"))?;
-            let fmt = leader_attr.sample_format();
-            let mut ids = vec![(sys::event_id(&leader).context("PERF_EVENT_IOC_ID")?, IdRole::Etm, fmt)];
-            let mut pause_fds = Vec::new();
-            for &(role, attr) in &plan.events[1..] {
-                let group = plan.pause_in_group.then_some(&leader);
-                let fd =
-                    sys::open(&attr, open_pid, cpu, group).with_context(|| format!("perf_event_open({role:?}, cpu {cpu})"))?;
-                sys::set_output(&fd, &leader).context("PERF_EVENT_IOC_SET_OUTPUT")?;
-                let r = if role == EventRole::Resume { IdRole::Resume } else { IdRole::Pause };
-                ids.push((sys::event_id(&fd)?, r, attr.sample_format()));
-                if role == EventRole::Pause {
-                    pause_fds.push(fd);
-                } else {
-                    live.siblings.push(fd);
-                }
-            }
-            let buf = PerfBuffer::map(leader, cfg.data_pages, cfg.aux_pages).with_context(|| {
-                format!("mmap of the data/AUX buffers (cpu {cpu}); raise /proc/sys/kernel/perf_event_mlock_kb?")
-            })?;
-            for fd in pause_fds {
-                match attach_pause.as_deref_mut() {
-                    Some(hook) => hook(fd).context("attaching the eBPF program to the pause event")?,
-                    None => live.siblings.push(fd),
-                }
-            }
-            let aux_size = buf.aux().len() as u64;
-            let mut stream = CpuStream::new(cpu, fmt, &ids, aux_size);
-            stream.target = cfg.pid.filter(|&p| p > 0).map(|p| p as u32);
-            live.buffers.push((buf, stream));
+            let spec = GroupSpec {
+                cpu,
+                pid: if cfg.per_thread { pid } else { -1 },
+                plan,
+                data_bytes: cfg.data_bytes,
+                aux_bytes: cfg.aux_bytes,
+                bpf_output: !cfg.per_thread,
+            };
+            let mut g = group::open(&spec, bpf).context("opening the cs_etm event group")?;
+            g.stream.target = cfg.pid.filter(|&p| p > 0).map(|p| p as u32);
+            live.groups.push(g);
         }
         live.cpus = cpus.iter().filter_map(|&c| sys.cpu(c)).map(|c| cpu_trace_config(c, trcconfigr)).collect();
-        if let Some((b, _)) = live.buffers.first() {
-            live.clock = clock::clock_params(&b.page());
-            live.perf_minus_mono = clock::perf_minus_monotonic(&b.page(), 16);
+        if let Some(g) = live.groups.first() {
+            live.clock = clock::clock_params(&g.buf.page());
         }
         if !sys.has_virtual_ts() {
             log::warn!(
@@ -395,16 +355,13 @@ impl EtmLive {
             );
         }
         if live.clock.is_none() {
-            log::warn!(
-                "no cap_user_time_zero: ETM timestamps cannot be converted to the perf clock, and eBPF sample times (CLOCK_MONOTONIC) cannot be aligned"
-            );
+            log::warn!("no cap_user_time_zero: ETM timestamps cannot be converted to the perf clock");
         }
         if let Some(dir) = &cfg.record {
             let mut notes = std::collections::HashMap::new();
             notes.insert("kernel".to_string(), kernel.to_string());
             notes.insert("window_choice".to_string(), choice.reason.clone());
             notes.insert("sysfs".to_string(), sys.summary());
-            notes.insert("bpf_stacks".to_string(), live.bpf_attached.to_string());
             let meta = SessionMeta {
                 source: SessionSource::Live,
                 target: TargetInfo { pid: i64::from(pid), command: cfg.command.clone() },
@@ -439,11 +396,10 @@ impl EtmLive {
         c
     }
 
-    /// Enables the cs_etm leaders (the groups start; with aux_start_paused the trace stays
-    /// off until the first resume).
+    /// Enables the groups (with aux_start_paused the trace stays off until the first resume).
     pub fn enable(&self) -> anyhow::Result<()> {
-        for (b, _) in &self.buffers {
-            sys::ioctl0(&b.fd, sys::PERF_EVENT_IOC_ENABLE).context("PERF_EVENT_IOC_ENABLE")?;
+        for g in &self.groups {
+            g.enable().with_context(|| format!("enabling the group of cpu {}", g.cpu))?;
         }
         Ok(())
     }
@@ -452,7 +408,7 @@ impl EtmLive {
     /// recording). Returns the number of records consumed.
     pub fn poll(&mut self, timeout_ms: i32, pipeline: Option<&mut dyn EventSink>) -> anyhow::Result<usize> {
         let mut fds: Vec<libc::pollfd> =
-            self.buffers.iter().map(|(b, _)| libc::pollfd { fd: b.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+            self.groups.iter().map(|g| libc::pollfd { fd: g.buf.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
         // SAFETY: fds is a valid array of pollfd for the duration of the call.
         let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
         if r < 0 {
@@ -468,27 +424,10 @@ impl EtmLive {
     pub fn drain(&mut self, pipeline: Option<&mut dyn EventSink>) -> usize {
         let mut consumer = Consumer { pipeline, recorder: self.recorder.as_mut() };
         let mut n = 0;
-        for (b, s) in &mut self.buffers {
-            n += s.drain(b, &mut consumer);
+        for g in &mut self.groups {
+            n += g.stream.drain(&mut g.buf, &mut consumer);
         }
         n
-    }
-
-    /// Feeds one eBPF pause record (CLOCK_MONOTONIC time) as a pause sample.
-    pub fn push_bpf_sample(&mut self, rec: &etm_bpf_common::SampleRecord, pipeline: Option<&mut dyn EventSink>) {
-        let time = match self.perf_minus_mono {
-            Some(off) => clock::monotonic_to_perf(rec.time_ns, off),
-            None => rec.time_ns,
-        };
-        if self.buffers.first().and_then(|(_, s)| s.target).is_some_and(|t| t != rec.pid) {
-            return;
-        }
-        let s =
-            PauseSample { cpu: rec.cpu as i32, pid: rec.pid, tid: rec.tid, time, stack: rec.stack().to_vec(), branches: None };
-        self.bpf_samples += 1;
-        self.last_bpf_time = self.last_bpf_time.max(time);
-        let mut consumer = Consumer { pipeline, recorder: self.recorder.as_mut() };
-        consumer.event(SessionEvent::Sample(&s));
     }
 
     /// Feeds an event the driver made (MMAP2 of mappings that existed before the events were
@@ -504,30 +443,24 @@ impl EtmLive {
         }
     }
 
-    /// Perf-clock time of the newest eBPF pause sample pushed (0: none yet): the watermark up
-    /// to which the join may complete samples once the buffers are drained.
-    pub fn last_bpf_time(&self) -> u64 {
-        self.last_bpf_time
-    }
-
     /// Per-buffer counters.
     pub fn stats(&self) -> Vec<(i32, StreamStats)> {
-        self.buffers.iter().map(|(_, s)| (s.cpu, s.stats)).collect()
+        self.groups.iter().map(|g| (g.cpu, g.stream.stats)).collect()
     }
 
     /// Disables the groups, drains what is left, and finishes the recording (trace IDs from
     /// AUX_OUTPUT_HW_ID records are written into its metadata).
     pub fn finish(mut self, pipeline: Option<&mut dyn EventSink>) -> anyhow::Result<Option<SessionMeta>> {
-        for (b, _) in &self.buffers {
-            let _ = sys::ioctl0(&b.fd, sys::PERF_EVENT_IOC_DISABLE);
+        for g in &self.groups {
+            let _ = g.disable();
         }
         self.drain(pipeline);
         let Some(mut rec) = self.recorder.take() else { return Ok(None) };
-        for (_, s) in &self.buffers {
-            if s.cpu < 0 {
+        for g in &self.groups {
+            if g.cpu < 0 {
                 continue;
             }
-            if let (Some(h), Some(c)) = (s.hw_ids.last(), rec.meta_mut().cpus.iter_mut().find(|c| c.cpu == s.cpu)) {
+            if let (Some(h), Some(c)) = (g.stream.hw_ids.last(), rec.meta_mut().cpus.iter_mut().find(|c| c.cpu == g.cpu)) {
                 c.trace_id = h.trace_id;
                 c.sink_id = h.sink_id;
             }
@@ -543,9 +476,23 @@ impl EtmLive {
 mod tests {
     use super::*;
     use etm_live::ring::MemRing as FakeRing;
+    use etm_live::stream::{CpuStream, IdRole};
     use etm_perf::attr::RING_SAMPLE_TYPE;
-    use etm_perf::records::{SampleFormat, SampleId, build, context, sample};
+    use etm_perf::records::{SampleFormat, SampleId, build, sample};
     use etm_session::session::{SessionEvent, SessionReader};
+
+    /// The pause program's record of a window closed in the target with `stack`.
+    fn pause_rec(fmt: &SampleFormat, sid: &SampleId, seq: u32, stack: &[u64]) -> Vec<u8> {
+        let h = etm_bpf_common::PauseHeader {
+            flags: etm_bpf_common::PAUSE_TARGET,
+            pid: sid.pid.unwrap_or(0),
+            tid: sid.tid.unwrap_or(0),
+            window_ns: 500,
+            seq,
+            stack_len: stack.len() as u32,
+        };
+        etm_live::stream::pause_sample_record(fmt, sid, &h, stack)
+    }
 
     fn fixture(name: &str) -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("perf/tests/fixtures").join(name)
@@ -578,7 +525,7 @@ mod tests {
         use std::cell::RefCell;
         use std::rc::Rc;
         let fmt = SampleFormat { sample_type: RING_SAMPLE_TYPE, sample_id_all: true, branch_hw_index: false, regs_user_mask: 0 };
-        let pfmt = SampleFormat { sample_type: RING_SAMPLE_TYPE | sample::CALLCHAIN, ..fmt };
+        let pfmt = SampleFormat { sample_type: RING_SAMPLE_TYPE | sample::RAW, ..fmt };
         let cpu = 2i32;
         let cfg = PipelineConfig {
             cpus: vec![CpuTraceConfig { cpu, trace_id: 0x14, ..Default::default() }],
@@ -591,7 +538,7 @@ mod tests {
         let g = got.clone();
         p.set_observer(Box::new(move |j| g.borrow_mut().push((j.time, j.branches.to_vec()))));
         let mut ring = FakeRing::new(1024, 512);
-        let mut s = CpuStream::new(cpu, fmt, &[(1, IdRole::Etm, fmt), (2, IdRole::Pause, pfmt)], 512);
+        let mut s = CpuStream::new(cpu, fmt, &[(1, IdRole::Etm, fmt), (2, IdRole::BpfOutput, pfmt)], 512);
         let sid = |t: u64, id: u64| SampleId {
             pid: Some(1),
             tid: Some(1),
@@ -616,7 +563,7 @@ mod tests {
             let flags = 0x100 | if k == 4 { 0x1 } else { 0 };
             ring.push_record(&build::aux(off, w.0.len() as u64, flags, &fmt, &sid(1000 * k + 400, 1)));
             let leaf = base + 0x54;
-            ring.push_record(&build::sample(&pfmt, &sid(1000 * k + 500, 2), leaf, 1, &[context::USER, leaf, 0x1234]));
+            ring.push_record(&pause_rec(&pfmt, &sid(1000 * k + 500, 2), k as u32, &[leaf, 0x1234]));
             if k != 4 {
                 want.push((1000 * k + 500, brs));
             }
@@ -659,7 +606,7 @@ mod tests {
     #[test]
     fn open_without_cs_etm_fails_cleanly() {
         let cfg = EtmConfig { sysfs_root: fixture("."), ..Default::default() };
-        let e = EtmLive::open(&cfg, None).err().unwrap();
+        let e = EtmLive::open(&cfg, &mut etm_live::group::NoBpf).err().unwrap();
         assert!(format!("{e:#}").contains("no cs_etm"), "{e:#}");
     }
 
@@ -669,11 +616,11 @@ mod tests {
     #[test]
     fn record_round_trip_through_session_reader() {
         let fmt = SampleFormat { sample_type: RING_SAMPLE_TYPE, sample_id_all: true, branch_hw_index: false, regs_user_mask: 0 };
-        let pfmt = SampleFormat { sample_type: RING_SAMPLE_TYPE | sample::CALLCHAIN, ..fmt };
+        let pfmt = SampleFormat { sample_type: RING_SAMPLE_TYPE | sample::RAW, ..fmt };
         let sid =
             |t: u64, id: u64| SampleId { pid: Some(9), tid: Some(9), time: Some(t), id: Some(id), stream_id: None, cpu: Some(0) };
         let mut ring = FakeRing::new(4096, 512);
-        let mut s = CpuStream::new(0, fmt, &[(1, IdRole::Etm, fmt), (2, IdRole::Pause, pfmt)], 512);
+        let mut s = CpuStream::new(0, fmt, &[(1, IdRole::Etm, fmt), (2, IdRole::BpfOutput, pfmt)], 512);
         let exe = std::env::current_exe().unwrap();
         let mut mm = Vec::new();
         for v in [9u32, 9] {
@@ -694,7 +641,7 @@ mod tests {
             let off = ring.push_aux(w);
             ring.push_record(&build::aux(off, w.len() as u64, 0x100, &fmt, &sid(10 + k as u64, 1)));
         }
-        ring.push_record(&build::sample(&pfmt, &sid(20, 2), 0x400010, 1, &[context::USER, 0x400010, 0x400200]));
+        ring.push_record(&pause_rec(&pfmt, &sid(20, 2), 1, &[0x400010, 0x400200]));
         let dir = tempfile::tempdir().unwrap();
         let meta = SessionMeta { branch_depth: 32, ..Default::default() };
         let mut rec = Recorder::create(dir.path(), meta, true).unwrap();

@@ -1,0 +1,290 @@
+//! The live ETM path on this machine's real kernel, with software stand-ins for the cs_etm
+//! leader and the resume/pause events (root: the eBPF programs). The group is built by the
+//! same builder as on Arm (`etm_perf::attr::build_group` on the N1 fixture), turned into
+//! stand-ins (`GroupPlan::stand_in`), opened by `etm_live::group::open` and drained by the
+//! same stream; only the AUX bytes are missing (no AUX PMU here).
+//!
+//! What runs for real: the open → mmap → SET_OUTPUT → BPF attach → enable → drain → disable
+//! order, the resume/pause programs and their gating, `bpf_get_stack` with and without
+//! PERF_SAMPLE_CALLCHAIN on the pause event, the bpf-output records in the leader's ring with
+//! kernel perf-clock stamps, and group throttling with its THROTTLE/UNTHROTTLE records.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use etm_live::group::{self, GroupSpec, LiveGroup};
+use etm_perf::attr::{EtmOptions, EventRole, StandIn, WindowMode, WindowParams, build_group};
+use etm_perf::discovery::CsEtmSystem;
+use etm_perf::records::sample;
+use etm_session::session::{PauseSample, SessionEvent, Sideband};
+
+use crate::live::bpf::{BpfCounters, SampleBpf};
+
+/// These tests change and depend on system-wide perf settings (the throttle test lowers
+/// `perf_event_max_sample_rate`): one at a time even under a parallel test harness.
+static KERNEL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn can_bpf() -> bool {
+    let ok = crate::cmd::run::check_privileges().is_ok();
+    if !ok {
+        etm_testutil::skip("needs CAP_BPF + CAP_PERFMON or CAP_SYS_ADMIN (run as root)");
+    }
+    ok
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("perf/tests/fixtures").join(name)
+}
+
+/// Pins this thread to one CPU (the one it is on) and returns it.
+fn pin() -> i32 {
+    // SAFETY: sched_getcpu has no arguments.
+    let cpu = unsafe { libc::sched_getcpu() }.max(0);
+    // SAFETY: a zeroed cpu_set_t with one bit set, passed by pointer with its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+    cpu
+}
+
+/// The free-running group of the N1 fixture for `window`/`period` (cycles), as stand-ins at
+/// one cycle per ns: the pause period is P = 2W|1 ns and the resume period R ns.
+fn standin_spec(cpu: i32, window: u64, period: u64, callchain: bool) -> GroupSpec {
+    let sys = CsEtmSystem::discover(&fixture("n1-etr")).unwrap();
+    let wp = WindowParams { window, period, strobe_preset: 1 };
+    let mut plan = build_group(&sys, 0, WindowMode::Free, &wp, &EtmOptions::default())
+        .unwrap()
+        .stand_in(StandIn::Software { ns_per_cycle: 1.0 });
+    if callchain {
+        for (role, a) in &mut plan.events {
+            if *role == EventRole::Pause {
+                a.sample_type |= sample::CALLCHAIN;
+                a.sample_max_stack = 127;
+            }
+        }
+    }
+    GroupSpec { cpu, pid: -1, plan, data_bytes: 1 << 20, aux_bytes: 0, bpf_output: true }
+}
+
+#[inline(never)]
+fn spin(d: Duration) -> u64 {
+    let t = Instant::now();
+    let mut x = 1u64;
+    while t.elapsed() < d {
+        for _ in 0..1000 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407));
+        }
+    }
+    x
+}
+
+fn probe_path() -> String {
+    std::env::current_exe().unwrap().to_string_lossy().into_owned()
+}
+
+/// Maps (and unmaps) a page of this test binary executable: the kernel writes an MMAP2
+/// record, stamped in the perf clock, into every ring with `mmap` events on this CPU.
+fn clock_probe() {
+    let f = std::fs::File::open(probe_path()).unwrap();
+    // SAFETY: a private read-only mapping of a file we opened, unmapped right away.
+    unsafe {
+        let m = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        );
+        assert_ne!(m, libc::MAP_FAILED);
+        libc::munmap(m, 4096);
+    }
+}
+
+/// What one run of a stand-in group produced.
+struct Run {
+    samples: Vec<PauseSample>,
+    ends: usize,
+    sideband: Vec<Sideband>,
+    counters: BpfCounters,
+    stats: etm_live::stream::StreamStats,
+    leader_id: u64,
+    t0: u64,
+    t1: u64,
+}
+
+/// Opens `spec` with the window programs for this process, runs `busy` pinned on its CPU,
+/// disables and drains.
+fn run(spec: &GroupSpec, busy: Duration) -> Run {
+    let me = std::process::id();
+    let mut bpf = SampleBpf::load_windows(me, 0).expect("load the window programs");
+    let mut g: LiveGroup = group::open(spec, &mut bpf).expect("open the stand-in group");
+    g.stream.target = Some(me);
+    let leader_id = etm_live::sys::event_id(&g.buf.fd).unwrap();
+    g.enable().unwrap();
+    // The perf clock is not readable from user space on every host (x86 guests without a
+    // stable native sched_clock have no cap_user_time_zero): an executable mapping makes the
+    // kernel stamp an MMAP2 record in the leader's ring instead.
+    clock_probe();
+    let mut samples = Vec::new();
+    let mut sideband = Vec::new();
+    let mut ends = 0;
+    let deadline = Instant::now() + busy;
+    while Instant::now() < deadline {
+        spin(Duration::from_millis(20));
+        g.stream.drain(&mut g.buf, &mut |ev: SessionEvent<'_>| match ev {
+            SessionEvent::Sample(s) => samples.push(s.clone()),
+            SessionEvent::Sideband(Sideband::WindowEnd { .. }) => ends += 1,
+            SessionEvent::Sideband(sb) => sideband.push(sb.clone()),
+            SessionEvent::Aux { .. } => {}
+        });
+    }
+    clock_probe();
+    g.disable().unwrap();
+    g.stream.drain(&mut g.buf, &mut |ev: SessionEvent<'_>| match ev {
+        SessionEvent::Sample(s) => samples.push(s.clone()),
+        SessionEvent::Sideband(Sideband::WindowEnd { .. }) => ends += 1,
+        SessionEvent::Sideband(sb) => sideband.push(sb.clone()),
+        SessionEvent::Aux { .. } => {}
+    });
+    let probes: Vec<u64> = sideband
+        .iter()
+        .filter_map(|sb| match sb {
+            Sideband::Mmap2 { filename, time, .. } if *filename == probe_path() => Some(*time),
+            _ => None,
+        })
+        .collect();
+    let (t0, t1) = (probes[0], *probes.last().unwrap());
+    assert_eq!(probes.len(), 2, "two clock probes");
+    let counters = bpf.counters().unwrap();
+    Run { samples, ends, sideband, counters, stats: g.stream.stats, leader_id, t0, t1 }
+}
+
+/// Resume every R, pause every P < R: the pause program writes a record only for the first
+/// pause after a resume (one per window: records = windows = resumes, and many idle pauses),
+/// each window shorter than one pause period, each record stamped by the kernel in the perf
+/// clock (between the perf-clock readings before enable and after disable, increasing), and
+/// each stack starting at the interrupted user PC the kernel put in the sample.
+#[test]
+fn windows_are_gated_and_stamped_in_the_perf_clock() {
+    let _serial = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_bpf() {
+        return;
+    }
+    let cpu = pin();
+    // P = 200,001 ns, R >= 1 ms.
+    let spec = standin_spec(cpu, 100_000, 1_000_000, false);
+    let p_ns = spec.plan.events[2].1.sample_period;
+    let r = run(&spec, Duration::from_millis(400));
+    let c = r.counters;
+    let records = r.samples.len() + r.ends;
+    assert!(r.samples.len() >= 50, "only {} target windows: {:?} {c:?}", r.samples.len(), r.stats);
+    assert_eq!(records as u64, c.windows, "one record per closed window: {c:?}");
+    assert!(c.resumes - c.windows <= 1, "every window a resume opened is closed (but the last): {c:?}");
+    assert!(c.pause_idle >= 2 * c.windows, "pauses that close no window capture nothing: {c:?}");
+    assert_eq!((c.output_err, c.stack_err), (0, 0), "{c:?}");
+    assert_eq!((r.stats.stack_markers, r.stats.leaf_not_ip, r.stats.window_seq_gaps), (0, 0, 0), "{:?}", r.stats);
+    // A window closes at the first pause after its resume: within one pause period, unless
+    // that pause found the CPU in the kernel (cpu-clock with exclude_kernel skips overflows
+    // outside user mode, perf_swevent_hrtimer), so allow a few stragglers.
+    let short = r.samples.iter().filter(|s| s.window_ns.unwrap() <= p_ns + p_ns / 10).count();
+    assert!(short * 10 >= r.samples.len() * 9, "{short} of {} windows within a pause period {p_ns} ns", r.samples.len());
+    for s in &r.samples {
+        assert_eq!((s.pid, s.cpu), (std::process::id(), cpu));
+        assert!(s.window_ns.unwrap() > 0);
+        assert!(r.t0 <= s.time && s.time <= r.t1, "{} not in [{}, {}]", s.time, r.t0, r.t1);
+    }
+    assert!(r.samples.windows(2).all(|w| w[0].time < w[1].time));
+}
+
+/// With PERF_SAMPLE_CALLCHAIN on the pause event, `bpf_get_stack_pe()` copies the kernel's
+/// callchain, which starts with PERF_CONTEXT_USER: every record's raw stack begins with the
+/// marker (counted), and the stack the pipeline gets, without it, still starts at the
+/// interrupted PC. (Before the fix every such sample was rejected: stack[0] = the marker.)
+#[test]
+fn callchain_on_the_pause_event_puts_a_marker_first() {
+    let _serial = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_bpf() {
+        return;
+    }
+    let cpu = pin();
+    let r = run(&standin_spec(cpu, 100_000, 1_000_000, true), Duration::from_millis(300));
+    assert!(r.samples.len() >= 30, "{:?}", r.stats);
+    assert_eq!(r.stats.stack_markers, r.stats.pause_records, "{:?}", r.stats);
+    assert_eq!(r.stats.leaf_not_ip, 0, "{:?}", r.stats);
+    assert!(r.samples.iter().all(|s| s.stack[0] < etm_bpf_common::PERF_CONTEXT_MAX));
+}
+
+/// Sets a sysctl for the life of the guard.
+struct Sysctl {
+    path: &'static str,
+    old: String,
+}
+
+impl Sysctl {
+    fn set(path: &'static str, v: &str) -> std::io::Result<Sysctl> {
+        let old = std::fs::read_to_string(path)?;
+        std::fs::write(path, v)?;
+        Ok(Sysctl { path, old })
+    }
+}
+
+impl Drop for Sysctl {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.path, self.old.trim());
+    }
+}
+
+/// A pause event faster than `perf_event_max_sample_rate / HZ` per tick is throttled with its
+/// whole group (`__perf_event_account_interrupt` → `perf_event_throttle_group`): the leader's
+/// ring gets PERF_RECORD_THROTTLE / UNTHROTTLE records with the leader's id, the drain counts
+/// and forwards them, and no window closes while the group is stopped.
+#[test]
+fn group_throttling_shows_in_the_ring() {
+    let _serial = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_bpf() {
+        return;
+    }
+    let _rate = match Sysctl::set("/proc/sys/kernel/perf_event_max_sample_rate", "1000") {
+        Ok(g) => g,
+        Err(e) => return etm_testutil::skip(format!("cannot lower perf_event_max_sample_rate: {e}")),
+    };
+    let cpu = pin();
+    // P = 20,001 ns: 50,000 pauses/s against a limit of 1,000/s.
+    let r = run(&standin_spec(cpu, 10_000, 1_000_000, false), Duration::from_millis(400));
+    let th: Vec<(u64, bool, u64)> = r
+        .sideband
+        .iter()
+        .filter_map(|s| match s {
+            Sideband::Throttle { id, unthrottle, time, .. } => Some((*id, *unthrottle, *time)),
+            _ => None,
+        })
+        .collect();
+    assert!(r.stats.throttles >= 3 && r.stats.unthrottles >= 2, "{:?}", r.stats);
+    assert_eq!(th.len() as u64, r.stats.throttles + r.stats.unthrottles);
+    assert!(th.iter().all(|t| t.0 == r.leader_id), "THROTTLE comes from the group leader: {th:?} vs {}", r.leader_id);
+    // Alternating. While the group is stopped no window closes, except by the overflow that
+    // throttled it: `__perf_event_overflow` accounts (and throttles) first and still runs the
+    // pause action and the program, so its record follows the THROTTLE record (for cs_etm
+    // the leader was stopped before that pause: its window's trace is lost).
+    let mut stopped: Option<u64> = None;
+    let mut by_throttling_overflow = 0;
+    for &(_, un, t) in &th {
+        match (stopped, un) {
+            (None, false) => stopped = Some(t),
+            (Some(t0), true) => {
+                let inside: Vec<u64> = r.samples.iter().map(|s| s.time).filter(|&x| x > t0 && x < t).collect();
+                assert!(inside.len() <= 1, "{} windows closed while throttled in [{t0}, {t}]", inside.len());
+                if let Some(&x) = inside.first() {
+                    assert!(x - t0 < 200_000, "the window closed {} ns after the THROTTLE", x - t0);
+                    by_throttling_overflow += 1;
+                }
+                stopped = None;
+            }
+            _ => panic!("THROTTLE/UNTHROTTLE out of order: {th:?}"),
+        }
+    }
+    eprintln!("{} throttled intervals, {by_throttling_overflow} closed by the throttling overflow", r.stats.throttles);
+}
