@@ -1098,7 +1098,8 @@ impl Decoder {
         let tag = self.tag;
         let cfg = self.cfg.insn;
         let opts = self.cfg.opts;
-        let (r, res) = walk::walk(&mut self.walk, mem, space, &cfg, &opts, target, Some((&mut self.cache, tag)));
+        let ctx = self.ctx.context_id;
+        let (r, res) = walk::walk(&mut self.walk, mem, space, ctx, &cfg, &opts, target, Some((&mut self.cache, tag)));
         match res {
             WpRes::RangeLimit | WpRes::BadOpcode => {
                 log::debug!("trace id {:#x}: walk from {:#x} failed: {res:?}", self.cfg.trace_id, r.start);
@@ -1330,7 +1331,7 @@ impl Decoder {
         let mut n = 0u32;
         let mut is_branch = false;
         for _ in 0..count {
-            if !walk::step(&mut self.walk, mem, space, &cfg) {
+            if !walk::step(&mut self.walk, mem, space, self.ctx.context_id, &cfg) {
                 break;
             }
             n += 1;
@@ -1364,13 +1365,13 @@ impl Decoder {
         let space = self.mem_space();
         let cfg = self.cfg.insn;
         let curr = self.walk.addr;
-        let (n, _) = walk::read_opcode(mem, src, space);
+        let (n, _) = walk::read_opcode(mem, src, space, self.ctx.context_id);
         if n != 4 {
             self.add(index, ElementKind::AddrNacc { addr: src, space });
             return Ok(());
         }
         self.walk.addr = src;
-        if !walk::step(&mut self.walk, mem, space, &cfg) {
+        if !walk::step(&mut self.walk, mem, space, self.ctx.context_id, &cfg) {
             self.add(index, ElementKind::AddrNacc { addr: src, space });
             return Ok(());
         }
@@ -1392,7 +1393,7 @@ impl Decoder {
                 let mut tmp = WalkState { addr: r.start, isa: self.walk.isa, ..WalkState::default() };
                 r.num = 0;
                 while tmp.addr < r.end {
-                    if r.num >= walk::MAX_WALK || !walk::step(&mut tmp, mem, space, &cfg) {
+                    if r.num >= walk::MAX_WALK || !walk::step(&mut tmp, mem, space, self.ctx.context_id, &cfg) {
                         self.add(index, ElementKind::AddrNacc { addr: src, space });
                         r.num = 1;
                         r.start = src;

@@ -102,6 +102,20 @@ pub trait MemoryAccess {
     fn slice_at(&self, _addr: u64, _space: MemSpace) -> Option<&[u8]> {
         None
     }
+
+    /// [`MemoryAccess::read`] for the code of the context the trace is in: `context_id` is the
+    /// CONTEXTIDR value the trace last reported (`None`: not traced). The decoder reads
+    /// through these; an image with one address space ignores the context (the default).
+    /// (OpenCSD passes the trace ID with every read for the same purpose,
+    /// `TrcMemAccessorBase::readBytes`.)
+    fn read_ctx(&self, addr: u64, space: MemSpace, _context_id: Option<u32>, buf: &mut [u8]) -> usize {
+        self.read(addr, space, buf)
+    }
+
+    /// [`MemoryAccess::slice_at`] for the code of `context_id` (see [`MemoryAccess::read_ctx`]).
+    fn slice_at_ctx(&self, addr: u64, space: MemSpace, _context_id: Option<u32>) -> Option<&[u8]> {
+        self.slice_at(addr, space)
+    }
 }
 
 /// One mapped region of code.

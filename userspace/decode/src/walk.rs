@@ -95,17 +95,23 @@ pub struct RawRange {
 
 /// Reads up to 4 opcode bytes: (bytes available, little-endian value).
 #[inline]
-pub fn read_opcode<M: MemoryAccess + ?Sized>(mem: &M, addr: u64, space: MemSpace) -> (usize, u32) {
+pub fn read_opcode<M: MemoryAccess + ?Sized>(mem: &M, addr: u64, space: MemSpace, ctx: Option<u32>) -> (usize, u32) {
     let mut b = [0u8; 4];
-    let n = mem.read(addr, space, &mut b);
+    let n = mem.read_ctx(addr, space, ctx, &mut b);
     (n, u32::from_le_bytes(b))
 }
 
 /// Classifies the instruction at `st.addr` (handling a 16-bit T32 instruction at the very end
 /// of a region); returns false if the code is not accessible.
 #[inline]
-pub fn step<M: MemoryAccess + ?Sized>(st: &mut WalkState, mem: &M, space: MemSpace, cfg: &DecodeConfig) -> bool {
-    let (n, op) = read_opcode(mem, st.addr, space);
+pub fn step<M: MemoryAccess + ?Sized>(
+    st: &mut WalkState,
+    mem: &M,
+    space: MemSpace,
+    ctx: Option<u32>,
+    cfg: &DecodeConfig,
+) -> bool {
+    let (n, op) = read_opcode(mem, st.addr, space, ctx);
     let op = if n == 4 {
         op
     } else if n >= 2 && st.isa == Isa::Thumb2 && !crate::insn::is_wide_thumb(op as u16) {
@@ -122,10 +128,12 @@ pub fn step<M: MemoryAccess + ?Sized>(st: &mut WalkState, mem: &M, space: MemSpa
 /// address equals `target`. `cache` (A64 waypoint walks only) memoises blocks under `tag`
 /// (only blocks that passed the `opts` checks are stored, so the cache must be cleared when
 /// `opts` change).
+#[allow(clippy::too_many_arguments)]
 pub fn walk<M: MemoryAccess + ?Sized>(
     st: &mut WalkState,
     mem: &M,
     space: MemSpace,
+    ctx: Option<u32>,
     cfg: &DecodeConfig,
     opts: &DecodeOptions,
     target: Option<u64>,
@@ -143,7 +151,7 @@ pub fn walk<M: MemoryAccess + ?Sized>(
             st.last = last;
             return (RawRange { start, end, num }, WpRes::Found);
         }
-        let res = walk_a64(st, mem, space, cfg, opts, &mut num);
+        let res = walk_a64(st, mem, space, ctx, cfg, opts, &mut num);
         if res == WpRes::Found
             && let Some((c, tag)) = cache
         {
@@ -154,12 +162,12 @@ pub fn walk<M: MemoryAccess + ?Sized>(
     let cap = opts.cap();
     loop {
         if opts.aa64_opcode_chk && st.isa == Isa::A64 {
-            let (n, op) = read_opcode(mem, st.addr, space);
+            let (n, op) = read_opcode(mem, st.addr, space, ctx);
             if n == 4 && opts.bad_a64(op) {
                 return (RawRange { start, end: st.addr, num }, WpRes::BadOpcode);
             }
         }
-        if !step(st, mem, space, cfg) {
+        if !step(st, mem, space, ctx, cfg) {
             return (RawRange { start, end: st.addr, num }, WpRes::Nacc);
         }
         num += 1;
@@ -181,13 +189,14 @@ fn walk_a64<M: MemoryAccess + ?Sized>(
     st: &mut WalkState,
     mem: &M,
     space: MemSpace,
+    ctx: Option<u32>,
     cfg: &DecodeConfig,
     opts: &DecodeOptions,
     num: &mut u32,
 ) -> WpRes {
     let cap = opts.cap();
     loop {
-        match mem.slice_at(st.addr, space) {
+        match mem.slice_at_ctx(st.addr, space, ctx) {
             Some(s) if s.len() >= 4 => {
                 let mut info = st.last;
                 for w in s.chunks_exact(4) {
@@ -214,12 +223,12 @@ fn walk_a64<M: MemoryAccess + ?Sized>(
             Some(_) => return WpRes::Nacc,
             None => {
                 if opts.aa64_opcode_chk {
-                    let (n, op) = read_opcode(mem, st.addr, space);
+                    let (n, op) = read_opcode(mem, st.addr, space, ctx);
                     if n == 4 && opts.bad_a64(op) {
                         return WpRes::BadOpcode;
                     }
                 }
-                if !step(st, mem, space, cfg) {
+                if !step(st, mem, space, ctx, cfg) {
                     return WpRes::Nacc;
                 }
                 *num += 1;
@@ -252,12 +261,12 @@ mod tests {
         let mut st = WalkState { addr: 0x1000, isa: Isa::A64, ..Default::default() };
         let cfg = DecodeConfig::default();
         let mut c = BlockCache::new(4);
-        let (r, res) = walk(&mut st, &m, MemSpace::EL1N, &cfg, &DecodeOptions::default(), None, Some((&mut c, 0)));
+        let (r, res) = walk(&mut st, &m, MemSpace::EL1N, None, &cfg, &DecodeOptions::default(), None, Some((&mut c, 0)));
         assert_eq!((r.start, r.end, r.num, res), (0x1000, 0x100C, 3, WpRes::Found));
         assert_eq!(st.last.branch_addr, 0x1010);
         // second walk is served by the cache with the same result
         let mut st2 = WalkState { addr: 0x1000, isa: Isa::A64, ..Default::default() };
-        let (r2, _) = walk(&mut st2, &m, MemSpace::EL1N, &cfg, &DecodeOptions::default(), None, Some((&mut c, 0)));
+        let (r2, _) = walk(&mut st2, &m, MemSpace::EL1N, None, &cfg, &DecodeOptions::default(), None, Some((&mut c, 0)));
         assert_eq!((r2, st2.last.branch_addr, c.hits), (r, 0x1010, 1));
     }
 
@@ -269,7 +278,7 @@ mod tests {
         let run = |limit| {
             let mut st = WalkState { addr: 0x1000, isa: Isa::A64, ..Default::default() };
             let opts = DecodeOptions { range_limit: limit, aa64_opcode_chk: false };
-            walk(&mut st, &m, MemSpace::ANY, &DecodeConfig::default(), &opts, None, None)
+            walk(&mut st, &m, MemSpace::ANY, None, &DecodeConfig::default(), &opts, None, None)
         };
         assert_eq!(run(3).1, WpRes::Found);
         assert_eq!(run(0).1, WpRes::Found);
@@ -285,7 +294,7 @@ mod tests {
         let run = |chk| {
             let mut st = WalkState { addr: 0x1000, isa: Isa::A64, ..Default::default() };
             let opts = DecodeOptions { range_limit: 0, aa64_opcode_chk: chk };
-            let (r, res) = walk(&mut st, &m, MemSpace::ANY, &DecodeConfig::default(), &opts, None, None);
+            let (r, res) = walk(&mut st, &m, MemSpace::ANY, None, &DecodeConfig::default(), &opts, None, None);
             (r.num, res, st.addr)
         };
         assert_eq!(run(true), (1, WpRes::BadOpcode, 0x1004));
@@ -297,7 +306,7 @@ mod tests {
     fn walk_off_image() {
         let m = image(&[0xD503201F]);
         let mut st = WalkState { addr: 0x1000, isa: Isa::A64, ..Default::default() };
-        let (r, res) = walk(&mut st, &m, MemSpace::ANY, &DecodeConfig::default(), &DecodeOptions::default(), None, None);
+        let (r, res) = walk(&mut st, &m, MemSpace::ANY, None, &DecodeConfig::default(), &DecodeOptions::default(), None, None);
         assert_eq!((r.num, res, st.addr), (1, WpRes::Nacc, 0x1004));
     }
 
@@ -306,7 +315,8 @@ mod tests {
     fn walk_to_target() {
         let m = image(&[0xD503201F, 0x14000000, 0xD503201F]);
         let mut st = WalkState { addr: 0x1000, isa: Isa::A64, ..Default::default() };
-        let (r, res) = walk(&mut st, &m, MemSpace::ANY, &DecodeConfig::default(), &DecodeOptions::default(), Some(0x100C), None);
+        let (r, res) =
+            walk(&mut st, &m, MemSpace::ANY, None, &DecodeConfig::default(), &DecodeOptions::default(), Some(0x100C), None);
         assert_eq!((r.num, res), (3, WpRes::Found));
     }
 }

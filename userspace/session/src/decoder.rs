@@ -13,7 +13,7 @@ use etm_decode::insn::{ArchVersion, DecodeConfig, InstrType, decode_a64};
 use etm_decode::pipeline::BufferDecoder;
 use etm_decode::snapshot::{CoreProfile, EtmConfig, Protocol};
 
-use crate::pipeline::{CodeMap, DecoderFactory, Discontinuity, WindowDecoder, WindowSink};
+use crate::pipeline::{CodeMap, ContextCode, DecoderFactory, Discontinuity, WindowDecoder, WindowSink};
 use crate::session::BranchPair;
 use crate::session::{CpuTraceConfig, TraceArch};
 
@@ -94,6 +94,8 @@ struct Adapter {
     /// over in one call before any other sink call and at the end of every piece of data.
     batch: Vec<BranchPair>,
     batch_id: Option<u8>,
+    /// Per trace ID: the traced context is another process's (its code is not read).
+    foreign: Vec<bool>,
 }
 
 #[derive(Debug, Clone)]
@@ -168,6 +170,7 @@ impl EtmWindowDecoder {
                 insn_cfg: DecodeConfig { arch: ArchVersion::Aa64, wfi_wfe_branch: false, dsb_dmb_waypoints: false },
                 batch: Vec::with_capacity(BATCH),
                 batch_id: None,
+                foreign: vec![false; 128],
             },
         };
         d.reset();
@@ -283,7 +286,20 @@ impl Adapter {
             }
             ElementKind::EoTrace(_) => self.complete_pending(e.trace_id, code, sink),
             ElementKind::AddrNacc { .. } => {
-                sink.discontinuity(id, Discontinuity::NoCode);
+                let why = if self.foreign[slot] { Discontinuity::Foreign } else { Discontinuity::NoCode };
+                sink.discontinuity(id, why);
+                return;
+            }
+            ElementKind::TraceInfo => {
+                // The trace unit was (re)enabled: whatever was pending ended before it.
+                self.complete_pending(e.trace_id, code, sink);
+                sink.trace_info(id);
+            }
+            ElementKind::PeContext { ctx, .. } => {
+                if let Some(c) = ctx.context_id {
+                    self.foreign[slot] = code.context_code(Some(c)) == ContextCode::Foreign;
+                    sink.context(id, c);
+                }
                 return;
             }
             ElementKind::Exception { .. } | ElementKind::ExceptionRet => {
@@ -306,8 +322,14 @@ impl Adapter {
 struct Mem<'a>(&'a CodeMap);
 
 impl MemoryAccess for Mem<'_> {
-    fn read(&self, addr: u64, _space: MemSpace, buf: &mut [u8]) -> usize {
-        match self.0.slice(None, addr) {
+    fn read(&self, addr: u64, space: MemSpace, buf: &mut [u8]) -> usize {
+        self.read_ctx(addr, space, None, buf)
+    }
+    fn slice_at(&self, addr: u64, space: MemSpace) -> Option<&[u8]> {
+        self.slice_at_ctx(addr, space, None)
+    }
+    fn read_ctx(&self, addr: u64, space: MemSpace, context_id: Option<u32>, buf: &mut [u8]) -> usize {
+        match self.slice_at_ctx(addr, space, context_id) {
             Some(s) => {
                 let n = s.len().min(buf.len());
                 buf[..n].copy_from_slice(&s[..n]);
@@ -316,8 +338,13 @@ impl MemoryAccess for Mem<'_> {
             None => 0,
         }
     }
-    fn slice_at(&self, addr: u64, _space: MemSpace) -> Option<&[u8]> {
-        self.0.slice(None, addr)
+    /// The code of the traced context's process; none for another process's context.
+    fn slice_at_ctx(&self, addr: u64, _space: MemSpace, context_id: Option<u32>) -> Option<&[u8]> {
+        match self.0.context_code(context_id) {
+            ContextCode::Target => self.0.slice(None, addr),
+            ContextCode::Process(pid) => self.0.slice(Some(pid), addr),
+            ContextCode::Foreign => None,
+        }
     }
 }
 
@@ -375,7 +402,8 @@ pub mod toy {
     //!
     //! * `A5 A5` sync (the decoder ignores everything until it has seen one);
     //! * `01` trace on; `02 <u64 le>` timestamp; `03 <u64 from> <u64 to>` taken branch;
-    //!   `04` overflow; any other byte is an error (the decoder loses sync).
+    //!   `04` overflow; `05` trace info (a window starts); `06 <u32 le>` context id; any other
+    //!   byte is an error (the decoder loses sync).
 
     use crate::pipeline::{CodeMap, DecoderFactory, Discontinuity, WindowDecoder, WindowSink};
     use crate::session::CpuTraceConfig;
@@ -413,6 +441,17 @@ pub mod toy {
             self.0.push(4);
             self
         }
+        /// Trace info (the trace unit was enabled: a window starts).
+        pub fn trace_info(&mut self) -> &mut Self {
+            self.0.push(5);
+            self
+        }
+        /// Context id (a thread id).
+        pub fn context(&mut self, id: u32) -> &mut Self {
+            self.0.push(6);
+            self.0.extend_from_slice(&id.to_le_bytes());
+            self
+        }
     }
 
     /// The toy decoder.
@@ -430,6 +469,7 @@ pub mod toy {
         match op {
             2 => 9,
             3 => 17,
+            6 => 5,
             _ => 1,
         }
     }
@@ -442,6 +482,8 @@ pub mod toy {
                 2 => sink.timestamp(None, u(1)),
                 3 => sink.branch(None, u(1), u(9)),
                 4 => sink.discontinuity(None, Discontinuity::Overflow),
+                5 => sink.trace_info(None),
+                6 => sink.context(None, u32::from_le_bytes(p[1..5].try_into().expect("4 bytes"))),
                 _ => unreachable!("checked by the caller"),
             }
         }
@@ -475,7 +517,7 @@ pub mod toy {
                             continue;
                         }
                     }
-                    if !(1..=4).contains(&op) {
+                    if !(1..=6).contains(&op) {
                         sink.discontinuity(None, Discontinuity::Error);
                         self.synced = false;
                         self.reported_gap = true;

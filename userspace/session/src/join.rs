@@ -139,11 +139,17 @@ pub enum RejectReason {
     StackMismatch,
     /// Samples of a CPU arrived out of time order.
     OutOfOrder,
+    /// The kernel throttled the CPU's event group while the window was open: its trace was
+    /// dropped (`perf_event_throttle_group` stops the AUX leader too).
+    Throttled,
+    /// The newest trace before the pause belongs to another thread (a context switch the
+    /// trace or the switch records show): no branch of the sample's thread is left.
+    ForeignContext,
 }
 
 impl RejectReason {
     /// All reasons, in display order.
-    pub const ALL: [RejectReason; 12] = [
+    pub const ALL: [RejectReason; 14] = [
         RejectReason::EmptyStack,
         RejectReason::NoWindow,
         RejectReason::StaleWindow,
@@ -156,6 +162,8 @@ impl RejectReason {
         RejectReason::ReturnNotAfterCall,
         RejectReason::StackMismatch,
         RejectReason::OutOfOrder,
+        RejectReason::Throttled,
+        RejectReason::ForeignContext,
     ];
 
     /// Short name for summaries.
@@ -173,6 +181,8 @@ impl RejectReason {
             RejectReason::ReturnNotAfterCall => "return-not-after-call",
             RejectReason::StackMismatch => "stack-mismatch",
             RejectReason::OutOfOrder => "out-of-order",
+            RejectReason::Throttled => "throttled",
+            RejectReason::ForeignContext => "foreign-context",
         }
     }
 }
@@ -256,6 +266,14 @@ pub struct JoinStats {
     pub unverified: u64,
     /// Joined samples whose stack lacked the leaf frame's return address.
     pub leaf_frame_missing: u64,
+    /// Windows closed in other processes (their pause records): their segments are dropped.
+    pub window_ends: u64,
+    /// Segments dropped because they belonged to another process's window.
+    pub foreign_segments: u64,
+    /// Joined samples whose chain stopped at a context switch (other thread before it).
+    pub context_cut: u64,
+    /// Throttle intervals seen (PERF_RECORD_THROTTLE).
+    pub throttles: u64,
     /// Rejected samples by reason.
     pub rejected: RejectCounts,
 }
@@ -284,6 +302,9 @@ struct PendingSample {
     tid: u32,
     time: u64,
     stack: Vec<u64>,
+    /// A window closed in another process ([`Joiner::window_end`]): it only consumes its
+    /// segments.
+    foreign: bool,
 }
 
 /// A trace segment: from one trace-on to the next (a window is one or more segments: trace
@@ -299,6 +320,13 @@ struct Segment {
     head: usize,
     /// Data of this segment was lost: its branches are gone and the chain breaks here.
     broken: bool,
+    /// The loss was the kernel throttling the group.
+    throttled: bool,
+    /// The segment is the first of a trace window: the trace unit resynchronised (Trace
+    /// Info) before it, as it does at every resume; a chain never runs past it.
+    window_start: bool,
+    /// The traced context (CONTEXTIDR: the thread id) if the trace reported one.
+    ctx: Option<u32>,
 }
 
 impl Segment {
@@ -329,6 +357,10 @@ struct CpuJoin {
     last_sample_time: Option<u64>,
     /// Time of the previous resolved sample (its window's segments are gone).
     prev_resolved: Option<u64>,
+    /// The next segment begins a trace window (Trace Info seen).
+    next_window_start: bool,
+    /// Recent context switches into a thread on this CPU: (time, tid), oldest first.
+    switch_ins: VecDeque<(u64, u32)>,
 }
 
 /// The per-CPU join.
@@ -382,13 +414,94 @@ impl Joiner {
         let ring = self.pool_rings.pop().unwrap_or_default();
         let c = self.cpus.entry(cpu);
         c.open = true;
-        c.segs.push_back(Segment { time, ts_known, ring, head: 0, broken: false });
+        let window_start = std::mem::take(&mut c.next_window_start);
+        c.segs.push_back(Segment { time, ts_known, ring, head: 0, broken: false, throttled: false, window_start, ctx: None });
         if c.segs.len() > self.cfg.max_pending_segments
             && let Some(g) = c.segs.pop_front()
         {
             // Keep the newest; nothing claimed the oldest in time.
             self.stats.segments_overflow += 1;
             recycle(&mut self.pool_rings, g.ring);
+        }
+        self.resolve(cpu, oracle, out);
+    }
+
+    /// The trace of `cpu` resynchronised (a Trace Info packet: the trace unit was enabled,
+    /// i.e. resumed): the open segment ends and the next one begins a trace window.
+    pub fn trace_info(&mut self, cpu: i32) {
+        let c = self.cpus.entry(cpu);
+        c.open = false;
+        c.next_window_start = true;
+    }
+
+    /// The trace of `cpu` reported context `ctx` (CONTEXTIDR: a thread id) for the open
+    /// segment. A different context inside a segment starts a new segment (same time).
+    pub fn context(&mut self, cpu: i32, ctx: u32, oracle: &dyn CodeOracle, out: &mut dyn FnMut(&Joined<'_>)) {
+        let Some(c) = self.cpus.get_mut(cpu) else { return };
+        let Some(g) = c.segs.back_mut().filter(|_| c.open) else { return };
+        match g.ctx {
+            None => g.ctx = Some(ctx),
+            Some(x) if x == ctx => {}
+            Some(_) => {
+                let (t, known) = (g.time, g.ts_known);
+                c.open = false;
+                self.begin_segment(cpu, t, known, oracle, out);
+                if let Some(g) = self.cpus.get_mut(cpu).and_then(|c| c.segs.back_mut()) {
+                    g.ctx = Some(ctx);
+                }
+            }
+        }
+    }
+
+    /// A context switch on `cpu` at `time` into thread `tid` (a switch record).
+    pub fn switch_in(&mut self, cpu: i32, time: u64, tid: u32) {
+        let c = self.cpus.entry(cpu);
+        c.switch_ins.push_back((time, tid));
+        // Keep what a pending sample may still ask about: switches after the previous pause.
+        let keep_after = c.prev_resolved.unwrap_or(0);
+        while c.switch_ins.len() > 1 && c.switch_ins.get(1).is_some_and(|s| s.0 <= keep_after) {
+            c.switch_ins.pop_front();
+        }
+        if c.switch_ins.len() > MAX_SWITCHES {
+            c.switch_ins.pop_front();
+        }
+    }
+
+    /// The kernel throttled the event group of `cpu` at `time` (its AUX leader stopped, the
+    /// open trace dropped): the open segment breaks, and a window the throttle cut is never
+    /// joined. (An unthrottle needs no action: the trace that follows starts a new window.)
+    pub fn throttle(&mut self, cpu: i32, time: u64) {
+        self.stats.throttles += 1;
+        let ring = self.pool_rings.pop().unwrap_or_default();
+        let c = self.cpus.entry(cpu);
+        c.open = false;
+        c.segs.push_back(Segment {
+            time,
+            ts_known: true,
+            ring,
+            head: 0,
+            broken: true,
+            throttled: true,
+            window_start: false,
+            ctx: None,
+        });
+    }
+
+    /// A window closed at `time` on `cpu` in another process (its pause record): the trace up
+    /// to it belongs to no sample of the target. Queued like a sample, so it consumes exactly
+    /// the segments of its window.
+    pub fn window_end(&mut self, cpu: i32, time: u64, oracle: &dyn CodeOracle, out: &mut dyn FnMut(&Joined<'_>)) {
+        self.stats.window_ends += 1;
+        let c = self.cpus.entry(cpu);
+        if c.last_sample_time.is_some_and(|t| time < t) {
+            return;
+        }
+        c.last_sample_time = Some(time);
+        let stack = self.pool_stacks.pop().unwrap_or_default();
+        c.samples.push_back(PendingSample { pid: 0, tid: 0, time, stack, foreign: true });
+        if c.samples.len() > self.cfg.max_pending_samples {
+            self.stats.forced += 1;
+            self.resolve_front(cpu, oracle, out);
         }
         self.resolve(cpu, oracle, out);
     }
@@ -482,7 +595,7 @@ impl Joiner {
         let mut s = self.pool_stacks.pop().unwrap_or_default();
         s.clear();
         s.extend_from_slice(stack);
-        c.samples.push_back(PendingSample { pid, tid, time, stack: s });
+        c.samples.push_back(PendingSample { pid, tid, time, stack: s, foreign: false });
         if c.samples.len() > self.cfg.max_pending_samples {
             self.stats.forced += 1;
             self.resolve_front(cpu, oracle, out);
@@ -544,32 +657,76 @@ impl Joiner {
         }
         // This pause's window: the segments that began before it (after the previous pause).
         let n = c.segs.iter().take_while(|g| g.time <= s.time).count();
+        if s.foreign {
+            for _ in 0..n {
+                if let Some(g) = c.segs.pop_front() {
+                    self.stats.foreign_segments += 1;
+                    recycle(&mut self.pool_rings, g.ring);
+                }
+            }
+            recycle(&mut self.pool_stacks, s.stack);
+            return;
+        }
+        // A context switch on this CPU since the previous pause: an undated segment without a
+        // traced context cannot be placed before or after it.
+        let switched = c.switch_ins.iter().any(|&(t, _)| prev.is_none_or(|p| t > p) && t <= s.time);
         let verdict = if n == 0 {
             Err(RejectReason::NoWindow)
         } else if self.cfg.max_window_age.is_some_and(|a| s.time - c.segs[n - 1].time > a) {
             Err(RejectReason::StaleWindow)
         } else {
-            // Newest N branches, newest segment first; the chain stops at a broken segment.
+            // Newest N branches, newest segment first; the chain stops at a broken segment, at
+            // the start of the trace window, and where the trace stops being the sample's
+            // thread.
             self.scratch.clear();
-            let mut broken = false;
+            let mut stop: Option<RejectReason> = None;
+            let mut cut = false;
             for g in c.segs.range(..n).rev() {
                 if g.broken {
-                    broken = true;
+                    stop = Some(if g.throttled { RejectReason::Throttled } else { RejectReason::BrokenWindow });
+                    break;
+                }
+                let owner = match g.ctx {
+                    Some(t) => Some(t),
+                    // No context in the trace: the switch records say who ran, if the segment is
+                    // dated and switches were recorded.
+                    None if g.ts_known => c.switch_ins.iter().rev().find(|&&(t, _)| t <= g.time).map(|&(_, tid)| tid),
+                    None => None,
+                };
+                let foreign = match owner {
+                    Some(t) => t != s.tid,
+                    // Undated and without context: the sample's only if no switch happened on
+                    // this CPU since the previous pause (or no switches are recorded at all:
+                    // per-thread tracing follows one thread).
+                    None => switched,
+                };
+                if foreign {
+                    if self.scratch.is_empty() {
+                        stop = Some(RejectReason::ForeignContext);
+                    } else {
+                        cut = true;
+                    }
                     break;
                 }
                 let room = self.cfg.depth - self.scratch.len().min(self.cfg.depth);
                 self.scratch.extend(g.oldest_first().rev().take(room));
-                if self.scratch.len() >= self.cfg.depth {
+                if self.scratch.len() >= self.cfg.depth || g.window_start {
                     break;
                 }
             }
-            if self.scratch.is_empty() {
-                Err(if broken { RejectReason::BrokenWindow } else { RejectReason::EmptyWindow })
-            } else {
-                if broken {
+            match stop {
+                Some(r) if self.scratch.is_empty() => Err(r),
+                _ if self.scratch.is_empty() => Err(RejectReason::EmptyWindow),
+                Some(_) => {
                     self.stats.partial += 1;
+                    Ok(())
                 }
-                Ok(())
+                None => {
+                    if cut {
+                        self.stats.context_cut += 1;
+                    }
+                    Ok(())
+                }
             }
         };
         // Whatever happened, these segments belonged to this pause.
@@ -684,6 +841,9 @@ impl<T: Default> CpuMap<T> {
         self.dense.iter().enumerate().filter(|(_, o)| o.is_some()).map(|(i, _)| i as i32 - 1).chain(self.other.keys().copied())
     }
 }
+
+/// Context switches kept per CPU.
+const MAX_SWITCHES: usize = 256;
 
 fn recycle<T>(pool: &mut Vec<Vec<T>>, mut v: Vec<T>) {
     if pool.len() < 64 {

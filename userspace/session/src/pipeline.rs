@@ -40,6 +40,8 @@ pub enum Discontinuity {
     Error,
     /// Code needed to follow the trace was not available.
     NoCode,
+    /// The trace is in another process's context (its code is not followed).
+    Foreign,
 }
 
 /// Receives what a [`WindowDecoder`] finds in the trace. `trace_id` is `None` for raw
@@ -62,6 +64,10 @@ pub trait WindowSink {
     }
     /// The branch chain broke.
     fn discontinuity(&mut self, trace_id: Option<u8>, why: Discontinuity);
+    /// The trace unit resynchronised (Trace Info): it was enabled, i.e. a window begins.
+    fn trace_info(&mut self, _trace_id: Option<u8>) {}
+    /// The trace reported the context (CONTEXTIDR value: a thread id) of what follows.
+    fn context(&mut self, _trace_id: Option<u8>, _context_id: u32) {}
 }
 
 /// A resumable trace decoder for one AUX buffer (all the trace IDs in it).
@@ -139,6 +145,13 @@ pub struct PipelineStats {
     pub aux_short: u64,
     /// AUX records flagged partial or collision.
     pub aux_partial_collision: u64,
+    /// AUX records after which the decoder was reset because of COLLISION: a TRBE wrap or
+    /// limit interrupt, after which trace may be lost and the stream resumes mid-packet
+    /// (`trbe_report_wrap_event`).
+    pub aux_collision_resets: u64,
+    /// Raw AUX records of a per-thread buffer written by another CPU than the previous one:
+    /// a new stream (perf decodes each fragment afresh, `cs_etm__queue_aux_fragment`).
+    pub aux_cpu_changes: u64,
     /// AUX records in overwrite (snapshot) mode.
     pub aux_overwrite: u64,
     /// AUX records not decoded (no decoder available in this build).
@@ -155,6 +168,9 @@ pub struct PipelineStats {
     pub decode_errors: u64,
     /// Trace that needed code that was not available.
     pub decode_nocode: u64,
+    /// Trace of other processes' contexts (CONTEXTIDR of a thread not in the target), not
+    /// followed.
+    pub decode_foreign: u64,
     /// Trace-on events (window starts) seen.
     pub trace_on: u64,
     /// Branches decoded.
@@ -173,6 +189,14 @@ pub struct PipelineStats {
     pub lost_records: u64,
     /// Records the kernel reported lost (sum of `lost`).
     pub lost_events: u64,
+    /// Context-switch records.
+    pub switches: u64,
+    /// Throttle / unthrottle records.
+    pub throttles: u64,
+    /// Windows closed in other processes.
+    pub window_ends: u64,
+    /// Driver proofs that the trace up to a time was complete.
+    pub trace_complete: u64,
     /// The join's counters (windows, joined, rejected by reason, ...).
     pub join: JoinStats,
     /// Samples added to the profile.
@@ -203,6 +227,18 @@ struct Mapping {
     image: usize,
 }
 
+/// Whose code a traced context runs ([`CodeMap::context_code`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContextCode {
+    /// The target's (no context traced, or the session knows no process mappings: static
+    /// images serve any context).
+    Target,
+    /// This process's.
+    Process(u32),
+    /// A thread of no process with known code: another process, not decoded.
+    Foreign,
+}
+
 /// Code images and where they are mapped, per process (from MMAP2 records); reads
 /// instructions for the decoder and the join's validation.
 #[derive(Debug, Default)]
@@ -215,6 +251,9 @@ pub struct CodeMap {
     any: Vec<Mapping>,
     /// The process the decoder reads code of (first process with an MMAP2 of a known image).
     target: Option<u32>,
+    /// Thread id -> process id, from the sideband and the samples (a traced context is a
+    /// thread id: CONTEXTIDR holds `task_pid_nr`, `contextidr_thread_switch`).
+    tids: HashMap<u32, u32>,
 }
 
 impl CodeMap {
@@ -240,6 +279,23 @@ impl CodeMap {
             Some(m) if !m.is_empty() => m,
             _ => &self.any,
         }
+    }
+
+    /// Notes that thread `tid` belongs to process `pid`.
+    pub fn note_thread(&mut self, pid: u32, tid: u32) {
+        if tid != 0 {
+            self.tids.insert(tid, pid);
+        }
+    }
+
+    /// Whose code a trace context (a thread id) runs.
+    pub fn context_code(&self, context_id: Option<u32>) -> ContextCode {
+        let Some(tid) = context_id else { return ContextCode::Target };
+        if self.by_pid.is_empty() {
+            return ContextCode::Target;
+        }
+        let pid = self.tids.get(&tid).copied().unwrap_or(tid);
+        if self.pid_maps(pid).is_some() { ContextCode::Process(pid) } else { ContextCode::Foreign }
     }
 
     /// The code bytes from runtime address `addr` of `pid` to the end of its mapping (`None`:
@@ -407,6 +463,8 @@ pub type Observer = Box<dyn FnMut(&Joined<'_>)>;
 struct AuxState {
     decoder: Box<dyn WindowDecoder>,
     raw: bool,
+    /// CPU that wrote the previous record (raw data of a per-thread buffer).
+    source: i32,
 }
 
 /// The pipeline.
@@ -578,7 +636,7 @@ impl Pipeline {
                 continue;
             }
             let mut ws = WinSink {
-                aux_cpu,
+                aux_cpu: if st.raw { st.source } else { aux_cpu },
                 aux_time: time,
                 raw: st.raw,
                 trace_cpu,
@@ -635,7 +693,7 @@ impl Pipeline {
         for c in cpus {
             let st = aux.get_mut(&c).expect("key from the map");
             let mut ws = WinSink {
-                aux_cpu: c,
+                aux_cpu: if st.raw { st.source } else { c },
                 aux_time: u64::MAX,
                 raw: st.raw,
                 trace_cpu,
@@ -688,8 +746,17 @@ impl Pipeline {
             return;
         };
         let raw = rec.flags & PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW != 0;
+        // Raw (TRBE) data is the trace of the CPU that wrote it: in a per-thread buffer, the
+        // CPU of each record's sample_id.
+        let source = if raw { rec.source_cpu.unwrap_or(rec.cpu) } else { rec.cpu };
         let cpus = &self.cfg.cpus;
-        self.aux.entry(rec.cpu).or_insert_with(|| AuxState { decoder: factory.create(rec.cpu, cpus, raw), raw });
+        let st = self.aux.entry(rec.cpu).or_insert_with(|| AuxState { decoder: factory.create(source, cpus, raw), raw, source });
+        // A fragment written by another CPU than the previous one: that CPU's stream ended
+        // with the previous record (its last branches are completed there), and this one is
+        // a new stream with the new CPU's trace configuration.
+        let moved = raw && st.source != source;
+        let prev_source = st.source;
+        let collision = rec.flags & PERF_AUX_FLAG_COLLISION != 0;
         let reset_before = truncated || overwrite || gap;
         let Pipeline {
             aux,
@@ -711,6 +778,9 @@ impl Pipeline {
             ..
         } = self;
         let st = aux.get_mut(&rec.cpu).expect("inserted above");
+        if moved {
+            stats.aux_cpu_changes += 1;
+        }
         let mut out = Sink {
             profile,
             resolver,
@@ -725,7 +795,7 @@ impl Pipeline {
             observer,
         };
         let mut ws = WinSink {
-            aux_cpu: rec.cpu,
+            aux_cpu: if raw { prev_source } else { rec.cpu },
             aux_time: rec.time,
             raw,
             trace_cpu,
@@ -736,6 +806,14 @@ impl Pipeline {
             touched: Vec::new(),
             fast: None,
         };
+        if moved {
+            st.decoder.finish(code, &mut ws);
+            ws.out.stats.decoder_resets += 1;
+            ws.break_cpus(false);
+            st.decoder = factory.create(source, &cfg.cpus, raw);
+            st.source = source;
+            ws.aux_cpu = source;
+        }
         if reset_before {
             // Data was lost before this record (a gap, the ETR barrier) or it is a fresh
             // snapshot: the stream so far ends here (its last branches are completed, the
@@ -749,9 +827,13 @@ impl Pipeline {
         for data in parts {
             st.decoder.feed(data, code, &mut ws);
         }
-        if truncated || short {
-            // Bytes at the end of this record are missing: the window open there is broken,
-            // and the next bytes start afresh.
+        if truncated || short || collision {
+            // Bytes at the end of this record are missing (TRUNCATED, short), or after it
+            // (COLLISION: a TRBE wrap, the ETE kept tracing while the buffer was off): the
+            // window open there is broken, and the next bytes start afresh.
+            if collision {
+                ws.out.stats.aux_collision_resets += 1;
+            }
             st.decoder.reset();
             ws.out.stats.decoder_resets += 1;
             ws.break_cpus(true);
@@ -760,6 +842,7 @@ impl Pipeline {
 
     fn push_sample(&mut self, s: &PauseSample) {
         self.stats.samples += 1;
+        self.code.note_thread(s.pid, s.tid);
         let Pipeline {
             joiner,
             code,
@@ -832,6 +915,70 @@ impl Pipeline {
             Sideband::AuxOutputHwId { hw_id, cpu: Some(cpu), .. } => {
                 self.trace_cpu.insert((hw_id & 0xff) as u8, *cpu);
             }
+            Sideband::Throttle { unthrottle, time, cpu, .. } => {
+                self.stats.throttles += 1;
+                if let (false, Some(c)) = (*unthrottle, *cpu) {
+                    self.joiner.throttle(c, *time);
+                }
+            }
+            Sideband::Switch { out, pid, tid, next_prev, time, cpu: Some(cpu) } => {
+                self.stats.switches += 1;
+                self.code.note_thread(*pid, *tid);
+                let tid_in = match (*out, next_prev) {
+                    (false, _) => Some(*tid),
+                    (true, Some((p, t))) => {
+                        self.code.note_thread(*p, *t);
+                        Some(*t)
+                    }
+                    (true, None) => None,
+                };
+                if let Some(t) = tid_in {
+                    self.joiner.switch_in(*cpu, *time, t);
+                }
+            }
+            Sideband::WindowEnd { time, cpu, .. } => {
+                self.stats.window_ends += 1;
+                let Pipeline {
+                    joiner,
+                    code,
+                    profile,
+                    resolver,
+                    trie,
+                    frames,
+                    frame_cache,
+                    namer,
+                    stats,
+                    scratch_branches,
+                    scratch_frames,
+                    observer,
+                    ..
+                } = self;
+                let mut sink = Sink {
+                    profile,
+                    resolver,
+                    trie,
+                    frames,
+                    frame_cache,
+                    namer: namer.as_mut(),
+                    code,
+                    stats,
+                    scratch_branches,
+                    scratch_frames,
+                    observer,
+                };
+                joiner.window_end(*cpu, *time, code, &mut |j| sink.accept(j));
+            }
+            Sideband::TraceComplete { cpu, time } => {
+                self.stats.trace_complete += 1;
+                self.trace_complete_until(*cpu, *time);
+            }
+            _ => {}
+        }
+        match sb {
+            Sideband::Mmap2 { pid, tid, .. } | Sideband::Comm { pid, tid, .. } | Sideband::ItraceStart { pid, tid, .. } => {
+                self.code.note_thread(*pid, *tid)
+            }
+            Sideband::Fork { pid, tid, .. } => self.code.note_thread(*pid, *tid),
             _ => {}
         }
     }
@@ -1066,6 +1213,23 @@ impl WindowSink for WinSink<'_, '_> {
         }
     }
 
+    fn trace_info(&mut self, trace_id: Option<u8>) {
+        self.fast = None;
+        let Some(cpu) = self.cpu(trace_id) else { return };
+        self.joiner.trace_info(cpu);
+        *self.pending_begin.entry(cpu) = false;
+    }
+
+    fn context(&mut self, trace_id: Option<u8>, context_id: u32) {
+        self.fast = None;
+        let Some(cpu) = self.cpu(trace_id) else { return };
+        if self.pending_begin.get(cpu).copied().unwrap_or(false) {
+            self.begin(cpu, self.aux_time, false);
+        }
+        let (code, out) = (self.out.code, &mut *self.out);
+        self.joiner.context(cpu, context_id, code, &mut |j| out.accept(j));
+    }
+
     fn discontinuity(&mut self, trace_id: Option<u8>, why: Discontinuity) {
         self.fast = None;
         let Some(cpu) = self.cpu(trace_id) else { return };
@@ -1074,6 +1238,12 @@ impl WindowSink for WinSink<'_, '_> {
             Discontinuity::NoSync => self.out.stats.decode_nosync += 1,
             Discontinuity::Error => self.out.stats.decode_errors += 1,
             Discontinuity::NoCode => self.out.stats.decode_nocode += 1,
+            Discontinuity::Foreign => {
+                // Another process's code: its segment is marked by its context; nothing
+                // broke for the target.
+                self.out.stats.decode_foreign += 1;
+                return;
+            }
         }
         if self.touched.contains(&cpu) {
             // The window open in this record lost data: drop its branches.
@@ -1477,5 +1647,179 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&n| n > 0), "all three outcomes covered: {seen:?}");
+    }
+
+    fn bps(base: u64, n: u64) -> Vec<BranchPair> {
+        (0..n).map(|i| BranchPair { from: base + 0x10 * i + 8, to: base + 0x10 * (i + 1) }).collect()
+    }
+
+    fn newest_first(v: &[BranchPair]) -> Vec<BranchPair> {
+        v.iter().rev().copied().collect()
+    }
+
+    /// A window as a resume starts it: sync, trace info, timestamp, trace on, [context], and
+    /// the branches.
+    fn win(ts: u64, ctx: Option<u32>, brs: &[BranchPair]) -> Vec<u8> {
+        let mut w = ToyWriter::default();
+        w.sync().trace_info().ts(ts).trace_on();
+        if let Some(c) = ctx {
+            w.context(c);
+        }
+        for b in brs {
+            w.branch(b.from, b.to);
+        }
+        w.0
+    }
+
+    fn tid_sample(cpu: i32, tid: u32, time: u64) -> PauseSample {
+        PauseSample { cpu, pid: 1, tid, time, stack: vec![0x9000], branches: None, window_ns: None }
+    }
+
+    fn joined(got: &Got) -> Vec<(u64, Vec<BranchPair>)> {
+        got.borrow().iter().map(|g| (g.1, g.2.clone())).collect()
+    }
+
+    /// COLLISION (a TRBE wrap: the ETE kept tracing while the buffer was off) ends the stream
+    /// with its record: the window continuing in the next record, mid-stream without a sync,
+    /// is never joined; the next window (with its sync) is.
+    #[test]
+    fn collision_breaks_the_window_that_goes_on() {
+        let (mut p, got) = pipeline(&[0]);
+        let a = bps(0x1000, 6);
+        let b = bps(0x5000, 4);
+        let mut rest = ToyWriter::default();
+        for x in &a[3..] {
+            rest.branch(x.from, x.to);
+        }
+        let (r1, d1) = aux(0, 1100, &win(1000, None, &a[..3]), PERF_AUX_FLAG_COLLISION);
+        let (r2, d2) = aux(0, 1300, &rest.0, 0);
+        let (r3, d3) = aux(0, 2100, &win(2000, None, &b), 0);
+        feed(
+            &mut p,
+            &[E::Aux(r1, d1), E::Aux(r2, d2), E::S(tid_sample(0, 1, 1400)), E::Aux(r3, d3), E::S(tid_sample(0, 1, 2200))],
+        );
+        assert_eq!(joined(&got), vec![(2200, newest_first(&b))]);
+        let st = p.stats();
+        assert_eq!((st.aux_collision_resets, st.join.rejected.get(RejectReason::BrokenWindow)), (1, 1));
+    }
+
+    /// Raw fragments of a per-thread buffer (AUX cpu -1) belong to the CPU in their
+    /// sample_id: each CPU's samples join with that CPU's fragment, and a change of CPU
+    /// restarts the stream.
+    #[test]
+    fn per_thread_fragments_follow_their_cpu() {
+        let (mut p, got) = pipeline(&[1, 3]);
+        let a = bps(0x1000, 4);
+        let b = bps(0x7000, 5);
+        let (mut r1, d1) = aux(-1, 1100, &win(1000, None, &a), 0);
+        r1.source_cpu = Some(1);
+        let (mut r2, d2) = aux(-1, 2100, &win(2000, None, &b), 0);
+        r2.source_cpu = Some(3);
+        feed(&mut p, &[E::Aux(r1, d1), E::S(tid_sample(1, 1, 1200)), E::Aux(r2, d2), E::S(tid_sample(3, 1, 2200))]);
+        let mut g = got.borrow().clone();
+        g.sort_by_key(|x| x.1);
+        assert_eq!(g, vec![(1, 1200, newest_first(&a)), (3, 2200, newest_first(&b))]);
+        assert_eq!(p.stats().aux_cpu_changes, 1);
+    }
+
+    /// A window closed in another process (its pause record) takes its trace with it: a
+    /// target sample after it with no trace of its own is NoWindow, not the other
+    /// process's branches.
+    #[test]
+    fn another_process_window_is_not_joined() {
+        let (mut p, got) = pipeline(&[0]);
+        let a = bps(0x1000, 4);
+        let (r1, d1) = aux(0, 1100, &win(1000, None, &a), 0);
+        let end = Sideband::WindowEnd { pid: 9, tid: 9, window_ns: None, time: 1200, cpu: 0 };
+        feed(&mut p, &[E::Aux(r1, d1), E::Sb(end), E::S(tid_sample(0, 1, 1500))]);
+        assert!(joined(&got).is_empty());
+        let st = p.stats();
+        assert_eq!((st.join.rejected.get(RejectReason::NoWindow), st.join.foreign_segments, st.window_ends), (1, 1, 1));
+    }
+
+    /// Context IDs in the trace: a window in which thread 100 ran, then (after a kernel
+    /// excursion, Trace On) thread 200: a sample of 200 gets only 200's branches (the chain
+    /// is cut at the switch), a sample of a third thread none (ForeignContext).
+    #[test]
+    fn traced_context_switch_cuts_the_chain() {
+        for (tid, want) in [(200u32, true), (300, false)] {
+            let (mut p, got) = pipeline(&[0]);
+            let a = bps(0x1000, 3);
+            let b = bps(0x4000, 2);
+            let mut w = ToyWriter(win(1000, Some(100), &a));
+            w.trace_on().context(200);
+            for x in &b {
+                w.branch(x.from, x.to);
+            }
+            let (r, d) = aux(0, 1100, &w.0, 0);
+            feed(&mut p, &[E::Aux(r, d), E::S(tid_sample(0, tid, 1200))]);
+            let st = p.stats();
+            if want {
+                assert_eq!(joined(&got), vec![(1200, newest_first(&b))]);
+                assert_eq!(st.join.context_cut, 1);
+            } else {
+                assert!(joined(&got).is_empty());
+                assert_eq!(st.join.rejected.get(RejectReason::ForeignContext), 1);
+            }
+        }
+    }
+
+    /// Without context IDs, the switch records place dated segments: the part of the window
+    /// before the sample's thread switched in is not its trace.
+    #[test]
+    fn switch_records_cut_the_chain() {
+        let (mut p, got) = pipeline(&[0]);
+        let a = bps(0x1000, 3);
+        let b = bps(0x4000, 2);
+        let mut w = ToyWriter(win(1000, None, &a));
+        w.trace_on().ts(1500);
+        for x in &b {
+            w.branch(x.from, x.to);
+        }
+        let sw = Sideband::Switch { out: false, pid: 1, tid: 7, next_prev: Some((5, 5)), time: 1200, cpu: Some(0) };
+        let (r, d) = aux(0, 1600, &w.0, 0);
+        feed(&mut p, &[E::Sb(sw), E::Aux(r, d), E::S(tid_sample(0, 7, 1700))]);
+        assert_eq!(joined(&got), vec![(1700, newest_first(&b))]);
+    }
+
+    /// A throttle stops the group and drops the open trace: the window it cut is rejected as
+    /// throttled, the next window joins.
+    #[test]
+    fn throttle_rejects_the_cut_window() {
+        let (mut p, got) = pipeline(&[0]);
+        let a = bps(0x1000, 3);
+        let b = bps(0x6000, 3);
+        let (r1, d1) = aux(0, 1050, &win(1000, None, &a), 0);
+        let th = |un, t| Sideband::Throttle { id: 1, unthrottle: un, time: t, cpu: Some(0) };
+        let (r2, d2) = aux(0, 2100, &win(2000, None, &b), 0);
+        feed(
+            &mut p,
+            &[
+                E::Aux(r1, d1),
+                E::Sb(th(false, 1100)),
+                E::S(tid_sample(0, 1, 1110)),
+                E::Sb(th(true, 1900)),
+                E::Aux(r2, d2),
+                E::S(tid_sample(0, 1, 2200)),
+            ],
+        );
+        assert_eq!(joined(&got), vec![(2200, newest_first(&b))]);
+        assert_eq!(p.stats().join.rejected.get(RejectReason::Throttled), 1);
+    }
+
+    /// A TraceComplete from the driver resolves a sample whose CPU has no later trace,
+    /// before the end of the stream; a sample after the proven time stays pending.
+    #[test]
+    fn trace_complete_resolves_pending_samples() {
+        let (mut p, got) = pipeline(&[0]);
+        let a = bps(0x1000, 3);
+        let (r, d) = aux(0, 1050, &win(1000, None, &a), 0);
+        p.push(SessionEvent::Aux { record: r, data: &d });
+        p.push(SessionEvent::Sample(&tid_sample(0, 1, 1100)));
+        p.push(SessionEvent::Sample(&tid_sample(0, 1, 3000)));
+        assert!(joined(&got).is_empty(), "nothing proves the windows complete yet");
+        p.push(SessionEvent::Sideband(&Sideband::TraceComplete { cpu: Some(0), time: 2000 }));
+        assert_eq!(joined(&got), vec![(1100, newest_first(&a))]);
+        assert_eq!(p.stats().join.by_watermark, 1);
     }
 }
