@@ -14,6 +14,7 @@
 //! `docs/live-etm.md`; nothing here has run on Arm hardware with CoreSight.
 
 pub mod clock;
+pub mod collect;
 pub mod group;
 pub mod ring;
 pub mod stream;

@@ -114,6 +114,10 @@ pub struct CpuStream {
     pub target: Option<u32>,
     /// Sequence number of the last pause record per window slot (CPU).
     last_seq: HashMap<i32, u32>,
+    /// Newest perf-clock time of any record drained (0: none yet).
+    pub newest_time: u64,
+    /// Newest perf-clock time of a PERF_RECORD_AUX drained (0: none yet).
+    pub newest_aux_time: u64,
 }
 
 impl CpuStream {
@@ -132,7 +136,14 @@ impl CpuStream {
             hw_ids: Vec::new(),
             target: None,
             last_seq: HashMap::new(),
+            newest_time: 0,
+            newest_aux_time: 0,
         }
+    }
+
+    /// Whether the buffer has an AUX area (a cs_etm group, not a stand-in or output ring).
+    pub fn has_aux(&self) -> bool {
+        self.cursor.size() > 0
     }
 
     /// Drains everything pending: parses `[data_tail, data_head)`, copies each AUX window out
@@ -256,8 +267,14 @@ impl CpuStream {
         let id = rec.sample_id;
         let time = id.time.unwrap_or(0);
         let cpu = id.cpu.map(|c| c as i32);
+        let rec_time = match &rec.kind {
+            PerfRecord::Sample(s) => s.time.unwrap_or(0),
+            _ => time,
+        };
+        self.newest_time = self.newest_time.max(rec_time);
         let sb = match rec.kind {
             PerfRecord::Aux { aux_offset, aux_size, flags } => {
+                self.newest_aux_time = self.newest_aux_time.max(time);
                 let w = self.cursor.on_aux_record_in(aux, aux_offset, aux_size, flags);
                 self.aux_bytes.clear();
                 if !self.cursor.copy_window(aux, &w, &mut self.aux_bytes) {

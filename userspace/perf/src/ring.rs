@@ -286,6 +286,11 @@ impl AuxCursor {
         AuxCursor { size, tail, needs_enable: false, stats: AuxStats::default() }
     }
 
+    /// The AUX area's size (0: none).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
     /// Our consumer position (what `aux_tail` should be after copying the delivered windows).
     pub fn tail(&self) -> u64 {
         self.tail

@@ -105,6 +105,9 @@ struct IdState {
     /// rules (`etm_decode::branches::BranchBuilder`), kept inline on this per-element path.
     prev: Option<(u64, InstrType)>,
     prev_taken: bool,
+    /// `prev_taken` was set by an exception after the range (perf records the edge to the
+    /// handler), not by the range's own branch: there is no branch target to complete.
+    taken_by_exception: bool,
     /// Instruction ranges seen (identifies the last range).
     ranges: u64,
     /// Trace index of the element of the last range.
@@ -122,7 +125,8 @@ impl IdState {
     /// The last range's taken branch whose record is not made yet: (from, type).
     #[inline]
     fn pending_branch(&self) -> Option<(u64, InstrType)> {
-        self.prev.filter(|(_, ty)| self.prev_taken && matches!(ty, InstrType::Br | InstrType::BrIndirect))
+        self.prev
+            .filter(|(_, ty)| self.prev_taken && !self.taken_by_exception && matches!(ty, InstrType::Br | InstrType::BrIndirect))
     }
 
     /// perf's rule for a range: the previous range's taken branch ends here.
@@ -134,11 +138,21 @@ impl IdState {
         };
         self.prev = Some((r.last_instr_addr(), r.last_type));
         self.prev_taken = r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect);
+        self.taken_by_exception = false;
         rec
     }
 
     fn new() -> Self {
-        IdState { prev: None, prev_taken: false, ranges: 0, last_range_index: 0, last_ts: None, pending: None, completed: None }
+        IdState {
+            prev: None,
+            prev_taken: false,
+            taken_by_exception: false,
+            ranges: 0,
+            last_range_index: 0,
+            last_ts: None,
+            pending: None,
+            completed: None,
+        }
     }
 }
 
@@ -182,7 +196,14 @@ impl EtmWindowDecoder {
         for (id, _, _) in &self.sources {
             let Some(st) = self.st.ids[(*id & 0x7f) as usize].as_mut() else { continue };
             st.pending = match st.pending_branch() {
-                Some(_) => self.buf.decoder(*id).and_then(|d| d.pending_target()).map(|t| (st.ranges, t)),
+                // The decoder's view, else what an exception after the branch told (the
+                // decoder then waits for the handler's address and knows no target).
+                Some(_) => self
+                    .buf
+                    .decoder(*id)
+                    .and_then(|d| d.pending_target())
+                    .map(|t| (st.ranges, t))
+                    .or(st.pending.filter(|(n, _)| *n == st.ranges)),
                 None => None,
             };
         }
@@ -304,7 +325,17 @@ impl Adapter {
             }
             ElementKind::Exception { .. } | ElementKind::ExceptionRet => {
                 let st = self.ids[slot].as_mut().expect("checked");
+                // An exception right after a taken branch, before its target ran: the preferred
+                // return address is the branch's target (no range was walked to reach it).
+                if let ElementKind::Exception { ret_addr, ret_addr_valid: true, .. } = e.kind
+                    && st.pending_branch().is_some()
+                {
+                    st.pending = Some((st.ranges, ret_addr));
+                }
                 if st.prev.is_some() {
+                    if !st.prev_taken {
+                        st.taken_by_exception = true;
+                    }
                     st.prev_taken = true;
                 }
                 return;
@@ -315,6 +346,7 @@ impl Adapter {
         let st = self.ids[slot].as_mut().expect("checked");
         st.prev = None;
         st.prev_taken = false;
+        st.taken_by_exception = false;
     }
 }
 

@@ -70,6 +70,9 @@ pub const ATOM_F6_MAX_E: usize = 23;
 
 /// ETMv4/ETE exception type "Call" (SVC/HVC/SMC), IHI 0064 table 6-12.
 pub const EXCEPTION_CALL: u8 = 2;
+/// ETMv4/ETE exception type "IRQ" (IHI 0064 table 6-12): the timer interrupt that preempts a
+/// task.
+pub const EXCEPTION_IRQ: u8 = 14;
 
 /// Execution context sent in address-with-context packets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +165,12 @@ impl Encoder {
     /// Bytes emitted so far, without pending atoms.
     pub fn bytes(&self) -> &[u8] {
         &self.out
+    }
+
+    /// Takes the bytes emitted so far (pending atoms stay), keeping the trace unit's state: a
+    /// sink receives the stream while the trace unit goes on.
+    pub fn take_bytes(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.out)
     }
 
     /// A-sync (12 bytes).

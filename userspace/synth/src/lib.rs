@@ -34,8 +34,10 @@
 
 pub mod a64;
 pub mod ete;
+pub mod formatter;
 pub mod generate;
 pub mod gtfile;
+pub mod hw;
 pub mod image;
 pub mod qemu;
 pub mod session_out;
