@@ -21,12 +21,15 @@ fn run(args: &[&str]) -> Output {
     }
 }
 
+/// One `etm-bpf:` error line (after any logged warnings), a failure status, no panic.
 fn assert_clean_error(o: &Output, needle: &str) {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "expected failure, got {}: {err}", o.status);
     assert!(err.contains(needle), "stderr lacks {needle:?}: {err}");
     assert!(!err.contains("panicked"), "panic: {err}");
-    assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
+    let lines: Vec<&str> = err.trim().lines().collect();
+    assert!(lines.last().is_some_and(|l| l.starts_with("etm-bpf: ") && l.contains(needle)), "not one error line last: {err}");
+    assert!(lines[..lines.len() - 1].iter().all(|l| l.starts_with("[WARN ")), "other lines than warnings: {err}");
 }
 
 /// Without --pid, clap reports the missing argument.
@@ -137,8 +140,10 @@ fn window_needs_branches_etm() {
 }
 
 /// `--branches auto` picks ETM when a cs_etm PMU exists: with the Neoverse N1 fixture sysfs
-/// tree (a PMU type this kernel does not have), the run gets as far as opening the cs_etm
-/// event for the target and fails there with one line (needs root: BPF is loaded first).
+/// and proc trees (a PMU type this kernel does not have), the run gets as far as opening the
+/// cs_etm event and fails there with one line (needs root: BPF is loaded first). The N1 has no
+/// FEAT_TRF (ts_source -1), so the plan traces the target per-thread (pid N, cpu -1) and warns
+/// why.
 #[test]
 fn auto_picks_etm_when_cs_etm_exists() {
     if !is_root() {
@@ -158,7 +163,15 @@ fn auto_picks_etm_when_cs_etm_exists() {
         "auto",
         "--sysfs-root",
         fixture.to_str().unwrap(),
+        "--proc-root",
+        fixture.join("proc").to_str().unwrap(),
     ]);
-    // CPU-wide groups (pid -1): the target is chosen by the eBPF programs.
-    assert_clean_error(&o, "--branches etm: opening the cs_etm event group: perf_event_open(leader, pid -1, cpu ");
+    assert_clean_error(
+        &o,
+        &format!("--branches etm: opening the cs_etm event group: perf_event_open(leader, pid {pid}, cpu -1)"),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("ts_source is not 1"), "{err}");
+    // The fixture's kernel config has CONFIG_PID_IN_CONTEXTIDR=y: no warning about it.
+    assert!(!err.contains("PID_IN_CONTEXTIDR"), "{err}");
 }

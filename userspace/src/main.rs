@@ -32,6 +32,8 @@ enum Command {
     Replay(cmd::replay::ReplayArgs),
     /// Generate a synthetic ETE session with ground truth from an AArch64 program.
     Synth(cmd::synth::SynthArgs),
+    /// What this machine offers for ETM profiling, and what `run` would do.
+    Doctor(cmd::doctor::DoctorArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -42,6 +44,7 @@ fn main() -> std::process::ExitCode {
         Command::Convert(a) => cmd::convert::main(a),
         Command::Replay(a) => cmd::replay::main(a),
         Command::Synth(a) => cmd::synth::main(a),
+        Command::Doctor(a) => cmd::doctor::main(a),
     };
     match result {
         Ok(code) => code,

@@ -31,27 +31,7 @@ use etm_session::session::{SessionEvent, Sideband};
 use crate::ring::RingSource;
 use crate::stream::{CpuStream, EventSink};
 
-/// How a topology's sinks publish trace (module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Delivery {
-    /// Every pause publishes its window (private ETR, per-thread session).
-    PerPause,
-    /// A per-CPU TRBE: at its watermark and at stop.
-    Watermark,
-    /// A sink shared by several CPUs: only when the last of them stops.
-    Harvest,
-}
-
-impl Delivery {
-    /// The name used in mode lines and recordings.
-    pub fn name(self) -> &'static str {
-        match self {
-            Delivery::PerPause => "per-pause",
-            Delivery::Watermark => "watermark",
-            Delivery::Harvest => "harvest",
-        }
-    }
-}
+pub use etm_perf::plan::Delivery;
 
 /// What the collector does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -91,17 +91,17 @@ fn role_name(r: EventRole) -> &'static str {
     }
 }
 
-/// An open, mapped group.
+/// An open, mapped group (or, without a leader, one CPU's bpf-output ring: per-thread mode).
 pub struct LiveGroup {
     /// CPU (`-1` per-thread).
     pub cpu: i32,
-    /// The leader's buffer.
+    /// The leader's buffer (the bpf-output event's, for an output ring).
     pub buf: PerfBuffer,
-    /// The drain of that buffer.
-    pub stream: CpuStream,
     /// Siblings and the bpf-output event, kept open (closing detaches the BPF programs).
     fds: Vec<(EventRole, bool, OwnedFd)>,
     output: Option<OwnedFd>,
+    /// An output ring: nothing to enable but the bpf-output event, which `buf` owns.
+    output_only: bool,
 }
 
 /// Power-of-two number of pages holding at least `bytes` (0 stays 0).
@@ -109,8 +109,9 @@ pub fn pages_for(bytes: usize, page: usize) -> usize {
     if bytes == 0 { 0 } else { bytes.div_ceil(page).next_power_of_two() }
 }
 
-/// Opens `spec` in the kernel's order (module docs).
-pub fn open(spec: &GroupSpec, hooks: &mut dyn BpfHooks) -> Result<LiveGroup, OpenError> {
+/// Opens `spec` in the kernel's order (module docs); returns the group and the stream that
+/// drains its buffer.
+pub fn open(spec: &GroupSpec, hooks: &mut dyn BpfHooks) -> Result<(LiveGroup, CpuStream), OpenError> {
     let (cpu, pid) = (spec.cpu, spec.pid);
     let open_err = |role, source| OpenError::Open { role, pid, cpu, source };
     let ioctl_err = |what, source| OpenError::Ioctl { what, cpu, source };
@@ -147,7 +148,22 @@ pub fn open(spec: &GroupSpec, hooks: &mut dyn BpfHooks) -> Result<LiveGroup, Ope
         hooks.attach(*role, cpu, fd).map_err(|msg| OpenError::Bpf { cpu, msg })?;
     }
     let stream = CpuStream::new(cpu, fmt, &ids, buf.aux().len() as u64);
-    Ok(LiveGroup { cpu, buf, stream, fds, output })
+    Ok((LiveGroup { cpu, buf, fds, output, output_only: false }, stream))
+}
+
+/// Opens the bpf-output event of `cpu` with a ring of its own (per-thread mode: the leader
+/// follows the thread, `cpu = -1`, and `perf_event_set_output()` refuses cross-CPU
+/// redirection), and registers it for the pause program.
+pub fn open_output(cpu: i32, data_bytes: usize, hooks: &mut dyn BpfHooks) -> Result<(LiveGroup, CpuStream), OpenError> {
+    let a = bpf_output_attr();
+    let fd = sys::open(&a, -1, cpu, None).map_err(|source| OpenError::Open { role: "bpf-output", pid: -1, cpu, source })?;
+    let page = sys::page_size();
+    let buf = PerfBuffer::map(fd, pages_for(data_bytes, page).max(1), 0).map_err(|source| OpenError::Mmap { cpu, source })?;
+    let id = sys::event_id(&buf.fd).map_err(|source| OpenError::Ioctl { what: "PERF_EVENT_IOC_ID", cpu, source })?;
+    hooks.register_output(cpu as u32, &buf.fd).map_err(|msg| OpenError::Bpf { cpu, msg })?;
+    let fmt = a.sample_format();
+    let stream = CpuStream::new(cpu, fmt, &[(id, IdRole::BpfOutput, fmt)], 0);
+    Ok((LiveGroup { cpu, buf, fds: Vec::new(), output: None, output_only: true }, stream))
 }
 
 impl LiveGroup {
@@ -158,6 +174,9 @@ impl LiveGroup {
             sys::ioctl0(o, sys::PERF_EVENT_IOC_ENABLE)?;
         }
         sys::ioctl0(&self.buf.fd, sys::PERF_EVENT_IOC_ENABLE)?;
+        if self.output_only {
+            return Ok(());
+        }
         for (_, in_group, fd) in &self.fds {
             if !in_group {
                 sys::ioctl0(fd, sys::PERF_EVENT_IOC_ENABLE)?;
@@ -168,6 +187,9 @@ impl LiveGroup {
 
     /// Disables the group (leader and outside siblings); the bpf-output event stays on.
     pub fn disable(&self) -> io::Result<()> {
+        if self.output_only {
+            return Ok(());
+        }
         for (_, in_group, fd) in &self.fds {
             if !in_group {
                 sys::ioctl0(fd, sys::PERF_EVENT_IOC_DISABLE)?;
@@ -253,7 +275,7 @@ mod kernel_tests {
             pause_in_group: true,
         };
         let spec = GroupSpec { cpu: -1, pid: 0, plan, data_bytes: 64 << 10, aux_bytes: 0, bpf_output: false };
-        let mut g = match open(&spec, &mut NoBpf) {
+        let (g, mut stream) = match open(&spec, &mut NoBpf) {
             Ok(g) => g,
             Err(OpenError::Open { source, .. }) if source.raw_os_error() == Some(libc::EACCES) => {
                 return etm_testutil::skip(format!("perf_event_open refused: {source}"));
@@ -267,9 +289,10 @@ mod kernel_tests {
             x = std::hint::black_box(x.wrapping_mul(3).wrapping_add(1));
         }
         g.disable().unwrap();
+        let mut g = g;
         let mut n = 0;
-        g.stream.drain(&mut g.buf, &mut |_: etm_session::session::SessionEvent<'_>| n += 1);
-        let st = g.stream.stats;
+        stream.drain(&mut g.buf, &mut |_: etm_session::session::SessionEvent<'_>| n += 1);
+        let st = stream.stats;
         assert!(st.resume_samples >= 10 && st.kernel_samples >= 10, "{st:?}");
         assert_eq!((st.unknown_samples, st.bad_records), (0, 0), "{st:?}");
     }

@@ -453,6 +453,20 @@ pub enum StandIn {
 }
 
 impl GroupPlan {
+    /// Sets the pause and resume periods (the collection plan's, `plan::Plan`); strobe mode's
+    /// sampler takes the resume period.
+    pub fn set_periods(&mut self, pause: u64, resume: u64) {
+        let mode = self.mode;
+        for (role, a) in &mut self.events {
+            match (role, mode) {
+                (EventRole::Resume, _) => a.sample_period = resume.max(1),
+                (EventRole::Pause, WindowMode::Strobe) => a.sample_period = resume.max(1),
+                (EventRole::Pause, _) => a.sample_period = pause.max(1),
+                (EventRole::Etm, _) => {}
+            }
+        }
+    }
+
     /// The same group with stand-in events: no AUX (`aux_action` cleared, the kernel refuses
     /// it without an AUX leader) and no `pmu_pulse`/trcextout dependency.
     pub fn stand_in(&self, with: StandIn) -> GroupPlan {
@@ -566,8 +580,18 @@ pub fn build_group(
     etm.config3 = words.config3;
     etm.sample_type = RING_SAMPLE_TYPE;
     // `mmap2` only changes the record format: exec mappings are reported because of `mmap`.
-    etm.flags =
-        flag::DISABLED | flag::SAMPLE_ID_ALL | flag::MMAP | flag::MMAP2 | flag::COMM | flag::COMM_EXEC | flag::TASK | excl;
+    // Context-switch records: perf sets `record_switch_events` for cs_etm too
+    // (cs_etm_recording_options); a CPU-wide session traces every task, and the switches say
+    // whose trace a stretch is where context IDs do not.
+    etm.flags = flag::DISABLED
+        | flag::SAMPLE_ID_ALL
+        | flag::MMAP
+        | flag::MMAP2
+        | flag::COMM
+        | flag::COMM_EXEC
+        | flag::TASK
+        | flag::CONTEXT_SWITCH
+        | excl;
     etm.aux_watermark = opts.aux_watermark;
     if mode != WindowMode::Strobe {
         etm.aux_action = aux_action::START_PAUSED;

@@ -506,7 +506,8 @@ pub(crate) mod tests {
     }
 
     /// The N1 tree: ETMv4.2 on 4 CPUs reached through cpuN symlinks, the one-bit timestamp
-    /// layout, ETR/ETF sinks, autofdo, a PMU without trcextout, legacy trace IDs.
+    /// layout, ETR/ETF sinks, autofdo, a PMU without trcextout, legacy trace IDs, no
+    /// FEAT_TRF.
     #[test]
     fn discovers_n1_etr() {
         let s = CsEtmSystem::discover(&fixture("n1-etr")).unwrap();
@@ -519,7 +520,9 @@ pub(crate) mod tests {
         assert_eq!(s.field("timestamp").unwrap().mask(), 1 << 28);
         assert_eq!(s.sinks.get("tmc_etr0"), Some(&0xa4c5_f0b2));
         assert_eq!(s.configs.get("autofdo"), Some(&0xf4d0_e9a1));
-        assert!(s.has_virtual_ts());
+        // N1 has no FEAT_TRF: ts_source reads -1 (ts_source_show without TRFCR).
+        assert!(!s.has_virtual_ts());
+        assert!(s.cpus.iter().all(|c| c.ts_source == Some(TsSource::Unknown)));
         assert!(!s.all_ete());
         assert_eq!(s.pmus.len(), 1);
         assert_eq!(s.pmus[0].events.get("cpu_cycles"), Some(&0x11));

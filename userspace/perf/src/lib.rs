@@ -30,8 +30,11 @@ pub mod attr;
 pub mod clock;
 pub mod discovery;
 pub mod format;
+pub mod host;
 pub mod perf_data;
+pub mod plan;
 pub mod records;
 pub mod ring;
+pub mod topology;
 
 pub(crate) mod bytes;

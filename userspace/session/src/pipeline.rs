@@ -91,6 +91,10 @@ pub trait DecoderFactory {
     fn create(&self, aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool) -> Box<dyn WindowDecoder>;
 }
 
+/// The session note that says whether trace timestamps date segments
+/// ([`PipelineConfig::trace_timestamps`]).
+pub const TRACE_TIMESTAMPS_NOTE: &str = "trace_timestamps";
+
 /// Pipeline configuration.
 #[derive(Clone)]
 pub struct PipelineConfig {
@@ -98,6 +102,10 @@ pub struct PipelineConfig {
     pub cpus: Vec<CpuTraceConfig>,
     /// Trace timestamp -> perf clock; `None` = identity.
     pub clock: Option<ClockParams>,
+    /// Trace timestamps are in the perf clock's timebase (every CPU's `ts_source` is 1):
+    /// they date segments. Without (the SoC's timestamp generator: no FEAT_TRF), segments are
+    /// dated by their AUX record's time, which only per-pause records make right.
+    pub trace_timestamps: bool,
     /// Join settings (branch depth N, validation, bounds).
     pub join: JoinConfig,
     /// Profile memory bounds.
@@ -113,6 +121,7 @@ impl Default for PipelineConfig {
         PipelineConfig {
             cpus: Vec::new(),
             clock: None,
+            trace_timestamps: true,
             join: JoinConfig::default(),
             profile: ProfileLimits::default(),
             trie_nodes: 1 << 20,
@@ -125,6 +134,7 @@ impl PipelineConfig {
     /// The configuration a session's metadata implies (depth from `branch_depth`).
     pub fn from_meta(meta: &SessionMeta) -> Self {
         let mut c = PipelineConfig { cpus: meta.cpus.clone(), clock: meta.clock, ..Default::default() };
+        c.trace_timestamps = meta.notes.get(TRACE_TIMESTAMPS_NOTE).is_none_or(|v| v != "false");
         if meta.branch_depth > 0 {
             c.join.depth = meta.branch_depth as usize;
         }
@@ -642,6 +652,7 @@ impl Pipeline {
                 trace_cpu,
                 pending_begin,
                 clock: cfg.clock,
+                use_ts: cfg.trace_timestamps,
                 joiner,
                 out: &mut sink,
                 touched: Vec::new(),
@@ -699,6 +710,7 @@ impl Pipeline {
                 trace_cpu,
                 pending_begin,
                 clock: cfg.clock,
+                use_ts: cfg.trace_timestamps,
                 joiner,
                 out: &mut sink,
                 touched: Vec::new(),
@@ -801,6 +813,7 @@ impl Pipeline {
             trace_cpu,
             pending_begin,
             clock: cfg.clock,
+            use_ts: cfg.trace_timestamps,
             joiner,
             out: &mut out,
             touched: Vec::new(),
@@ -1095,6 +1108,8 @@ struct WinSink<'a, 'b> {
     trace_cpu: &'a HashMap<u8, i32>,
     pending_begin: &'a mut CpuMap<bool>,
     clock: Option<ClockParams>,
+    /// Trace timestamps date segments (else the AUX record times do).
+    use_ts: bool,
     joiner: &'a mut Joiner,
     out: &'a mut Sink<'b>,
     /// CPUs whose open window received branches from this record.
@@ -1164,6 +1179,9 @@ impl WindowSink for WinSink<'_, '_> {
 
     fn timestamp(&mut self, trace_id: Option<u8>, ts: u64) {
         self.fast = None;
+        if !self.use_ts {
+            return;
+        }
         let Some(cpu) = self.cpu(trace_id) else { return };
         let t = match self.clock {
             Some(c) => c.to_perf_time(ts),

@@ -2,6 +2,7 @@
 
 pub mod convert;
 pub mod decode;
+pub mod doctor;
 pub mod replay;
 pub mod run;
 pub mod synth;

@@ -79,18 +79,8 @@ pub struct RunArgs {
     /// Branch-history source joined to each stack.
     #[arg(long, value_enum, default_value_t = Branches::Auto)]
     pub branches: Branches,
-    /// ETM window mode (default: the best the kernel and PMU support).
-    #[arg(long, value_enum)]
-    pub window: Option<Window>,
-    /// ETM window length W in cycles (hw: pause period; free: mean window).
-    #[arg(long, default_value_t = WindowParams::default().window)]
-    pub etm_window: u64,
-    /// ETM distance between window starts R in cycles (strobe: sampling period).
-    #[arg(long, default_value_t = WindowParams::default().period)]
-    pub etm_period: u64,
-    /// autofdo strobing preset for `--window strobe` (1..=9).
-    #[arg(long, default_value_t = WindowParams::default().strobe_preset)]
-    pub strobe_preset: u8,
+    #[command(flatten)]
+    pub etm: EtmArgs,
     /// Branch records kept per hybrid sample.
     #[arg(long, default_value_t = 32)]
     pub depth: u32,
@@ -98,9 +88,6 @@ pub struct RunArgs {
     /// a session directory that `etm-bpf replay` reads.
     #[arg(long)]
     pub record: Option<PathBuf>,
-    /// sysfs root for cs_etm discovery.
-    #[arg(long, default_value = "/sys", hide = true)]
-    pub sysfs_root: PathBuf,
     /// Memory bound of the context trie (number of contexts).
     #[arg(long, default_value_t = 200_000)]
     pub max_contexts: usize,
@@ -109,12 +96,76 @@ pub struct RunArgs {
     pub log_file: Option<PathBuf>,
 }
 
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_PERFMON: u32 = 38;
-const CAP_BPF: u32 = 39;
+/// The CoreSight options `run` and `doctor` share.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EtmArgs {
+    /// ETM window mode (default: the best the kernel and PMU support).
+    #[arg(long, value_enum)]
+    pub window: Option<Window>,
+    /// ETM window length W in cycles (hw: pause period; free: mean window); raised to keep the
+    /// interrupt rate within --irq-budget and the kernel's perf_event_max_sample_rate
+    /// [default: 1000, raised to the budget without a warning].
+    #[arg(long)]
+    pub etm_window: Option<u64>,
+    /// ETM distance between window starts R in cycles (strobe: sampling period)
+    /// [default: 1000003].
+    #[arg(long)]
+    pub etm_period: Option<u64>,
+    /// autofdo strobing preset for `--window strobe` (1..=9).
+    #[arg(long, default_value_t = WindowParams::default().strobe_preset)]
+    pub strobe_preset: u8,
+    /// Interrupts per second per CPU the pause and resume events may cost together.
+    #[arg(long, default_value_t = etm_perf::plan::DEFAULT_IRQ_BUDGET)]
+    pub irq_budget: u64,
+    /// AUX ring bytes per buffer (rounded up to a power of two of pages).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub aux_size: usize,
+    /// Trace the target's main thread with one group following it (per-thread) instead of
+    /// every CPU.
+    #[arg(long)]
+    pub per_thread: bool,
+    /// sysfs root for cs_etm discovery (a captured tree, or a `run --record` directory).
+    #[arg(long, default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+    /// proc root for the kernel's settings (a captured tree).
+    #[arg(long, default_value = "/proc")]
+    pub proc_root: PathBuf,
+}
+
+impl EtmArgs {
+    /// The collection configuration these options ask for. A `run --record` directory as the
+    /// sysfs root means its `sysfs/` and `proc/` copies.
+    pub fn config(&self) -> EtmConfig {
+        let (sysfs_root, proc_root) = if self.sysfs_root.join("session.json").exists() {
+            (self.sysfs_root.join("sysfs"), self.sysfs_root.join("proc"))
+        } else {
+            (self.sysfs_root.clone(), self.proc_root.clone())
+        };
+        EtmConfig {
+            sysfs_root,
+            proc_root,
+            window: self.window.map(|w| match w {
+                Window::Hw => WindowMode::Hw,
+                Window::Free => WindowMode::Free,
+                Window::Strobe => WindowMode::Strobe,
+            }),
+            params: WindowParams {
+                window: self.etm_window.unwrap_or(WindowParams::default().window),
+                period: self.etm_period.unwrap_or(WindowParams::default().period),
+                strobe_preset: self.strobe_preset,
+            },
+            params_explicit: self.etm_window.is_some() || self.etm_period.is_some(),
+            irq_budget: self.irq_budget,
+            aux_bytes: self.aux_size,
+            per_thread: self.per_thread,
+            ..Default::default()
+        }
+    }
+}
 
 /// Fails unless this process may load BPF programs and open system-wide perf events.
 pub(crate) fn check_privileges() -> anyhow::Result<()> {
+    use etm_perf::host::{CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN};
     let status = std::fs::read_to_string("/proc/self/status").context("read /proc/self/status")?;
     let caps =
         status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).unwrap_or(0);
@@ -267,10 +318,8 @@ impl Feed {
     /// in ring order (samples are joined once their CPU's trace after them, or the
     /// collection's proof that everything up to them arrived, has been seen).
     fn drain_etm(&mut self) {
-        if let Some(etm) = self.etm.as_mut()
-            && let Err(e) = etm.poll(0, Some(&mut self.engine))
-        {
-            log::warn!("ETM poll: {e:#}");
+        if let Some(etm) = self.etm.as_mut() {
+            etm.tick(Some(&mut self.engine));
         }
     }
 }
@@ -303,14 +352,14 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(d) = &args.record {
         check_writable_dir(d).context("--record")?;
     }
-    let has_etm = cs_etm_present(&args.sysfs_root);
+    let has_etm = cs_etm_present(&args.etm.sysfs_root);
     if args.branches == Branches::Etm && !has_etm {
         bail!(
             "--branches etm: no cs_etm PMU ({} is missing): this machine has no CoreSight ETM/ETE trace",
-            args.sysfs_root.join(etm_perf::discovery::EVENT_SOURCE).join(etm_perf::discovery::CS_ETM).display()
+            args.etm.sysfs_root.join(etm_perf::discovery::EVENT_SOURCE).join(etm_perf::discovery::CS_ETM).display()
         );
     }
-    if args.branches != Branches::Etm && args.window.is_some() {
+    if args.branches != Branches::Etm && args.etm.window.is_some() {
         bail!("--window applies to --branches etm only");
     }
     check_privileges()?;
@@ -338,25 +387,17 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot list online CPUs ({what}): {e}"))?;
 
     let (mut bpf, info, feed) = if use_etm {
-        let ungated = args.window == Some(Window::Strobe);
-        let flags = if ungated { etm_bpf_common::WINDOW_UNGATED } else { 0 };
-        let mut bpf = SampleBpf::load_windows(pid, flags)
+        let mut bpf = SampleBpf::load_windows(pid, 0)
             .context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
         let cfg = EtmConfig {
-            sysfs_root: args.sysfs_root.clone(),
             pid: Some(pid as i32),
-            window: args.window.map(|w| match w {
-                Window::Hw => WindowMode::Hw,
-                Window::Free => WindowMode::Free,
-                Window::Strobe => WindowMode::Strobe,
-            }),
-            params: WindowParams { window: args.etm_window, period: args.etm_period, strobe_preset: args.strobe_preset },
             record: args.record.clone(),
             branch_depth: args.depth,
             command: command.clone(),
-            ..Default::default()
+            ..args.etm.config()
         };
-        let mut etm = EtmLive::open(&cfg, &mut bpf).context("--branches etm")?;
+        let mut etm = EtmLive::open(&cfg, &bpf).context("--branches etm")?;
+        bpf.set_window_flags(etm.window_flags()).context("configuring the window programs")?;
         etm.note(TRIE_NODES_NOTE, args.max_contexts.to_string());
         let mode = etm.mode_line().to_string();
         let mut pc = etm.pipeline_config(args.depth as usize);
@@ -421,7 +462,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     for s in &initial {
         feed.event(SessionEvent::Sideband(s));
     }
-    if let Some(etm) = &feed.etm {
+    if let Some(etm) = feed.etm.as_mut() {
         etm.enable().context("enabling the cs_etm events")?;
     }
     if !alive(pid) {
@@ -482,6 +523,7 @@ fn feed_finish(feed: &mut Feed) -> anyhow::Result<StopReason> {
         for (cpu, st) in etm.stats() {
             log::info!("ETM buffer of cpu {cpu}: {st:?}");
         }
+        log::info!("ETM collection: {:?}", etm.collect_stats());
         etm.finish(Some(&mut feed.engine)).context("finishing the ETM collection")?;
     }
     if let Some(r) = feed.recorder.take() {

@@ -101,9 +101,30 @@ impl SampleBpf {
         Ok(bpf)
     }
 
-    fn program_fd(&self, name: &str) -> anyhow::Result<std::os::fd::RawFd> {
+    /// Sets the `WINDOW_*` flags of the window programs (before the groups are enabled).
+    pub fn set_window_flags(&mut self, flags: u32) -> anyhow::Result<()> {
+        let mut config: Array<&mut MapData, u32> =
+            Array::try_from(self.ebpf.map_mut(CONFIG_MAP).ok_or_else(|| anyhow!("map {CONFIG_MAP} missing"))?)?;
+        config.set(CONFIG_WINDOW_FLAGS, flags, 0).context("set window flags")?;
+        Ok(())
+    }
+
+    fn program_fd(&self, name: &str) -> anyhow::Result<OwnedFd> {
         let prog: &PerfEvent = self.ebpf.program(name).ok_or_else(|| anyhow!("program {name} missing"))?.try_into()?;
-        Ok(prog.fd()?.as_fd().as_raw_fd())
+        Ok(prog.fd()?.as_fd().try_clone_to_owned()?)
+    }
+
+    /// The window programs and the pause program's output map as fds of their own (the
+    /// kernel objects stay alive while these are open): what opening a group, now or when a
+    /// throttled one is opened anew, needs.
+    pub fn window_programs(&self) -> anyhow::Result<WindowPrograms> {
+        let map = self.ebpf.map(PAUSE_OUT_MAP).ok_or_else(|| anyhow!("map {PAUSE_OUT_MAP} missing"))?;
+        let aya::maps::Map::PerfEventArray(data) = map else { anyhow::bail!("{PAUSE_OUT_MAP} is not a PERF_EVENT_ARRAY") };
+        Ok(WindowPrograms {
+            resume: self.program_fd(RESUME_PROGRAM)?,
+            pause: self.program_fd(PAUSE_PROGRAM)?,
+            out_map: data.fd().as_fd().try_clone_to_owned()?,
+        })
     }
 
     /// Attaches the program to the perf event `fd` and enables the event. The fd is kept open
@@ -171,31 +192,35 @@ struct MapElemAttr {
     flags: u64,
 }
 
-impl etm_live::group::BpfHooks for SampleBpf {
+/// The loaded window programs (module docs), as owned fds.
+pub struct WindowPrograms {
+    resume: OwnedFd,
+    pause: OwnedFd,
+    out_map: OwnedFd,
+}
+
+impl etm_live::group::BpfHooks for WindowPrograms {
     /// `PERF_EVENT_IOC_SET_BPF` with the resume or pause program; the group's enable starts
     /// the event (the fd stays with the group).
     fn attach(&mut self, role: EventRole, _cpu: i32, fd: &OwnedFd) -> Result<(), String> {
-        let name = match role {
-            EventRole::Resume => RESUME_PROGRAM,
-            EventRole::Pause => PAUSE_PROGRAM,
+        let prog = match role {
+            EventRole::Resume => &self.resume,
+            EventRole::Pause => &self.pause,
             EventRole::Etm => return Ok(()),
         };
-        let prog_fd = self.program_fd(name).map_err(|e| format!("{e:#}"))?;
         // SAFETY: ioctl on a perf fd the caller owns with an int argument (the program fd).
-        if unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, prog_fd) } < 0 {
-            return Err(format!("PERF_EVENT_IOC_SET_BPF ({name}): {}", std::io::Error::last_os_error()));
+        if unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, prog.as_raw_fd()) } < 0 {
+            return Err(format!("PERF_EVENT_IOC_SET_BPF ({role:?}): {}", std::io::Error::last_os_error()));
         }
         Ok(())
     }
 
     /// Stores the bpf-output event's fd at index `cpu` of the `PERF_EVENT_ARRAY`.
     fn register_output(&mut self, cpu: u32, fd: &OwnedFd) -> Result<(), String> {
-        let map = self.ebpf.map(PAUSE_OUT_MAP).ok_or_else(|| format!("map {PAUSE_OUT_MAP} missing"))?;
-        let aya::maps::Map::PerfEventArray(data) = map else { return Err(format!("{PAUSE_OUT_MAP} is not a PERF_EVENT_ARRAY")) };
         let key: u32 = cpu;
         let value: u32 = fd.as_raw_fd() as u32;
         let attr = MapElemAttr {
-            map_fd: data.fd().as_fd().as_raw_fd() as u32,
+            map_fd: self.out_map.as_raw_fd() as u32,
             _pad: 0,
             key: &key as *const u32 as u64,
             value: &value as *const u32 as u64,

@@ -25,7 +25,6 @@
 mod standin;
 
 use std::collections::HashSet;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, anyhow, bail};
@@ -33,17 +32,24 @@ use etm_perf::attr::{
     EtmOptions, ModeChoice, ModeInputs, PerfEventAttr, WindowMode, WindowParams, aux_action, build_group, choose_window_mode,
     flag,
 };
-use etm_perf::discovery::{CsEtmSystem, EtmCpu, KernelVersion, TraceArch, TsSource};
+use etm_perf::discovery::{CsEtmSystem, EtmCpu, TraceArch, TsSource};
 use etm_session::pipeline::PipelineConfig;
 use etm_session::session::{
     ClockParams, CpuTraceConfig, SessionEvent, SessionMeta, SessionSource, SessionWriter, Sideband, TargetInfo,
 };
 
 use etm_live::clock;
-use etm_live::group::{self, BpfHooks, GroupSpec, LiveGroup};
+use etm_live::collect::{Collector, Groups, Strategy};
+use etm_live::group::{self, GroupSpec, LiveGroup};
 use etm_live::ring::RingSource;
 use etm_live::stream::{EventSink, StreamStats};
 use etm_live::sys;
+use etm_perf::host::HostFacts;
+use etm_perf::plan::{Plan, PlanInputs};
+use etm_perf::topology::SinkTopology;
+use etm_session::pipeline::TRACE_TIMESTAMPS_NOTE;
+
+use crate::live::bpf::{SampleBpf, WindowPrograms};
 
 /// What to collect.
 #[derive(Debug, Clone)]
@@ -63,6 +69,8 @@ pub struct EtmConfig {
     /// Requested window mode (None: decide).
     pub window: Option<WindowMode>,
     pub params: WindowParams,
+    /// `params` were given by the user (raising them to the limits is a warning).
+    pub params_explicit: bool,
     pub opts: EtmOptions,
     /// Data ring bytes per buffer (rounded up to a power of two of pages).
     pub data_bytes: usize,
@@ -79,6 +87,8 @@ pub struct EtmConfig {
     pub branch_depth: u32,
     /// Target command line (for the recording's metadata).
     pub command: Vec<String>,
+    /// PMIs per second per CPU the pause and resume events may cost together.
+    pub irq_budget: u64,
 }
 
 impl Default for EtmConfig {
@@ -91,6 +101,7 @@ impl Default for EtmConfig {
             per_thread: false,
             window: None,
             params: WindowParams::default(),
+            params_explicit: false,
             opts: EtmOptions::default(),
             data_bytes: 256 << 10,
             aux_bytes: 4 << 20,
@@ -99,6 +110,7 @@ impl Default for EtmConfig {
             copy_images: true,
             branch_depth: 32,
             command: Vec::new(),
+            irq_budget: etm_perf::plan::DEFAULT_IRQ_BUDGET,
         }
     }
 }
@@ -248,9 +260,85 @@ pub fn save_sysfs(sysfs_root: &Path, dest: &Path) -> anyhow::Result<usize> {
             copy_file(&s.join("cpus"), &d.join("cpus"), &mut n)?;
             copy_dir_files(&s.join("format"), &d.join("format"), &mut n)?;
             copy_dir_files(&s.join("events"), &d.join("events"), &mut n)?;
+            copy_dir_files(&s.join("caps"), &d.join("caps"), &mut n)?;
         }
     }
+    // The CoreSight graph the sink topology is read from: every device's output connections
+    // as links to the devices' names (`etm_perf::topology`), the cpuN ETMs' too.
+    let cs = sysfs_root.join(etm_perf::topology::CORESIGHT_DEVICES);
+    let cs_dst = dest.join(etm_perf::topology::CORESIGHT_DEVICES);
+    let name_of = |p: &Path| std::fs::canonicalize(p).ok().and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let link_outs = |dev: &Path, to: &Path, up: &str, n: &mut usize| -> anyhow::Result<()> {
+        let Ok(rd) = std::fs::read_dir(dev.join("connections")) else { return Ok(()) };
+        for c in rd.flatten() {
+            let link = c.file_name().to_string_lossy().into_owned();
+            if let (true, Some(target)) = (link.starts_with("out:"), name_of(&c.path())) {
+                std::fs::create_dir_all(to.join("connections"))?;
+                let _ = std::os::unix::fs::symlink(format!("{up}{target}"), to.join("connections").join(&link));
+                *n += 1;
+            }
+        }
+        Ok(())
+    };
+    if let Ok(rd) = std::fs::read_dir(&cs) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            std::fs::create_dir_all(cs_dst.join(&name))?;
+            link_outs(&e.path(), &cs_dst.join(&name), "../../", &mut n)?;
+        }
+    }
+    for e in std::fs::read_dir(&etm).with_context(|| format!("read {}", etm.display()))?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.strip_prefix("cpu").is_some_and(|x| x.parse::<u32>().is_ok()) {
+            link_outs(&e.path(), &dst.join(CS_ETM).join(&name), "../../../../../coresight/devices/", &mut n)?;
+        }
+    }
+    // CPU frequencies (the plan's interrupt rates).
+    for c in 0..4096 {
+        let d = format!("devices/system/cpu/cpu{c}");
+        if !sysfs_root.join(&d).exists() {
+            break;
+        }
+        let f = format!("{d}/cpufreq/cpuinfo_max_freq");
+        copy_file(&sysfs_root.join(&f), &dest.join(&f), &mut n)?;
+    }
     Ok(n)
+}
+
+/// Copies what `etm_perf::host::HostFacts` reads from `proc_root` into `dest` (the kernel
+/// release and perf settings, this process's `NSpid`/`CapEff` and page size, the kernel
+/// config line on `CONFIG_PID_IN_CONTEXTIDR` as `dest/../boot/config-<release>`), so `doctor`
+/// can read a recording.
+pub fn save_proc(proc_root: &Path, dest: &Path) -> anyhow::Result<()> {
+    let k = proc_root.join("sys/kernel");
+    for f in
+        ["osrelease", "perf_event_max_sample_rate", "perf_cpu_time_max_percent", "perf_event_paranoid", "perf_event_mlock_kb"]
+    {
+        if let Ok(v) = std::fs::read(k.join(f)) {
+            std::fs::create_dir_all(dest.join("sys/kernel"))?;
+            std::fs::write(dest.join("sys/kernel").join(f), v)?;
+        }
+    }
+    std::fs::create_dir_all(dest.join("self"))?;
+    let keep = |file: &str, keys: &[&str]| -> String {
+        std::fs::read_to_string(proc_root.join(file))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| keys.iter().any(|k| l.starts_with(k)))
+            .take(keys.len())
+            .map(|l| format!("{l}\n"))
+            .collect()
+    };
+    std::fs::write(dest.join("self/status"), keep("self/status", &["NSpid:", "CapEff:"]))?;
+    std::fs::write(dest.join("self/smaps"), keep("self/smaps", &["KernelPageSize:"]))?;
+    let host = HostFacts::read(proc_root, Path::new("/nonexistent"));
+    if let (Some(rel), Some(on)) = (host.release, host.pid_in_contextidr) {
+        let boot = dest.parent().unwrap_or(dest).join("boot");
+        std::fs::create_dir_all(&boot)?;
+        let line = if on { "CONFIG_PID_IN_CONTEXTIDR=y\n" } else { "# CONFIG_PID_IN_CONTEXTIDR is not set\n" };
+        std::fs::write(boot.join(format!("config-{rel}")), line)?;
+    }
+    Ok(())
 }
 
 /// Feeds events to the pipeline and the recorder.
@@ -292,26 +380,23 @@ pub fn probe_aux_pause(sys: &CsEtmSystem) -> Option<bool> {
     }
 }
 
-/// A running live ETM collection.
-pub struct EtmLive {
-    groups: Vec<LiveGroup>,
-    choice: ModeChoice,
-    cpus: Vec<CpuTraceConfig>,
-    clock: Option<ClockParams>,
-    recorder: Option<Recorder>,
+/// Everything `run` and `doctor` decide from the machine before opening anything.
+pub struct EtmSetup {
+    pub sys: CsEtmSystem,
+    pub sinks: SinkTopology,
+    pub host: HostFacts,
+    pub cpus: Vec<u32>,
+    pub choice: ModeChoice,
+    pub plan: Plan,
 }
 
-impl EtmLive {
-    /// Discovers, decides the mode, and opens one group per CPU (or the per-thread group) in
-    /// the kernel's order through `etm_live::group::open`, with `bpf` attaching the window
-    /// programs; events stay disabled until [`EtmLive::enable`].
-    pub fn open(cfg: &EtmConfig, bpf: &mut dyn BpfHooks) -> anyhow::Result<EtmLive> {
+impl EtmSetup {
+    /// Discovers the system and decides the mode and the plan (`probe`: open cs_etm once with
+    /// `aux_start_paused` to learn whether AUX pause works, else judge by the kernel version).
+    pub fn decide(cfg: &EtmConfig, probe: bool) -> anyhow::Result<EtmSetup> {
         let sys = CsEtmSystem::discover(&cfg.sysfs_root).context("cs_etm discovery")?;
-        for w in &sys.warnings {
-            log::warn!("cs_etm discovery: {w}");
-        }
-        log::info!("{}", sys.summary());
-        let kernel = KernelVersion::read(&cfg.proc_root).context("kernel version")?;
+        let host = HostFacts::read(&cfg.proc_root, &cfg.sysfs_root);
+        let kernel = host.kernel.ok_or_else(|| anyhow!("cannot read the kernel release under {}", cfg.proc_root.display()))?;
         let cpus: Vec<u32> = match &cfg.cpus {
             Some(c) => c.iter().copied().filter(|c| sys.cpu(*c).is_some()).collect(),
             None => sys.cpus.iter().map(|c| c.cpu).collect(),
@@ -319,49 +404,159 @@ impl EtmLive {
         if cpus.is_empty() {
             bail!("no CPU with an ETM/ETE among the requested CPUs");
         }
-        let probe = if cfg.probe { probe_aux_pause(&sys) } else { None };
-        let choice = choose_window_mode(cfg.window, &ModeInputs { sys: &sys, cpus: &cpus, kernel, pause_probe: probe })
+        let pause_probe = if probe { probe_aux_pause(&sys) } else { None };
+        let choice = choose_window_mode(cfg.window, &ModeInputs { sys: &sys, cpus: &cpus, kernel, pause_probe })
             .map_err(|e| anyhow!(e))?;
-        log::info!("{}", choice.reason);
+        let sinks = SinkTopology::discover(&cfg.sysfs_root, &sys);
+        let plan = Plan::make(&PlanInputs {
+            sys: &sys,
+            sinks: &sinks,
+            host: &host,
+            cpus: &cpus,
+            mode: &choice,
+            params: cfg.params,
+            irq_budget: cfg.irq_budget,
+            per_thread: cfg.per_thread,
+            aux_bytes: cfg.aux_bytes as u64,
+            params_explicit: cfg.params_explicit,
+        });
+        Ok(EtmSetup { sys, sinks, host, cpus, choice, plan })
+    }
+
+    /// The mode line: why this mode, and the plan.
+    pub fn mode_line(&self) -> String {
+        format!("{}; {}", self.choice.reason, self.plan.line(&self.sinks))
+    }
+}
+
+/// The open groups, as the collector drives them ([`Groups`]).
+pub struct LiveGroups {
+    groups: Vec<LiveGroup>,
+    /// How to open each group again (None: an output ring).
+    specs: Vec<Option<GroupSpec>>,
+    programs: WindowPrograms,
+}
+
+impl Groups for LiveGroups {
+    type Ring = sys::PerfBuffer;
+    fn count(&self) -> usize {
+        self.groups.len()
+    }
+    fn ring(&mut self, i: usize) -> &mut sys::PerfBuffer {
+        &mut self.groups[i].buf
+    }
+    fn disable(&mut self, i: usize) -> std::io::Result<()> {
+        self.groups[i].disable()
+    }
+    fn enable(&mut self, i: usize) -> std::io::Result<()> {
+        self.groups[i].enable()
+    }
+    fn reopen(&mut self, i: usize) -> std::io::Result<etm_live::stream::CpuStream> {
+        let Some(spec) = self.specs[i].clone() else { return Err(std::io::Error::other("an output ring has no group")) };
+        // Closing the old group frees its ring and the stuck AUX transaction.
+        let (g, stream) = group::open(&spec, &mut self.programs).map_err(std::io::Error::other)?;
+        self.groups[i] = g;
+        Ok(stream)
+    }
+}
+
+/// A running live ETM collection.
+pub struct EtmLive {
+    groups: LiveGroups,
+    collector: Collector,
+    setup: EtmSetup,
+    cpus: Vec<CpuTraceConfig>,
+    clock: Option<ClockParams>,
+    recorder: Option<Recorder>,
+    started: std::time::Instant,
+}
+
+impl EtmLive {
+    /// Discovers, decides the mode and the plan, and opens one group per CPU (or the
+    /// per-thread group and one output ring per CPU) in the kernel's order through
+    /// `etm_live::group::open`, with the window programs attached; events stay disabled until
+    /// [`EtmLive::enable`].
+    pub fn open(cfg: &EtmConfig, bpf: &SampleBpf) -> anyhow::Result<EtmLive> {
+        let setup = EtmSetup::decide(cfg, cfg.probe)?;
+        for w in &setup.sys.warnings {
+            log::warn!("cs_etm discovery: {w}");
+        }
+        for w in &setup.plan.warnings {
+            log::warn!("{w}");
+        }
+        for n in &setup.plan.notes {
+            log::info!("{n}");
+        }
+        log::info!("{}", setup.sys.summary());
         let pid = cfg.pid.unwrap_or(-1);
-        if cfg.per_thread && pid < 0 {
+        let plan = &setup.plan;
+        if plan.per_thread && pid < 0 {
             bail!("per-thread mode needs a target pid");
         }
-        let targets: Vec<i32> = if cfg.per_thread { vec![-1] } else { cpus.iter().map(|&c| c as i32).collect() };
-        let mut live = EtmLive { groups: Vec::new(), choice: choice.clone(), cpus: Vec::new(), clock: None, recorder: None };
+        let mut opts = cfg.opts.clone();
+        opts.aux_watermark = plan.aux_watermark;
+        // Do not claim context IDs the kernel will not trace (TRCCONFIGR for the decoder).
+        if plan.context_ids == Some(false) {
+            opts.context_id = false;
+        }
+        let targets: Vec<i32> = if plan.per_thread { vec![-1] } else { setup.cpus.iter().map(|&c| c as i32).collect() };
+        let mut programs = bpf.window_programs()?;
+        let (mut groups, mut specs, mut streams) = (Vec::new(), Vec::new(), Vec::new());
         let mut trcconfigr = 0;
         for &cpu in &targets {
-            let plan = build_group(&sys, cpu, choice.mode, &cfg.params, &cfg.opts).context("building the event group")?;
-            trcconfigr = plan.trcconfigr;
+            let mut g = build_group(&setup.sys, cpu, plan.mode, &cfg.params, &opts).context("building the event group")?;
+            g.set_periods(plan.pause_period, plan.resume_period);
+            trcconfigr = g.trcconfigr;
             let spec = GroupSpec {
                 cpu,
-                pid: if cfg.per_thread { pid } else { -1 },
-                plan,
+                // Per-thread: the target's main thread (tid = pid).
+                pid: if plan.per_thread { pid } else { -1 },
+                plan: g,
                 data_bytes: cfg.data_bytes,
                 aux_bytes: cfg.aux_bytes,
-                bpf_output: !cfg.per_thread,
+                bpf_output: !plan.per_thread,
             };
-            let mut g = group::open(&spec, bpf).context("opening the cs_etm event group")?;
-            g.stream.target = cfg.pid.filter(|&p| p > 0).map(|p| p as u32);
-            live.groups.push(g);
+            let (g, stream) = group::open(&spec, &mut programs).context("opening the cs_etm event group")?;
+            groups.push(g);
+            specs.push(Some(spec));
+            streams.push(stream);
         }
-        live.cpus = cpus.iter().filter_map(|&c| sys.cpu(c)).map(|c| cpu_trace_config(c, trcconfigr)).collect();
-        if let Some(g) = live.groups.first() {
-            live.clock = clock::clock_params(&g.buf.page());
+        if plan.per_thread {
+            // The pause records: one bpf-output ring per CPU, after the AUX ring (drain order).
+            for &c in &setup.cpus {
+                let (g, stream) =
+                    group::open_output(c as i32, cfg.data_bytes, &mut programs).context("opening a bpf-output ring")?;
+                groups.push(g);
+                specs.push(None);
+                streams.push(stream);
+            }
         }
-        if !sys.has_virtual_ts() {
-            log::warn!(
-                "not every ETM's ts_source is the virtual counter (1): trace timestamps may not convert to the perf clock (perf keeps them raw in that case)"
-            );
+        let target = cfg.pid.filter(|&p| p > 0).map(|p| p as u32);
+        for s in &mut streams {
+            s.target = target;
         }
-        if live.clock.is_none() {
+        let strategy = Strategy { delivery: plan.delivery, harvest_every_ns: plan.harvest_ms.map(|m| m * 1_000_000) };
+        let cpus = setup.cpus.iter().filter_map(|&c| setup.sys.cpu(c)).map(|c| cpu_trace_config(c, trcconfigr)).collect();
+        let clock = groups.first().and_then(|g| clock::clock_params(&g.buf.page()));
+        if clock.is_none() {
             log::warn!("no cap_user_time_zero: ETM timestamps cannot be converted to the perf clock");
         }
+        let mut live = EtmLive {
+            groups: LiveGroups { groups, specs, programs },
+            collector: Collector::new(streams, strategy),
+            cpus,
+            clock,
+            recorder: None,
+            started: std::time::Instant::now(),
+            setup,
+        };
         if let Some(dir) = &cfg.record {
             let mut notes = std::collections::HashMap::new();
-            notes.insert("kernel".to_string(), kernel.to_string());
-            notes.insert("window_choice".to_string(), choice.reason.clone());
-            notes.insert("sysfs".to_string(), sys.summary());
+            notes.insert("kernel".to_string(), live.setup.host.release.clone().unwrap_or_default());
+            notes.insert("window_choice".to_string(), live.mode_line());
+            notes.insert("sysfs".to_string(), live.setup.sys.summary());
+            notes.insert("delivery".to_string(), live.setup.plan.delivery.name().to_string());
+            notes.insert(TRACE_TIMESTAMPS_NOTE.to_string(), live.setup.plan.trace_timestamps.to_string());
             let meta = SessionMeta {
                 source: SessionSource::Live,
                 target: TargetInfo { pid: i64::from(pid), command: cfg.command.clone() },
@@ -369,65 +564,63 @@ impl EtmLive {
                 clock: live.clock,
                 branch_depth: cfg.branch_depth,
                 window: etm_session::session::WindowParams {
-                    mode: format!("{:?}", choice.mode).to_lowercase(),
+                    mode: format!("{:?}", live.setup.plan.mode).to_lowercase(),
                     unit: "cycles".into(),
-                    window: cfg.params.window,
-                    period: cfg.params.period,
+                    window: live.setup.plan.pause_period / 2,
+                    period: live.setup.plan.resume_period,
                 },
                 notes,
                 ..Default::default()
             };
             live.recorder = Some(Recorder::create(dir, meta, cfg.copy_images)?);
             let n = save_sysfs(&cfg.sysfs_root, &dir.join("sysfs")).context("saving the cs_etm sysfs metadata")?;
+            save_proc(&cfg.proc_root, &dir.join("proc")).context("saving the kernel's settings")?;
             log::info!("recorded {n} sysfs files under {}", dir.join("sysfs").display());
         }
         Ok(live)
     }
 
-    /// The one-line explanation of the window mode.
-    pub fn mode_line(&self) -> &str {
-        &self.choice.reason
+    /// The one-line explanation of the window mode and the plan.
+    pub fn mode_line(&self) -> String {
+        self.setup.mode_line()
+    }
+
+    /// The `WINDOW_*` flags the window programs need for this plan: strobing has no resume
+    /// event (every pause samples), and a per-thread group uses one window slot.
+    pub fn window_flags(&self) -> u32 {
+        let mut f = 0;
+        if self.setup.plan.mode == WindowMode::Strobe {
+            f |= etm_bpf_common::WINDOW_UNGATED;
+        }
+        if self.setup.plan.per_thread {
+            f |= etm_bpf_common::WINDOW_PER_THREAD;
+        }
+        f
     }
 
     /// The pipeline configuration for this collection.
     pub fn pipeline_config(&self, depth: usize) -> PipelineConfig {
         let mut c = PipelineConfig { cpus: self.cpus.clone(), clock: self.clock, ..Default::default() };
+        c.trace_timestamps = self.setup.plan.trace_timestamps;
         c.join.depth = depth;
         c
     }
 
     /// Enables the groups (with aux_start_paused the trace stays off until the first resume).
-    pub fn enable(&self) -> anyhow::Result<()> {
-        for g in &self.groups {
-            g.enable().with_context(|| format!("enabling the group of cpu {}", g.cpu))?;
+    pub fn enable(&mut self) -> anyhow::Result<()> {
+        for i in 0..self.groups.count() {
+            self.groups.enable(i).with_context(|| format!("enabling group {i}"))?;
         }
+        self.started = std::time::Instant::now();
         Ok(())
     }
 
-    /// Waits up to `timeout_ms` for data, then drains every buffer into `pipeline` (and the
-    /// recording). Returns the number of records consumed.
-    pub fn poll(&mut self, timeout_ms: i32, pipeline: Option<&mut dyn EventSink>) -> anyhow::Result<usize> {
-        let mut fds: Vec<libc::pollfd> =
-            self.groups.iter().map(|g| libc::pollfd { fd: g.buf.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
-        // SAFETY: fds is a valid array of pollfd for the duration of the call.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e).context("poll");
-            }
-        }
-        Ok(self.drain(pipeline))
-    }
-
-    /// Drains every buffer now.
-    pub fn drain(&mut self, pipeline: Option<&mut dyn EventSink>) -> usize {
+    /// One step of the collection: drain every buffer into `pipeline` (and the recording),
+    /// prove what the delivery proves, harvest when due.
+    pub fn tick(&mut self, pipeline: Option<&mut dyn EventSink>) {
+        let now = self.started.elapsed().as_nanos() as u64;
         let mut consumer = Consumer { pipeline, recorder: self.recorder.as_mut() };
-        let mut n = 0;
-        for g in &mut self.groups {
-            n += g.stream.drain(&mut g.buf, &mut consumer);
-        }
-        n
+        self.collector.tick(&mut self.groups, now, &mut consumer);
     }
 
     /// Feeds an event the driver made (MMAP2 of mappings that existed before the events were
@@ -445,22 +638,25 @@ impl EtmLive {
 
     /// Per-buffer counters.
     pub fn stats(&self) -> Vec<(i32, StreamStats)> {
-        self.groups.iter().map(|g| (g.cpu, g.stream.stats)).collect()
+        self.collector.streams().iter().map(|s| (s.cpu, s.stats)).collect()
+    }
+
+    /// The collector's counters.
+    pub fn collect_stats(&self) -> etm_live::collect::CollectStats {
+        self.collector.stats
     }
 
     /// Disables the groups, drains what is left, and finishes the recording (trace IDs from
     /// AUX_OUTPUT_HW_ID records are written into its metadata).
-    pub fn finish(mut self, pipeline: Option<&mut dyn EventSink>) -> anyhow::Result<Option<SessionMeta>> {
-        for g in &self.groups {
-            let _ = g.disable();
-        }
-        self.drain(pipeline);
-        let Some(mut rec) = self.recorder.take() else { return Ok(None) };
-        for g in &self.groups {
-            if g.cpu < 0 {
+    pub fn finish(self, pipeline: Option<&mut dyn EventSink>) -> anyhow::Result<Option<SessionMeta>> {
+        let EtmLive { mut groups, collector, mut recorder, .. } = self;
+        let streams = collector.finish(&mut groups, &mut Consumer { pipeline, recorder: recorder.as_mut() });
+        let Some(mut rec) = recorder else { return Ok(None) };
+        for s in &streams {
+            if s.cpu < 0 {
                 continue;
             }
-            if let (Some(h), Some(c)) = (g.stream.hw_ids.last(), rec.meta_mut().cpus.iter_mut().find(|c| c.cpu == g.cpu)) {
+            if let (Some(h), Some(c)) = (s.hw_ids.last(), rec.meta_mut().cpus.iter_mut().find(|c| c.cpu == s.cpu)) {
                 c.trace_id = h.trace_id;
                 c.sink_id = h.sink_id;
             }
@@ -499,7 +695,7 @@ mod tests {
     }
 
     /// The session metadata of the N1 fixture: ETMv4, legacy trace IDs, the IDRs and
-    /// TRCCONFIGR carried through, virtual timestamps.
+    /// TRCCONFIGR carried through, no FEAT_TRF (ts_source -1).
     #[test]
     fn trace_config_from_fixture() {
         let sys = CsEtmSystem::discover(&fixture("n1-etr")).unwrap();
@@ -507,7 +703,10 @@ mod tests {
         assert_eq!(c.cpu, 3);
         assert_eq!(c.arch, etm_session::session::TraceArch::Etmv4);
         assert_eq!(c.trace_id, 0x16);
-        assert_eq!((c.trcidr0, c.trcidr1, c.trcidr2, c.trcconfigr, c.ts_source), (0x28000ea1, 0x4100f423, 0x20001088, 0x9880, 1));
+        assert_eq!(
+            (c.trcidr0, c.trcidr1, c.trcidr2, c.trcconfigr, c.ts_source),
+            (0x28000ea1, 0x4100f423, 0x20001088, 0x9880, -1)
+        );
         let v2 = CsEtmSystem::discover(&fixture("v2-trbe")).unwrap();
         let c = cpu_trace_config(v2.cpu(1).unwrap(), 0);
         assert_eq!((c.arch, c.trace_id, c.trcdevarch), (etm_session::session::TraceArch::Ete, 0x12, 0x47715a13));
@@ -577,8 +776,8 @@ mod tests {
         assert_eq!(p.stats().aux_truncated, 1);
     }
 
-    /// The saved sysfs metadata of a recording rediscovers to the same system as the original
-    /// tree (both fixtures, symlinked CPUs included).
+    /// The saved sysfs and proc metadata of a recording rediscover to the same system, sink
+    /// topology and host facts as the original tree (both fixtures, symlinked CPUs included).
     #[test]
     fn saved_sysfs_rediscovers() {
         for name in ["n1-etr", "v2-trbe"] {
@@ -587,6 +786,12 @@ mod tests {
             assert!(n > 30, "{name}: {n} files");
             let a = CsEtmSystem::discover(&fixture(name)).unwrap();
             let b = CsEtmSystem::discover(dir.path()).unwrap();
+            assert_eq!(SinkTopology::discover(&fixture(name), &a), SinkTopology::discover(dir.path(), &b), "{name}");
+            let proc_copy = dir.path().join("proc");
+            save_proc(&fixture(name).join("proc"), &proc_copy).unwrap();
+            let (ha, hb) =
+                (HostFacts::read(&fixture(name).join("proc"), &fixture(name)), HostFacts::read(&proc_copy, dir.path()));
+            assert_eq!(ha, hb, "{name}");
             assert_eq!(
                 (a.pmu_type, &a.formats, &a.sinks, &a.configs, &a.cpus, &a.pmus),
                 (b.pmu_type, &b.formats, &b.sinks, &b.configs, &b.cpus, &b.pmus),
@@ -606,7 +811,7 @@ mod tests {
     #[test]
     fn open_without_cs_etm_fails_cleanly() {
         let cfg = EtmConfig { sysfs_root: fixture("."), ..Default::default() };
-        let e = EtmLive::open(&cfg, &mut etm_live::group::NoBpf).err().unwrap();
+        let e = EtmSetup::decide(&cfg, false).err().unwrap();
         assert!(format!("{e:#}").contains("no cs_etm"), "{e:#}");
     }
 

@@ -12,7 +12,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use etm_live::group::{self, GroupSpec, LiveGroup};
+use etm_live::collect::{Collector, Delivery, Groups, Strategy};
+use etm_live::group::{self, GroupSpec};
 use etm_perf::attr::{EtmOptions, EventRole, StandIn, WindowMode, WindowParams, build_group};
 use etm_perf::discovery::CsEtmSystem;
 use etm_perf::records::sample;
@@ -115,40 +116,39 @@ struct Run {
     t1: u64,
 }
 
-/// Opens `spec` with the window programs for this process, runs `busy` pinned on its CPU,
-/// disables and drains.
+/// Opens `spec` with the window programs for this process and runs `busy` pinned on its CPU,
+/// with the collector of `run` draining the group (and an executable mapping before and after,
+/// whose MMAP2 records the kernel stamps in the perf clock), then stops it.
 fn run(spec: &GroupSpec, busy: Duration) -> Run {
     let me = std::process::id();
-    let mut bpf = SampleBpf::load_windows(me, 0).expect("load the window programs");
-    let mut g: LiveGroup = group::open(spec, &mut bpf).expect("open the stand-in group");
-    g.stream.target = Some(me);
+    let bpf = SampleBpf::load_windows(me, 0).expect("load the window programs");
+    let mut programs = bpf.window_programs().unwrap();
+    let (g, stream) = group::open(spec, &mut programs).expect("open the stand-in group");
     let leader_id = etm_live::sys::event_id(&g.buf.fd).unwrap();
-    g.enable().unwrap();
-    // The perf clock is not readable from user space on every host (x86 guests without a
-    // stable native sched_clock have no cap_user_time_zero): an executable mapping makes the
-    // kernel stamp an MMAP2 record in the leader's ring instead.
-    clock_probe();
+    let mut groups = super::LiveGroups { groups: vec![g], specs: vec![Some(spec.clone())], programs };
+    let mut col = Collector::new(vec![stream], Strategy { delivery: Delivery::PerPause, harvest_every_ns: None });
+    col.streams_mut()[0].target = Some(me);
     let mut samples = Vec::new();
     let mut sideband = Vec::new();
     let mut ends = 0;
-    let deadline = Instant::now() + busy;
-    while Instant::now() < deadline {
-        spin(Duration::from_millis(20));
-        g.stream.drain(&mut g.buf, &mut |ev: SessionEvent<'_>| match ev {
-            SessionEvent::Sample(s) => samples.push(s.clone()),
-            SessionEvent::Sideband(Sideband::WindowEnd { .. }) => ends += 1,
-            SessionEvent::Sideband(sb) => sideband.push(sb.clone()),
-            SessionEvent::Aux { .. } => {}
-        });
-    }
-    clock_probe();
-    g.disable().unwrap();
-    g.stream.drain(&mut g.buf, &mut |ev: SessionEvent<'_>| match ev {
+    let mut sink = |ev: SessionEvent<'_>| match ev {
         SessionEvent::Sample(s) => samples.push(s.clone()),
         SessionEvent::Sideband(Sideband::WindowEnd { .. }) => ends += 1,
         SessionEvent::Sideband(sb) => sideband.push(sb.clone()),
         SessionEvent::Aux { .. } => {}
-    });
+    };
+    groups.enable(0).unwrap();
+    // The perf clock is not readable from user space on every host (x86 guests without a
+    // stable native sched_clock have no cap_user_time_zero): an executable mapping makes the
+    // kernel stamp an MMAP2 record in the leader's ring instead.
+    clock_probe();
+    let t = Instant::now();
+    while t.elapsed() < busy {
+        spin(Duration::from_millis(20));
+        col.tick(&mut groups, t.elapsed().as_nanos() as u64, &mut sink);
+    }
+    clock_probe();
+    let streams = col.finish(&mut groups, &mut sink);
     let probes: Vec<u64> = sideband
         .iter()
         .filter_map(|sb| match sb {
@@ -156,10 +156,10 @@ fn run(spec: &GroupSpec, busy: Duration) -> Run {
             _ => None,
         })
         .collect();
-    let (t0, t1) = (probes[0], *probes.last().unwrap());
     assert_eq!(probes.len(), 2, "two clock probes");
+    let (t0, t1) = (probes[0], probes[1]);
     let counters = bpf.counters().unwrap();
-    Run { samples, ends, sideband, counters, stats: g.stream.stats, leader_id, t0, t1 }
+    Run { samples, ends, sideband, counters, stats: streams[0].stats, leader_id, t0, t1 }
 }
 
 /// Resume every R, pause every P < R: the pause program writes a record only for the first
