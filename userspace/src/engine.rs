@@ -243,11 +243,12 @@ pub fn pipeline_json(p: &Pipeline) -> serde_json::Value {
             "records": st.aux_records, "bytes": st.aux_bytes, "truncated": st.aux_truncated,
             "short": st.aux_short, "gaps": st.aux_gaps, "partial_collision": st.aux_partial_collision,
             "overwrite": st.aux_overwrite, "undecoded": st.aux_undecoded,
+            "collision_resets": st.aux_collision_resets, "cpu_changes": st.aux_cpu_changes,
         },
         "decode": {
             "resets": st.decoder_resets, "overflows": st.decode_overflows, "nosync": st.decode_nosync,
             "errors": st.decode_errors, "nocode": st.decode_nocode, "trace_on": st.trace_on,
-            "branches": st.branches, "unknown_trace_id": st.unknown_trace_id,
+            "branches": st.branches, "unknown_trace_id": st.unknown_trace_id, "foreign": st.decode_foreign,
         },
         "join": {
             "segments": st.join.segments, "segments_unmatched": st.join.segments_unmatched,
@@ -258,7 +259,11 @@ pub fn pipeline_json(p: &Pipeline) -> serde_json::Value {
             "rejected": st.join.rejected.total(), "rejected_by_reason": rejects(&st),
         },
         "samples": {"lbr": st.lbr_samples, "stack_only": st.stack_only_samples, "profiled": st.profiled},
-        "sideband": {"records": st.sideband, "lost_records": st.lost_records, "lost_events": st.lost_events},
+        "sideband": {
+            "records": st.sideband, "lost_records": st.lost_records, "lost_events": st.lost_events,
+            "switches": st.switches, "throttles": st.throttles, "window_ends": st.window_ends,
+            "trace_complete": st.trace_complete,
+        },
         "profile": {
             "samples": ps.samples, "distinct": p.profile().distinct_samples(), "folded": ps.folded,
             "dropped": ps.dropped, "unresolved_addresses": ps.unresolved_addresses,

@@ -214,11 +214,19 @@ fn print_summary(
         );
     }
     println!(
-        "  aux:      records {} bytes {} truncated {} short {} gaps {} partial/collision {} undecoded {}",
-        st.aux_records, st.aux_bytes, st.aux_truncated, st.aux_short, st.aux_gaps, st.aux_partial_collision, st.aux_undecoded
+        "  aux:      records {} bytes {} truncated {} short {} gaps {} partial/collision {} (resets {}) cpu changes {} undecoded {}",
+        st.aux_records,
+        st.aux_bytes,
+        st.aux_truncated,
+        st.aux_short,
+        st.aux_gaps,
+        st.aux_partial_collision,
+        st.aux_collision_resets,
+        st.aux_cpu_changes,
+        st.aux_undecoded
     );
     println!(
-        "  decode:   branches {} trace-on {} resets {} errors {} overflows {} no-sync {} no-code {} unknown-id {}",
+        "  decode:   branches {} trace-on {} resets {} errors {} overflows {} no-sync {} no-code {} unknown-id {} foreign {}",
         st.branches,
         st.trace_on,
         st.decoder_resets,
@@ -226,7 +234,8 @@ fn print_summary(
         st.decode_overflows,
         st.decode_nosync,
         st.decode_nocode,
-        st.unknown_trace_id
+        st.unknown_trace_id,
+        st.decode_foreign
     );
     println!(
         "  join:     samples {} joined {} rejected {} (partial {}, unverified {}, leaf frame missing {}; segments {} unmatched {})",

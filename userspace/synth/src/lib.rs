@@ -38,6 +38,7 @@ pub mod formatter;
 pub mod generate;
 pub mod gtfile;
 pub mod hw;
+pub mod hw_run;
 pub mod image;
 pub mod qemu;
 pub mod session_out;

@@ -9,72 +9,29 @@
 //! samples whose window reached the AUX ring complete (and holds branches of the thread) are
 //! joined, and every other sample is counted by a reason.
 
-use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use etm_live::collect::{Collector, Delivery, Strategy};
-use etm_session::pipeline::{Pipeline, PipelineConfig, PipelineStats};
-use etm_session::session::{BranchPair, SessionEvent, Sideband};
-use etm_synth::hw::{Model, ModelConfig, Program, TaskSpec, Topology, TruthSample};
-use etm_synth::image::CodeImage;
-use etm_synth::qemu::{self, QemuOptions};
-use etm_synth::testprogs::{self, BuildError, Compiler, PROGRAMS};
-
-const TARGET: u32 = 100;
-
-/// A built test program: file, ELF bytes, code, executed path.
-type Built = (String, Arc<Vec<u8>>, CodeImage, Vec<u64>);
+use etm_live::collect::{Delivery, Strategy};
+use etm_synth::hw::{ModelConfig, Topology};
+use etm_synth::hw_run::{self, Built, Outcome, RunOptions};
+use etm_synth::testprogs::BuildError;
 
 /// The programs, built and run once per test binary.
 fn programs() -> Option<&'static Vec<Built>> {
     static P: OnceLock<Option<Vec<Built>>> = OnceLock::new();
     P.get_or_init(|| {
-        if let Err(e) = testprogs::qemu_available() {
-            etm_testutil::skip(e);
-            return None;
-        }
         let dir = std::env::temp_dir().join(format!("etm-hw-model-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut out = Vec::new();
-        for (name, args) in [("loops", vec!["3"]), ("indirect", vec![]), ("recursion", vec![])] {
-            let prog = PROGRAMS.iter().find(|p| p.name == name).unwrap();
-            let bin = match testprogs::build(prog, Compiler::Gcc, &dir) {
-                Ok(b) => b,
-                Err(BuildError::Missing(why)) => {
-                    etm_testutil::skip(why);
-                    return None;
-                }
-                Err(e) => panic!("{e}"),
-            };
-            let args: Vec<String> = args.into_iter().map(String::from).collect();
-            let run = qemu::run(&bin, &args, &QemuOptions { max_insns: 3_000_000, ..Default::default() }).unwrap();
-            let bytes = Arc::new(std::fs::read(&bin).unwrap());
-            let image = CodeImage::parse(&bytes).unwrap();
-            out.push((bin.to_string_lossy().into_owned(), bytes, image, run.pcs));
+        match hw_run::build_programs(&dir) {
+            Ok(p) => Some(p),
+            Err(BuildError::Missing(why)) => {
+                etm_testutil::skip(why);
+                None
+            }
+            Err(e) => panic!("{e}"),
         }
-        Some(out)
     })
     .as_ref()
-}
-
-/// Target pid 100 with threads 100 and 101 (both running `loops`), pid 200 with threads 200
-/// and 201 (`indirect`), pid 300 (`recursion`): five tasks on four CPUs.
-fn tasks() -> Vec<TaskSpec> {
-    vec![
-        TaskSpec { pid: TARGET, tid: 100, program: 0, start: 0 },
-        TaskSpec { pid: TARGET, tid: 101, program: 0, start: 700_000 },
-        TaskSpec { pid: 200, tid: 200, program: 1, start: 0 },
-        TaskSpec { pid: 200, tid: 201, program: 1, start: 300_000 },
-        TaskSpec { pid: 300, tid: 300, program: 2, start: 0 },
-    ]
-}
-
-struct Outcome {
-    truth: Vec<TruthSample>,
-    joined: Vec<(i32, u64, u32, Vec<BranchPair>)>,
-    stats: PipelineStats,
-    model: etm_synth::hw::ModelStats,
-    collect: etm_live::collect::CollectStats,
 }
 
 /// Runs the model for `duration_ns` with the collector draining every `drain_ns`.
@@ -85,100 +42,20 @@ fn run(cfg: ModelConfig, strategy: Strategy, duration_ns: u64, drain_ns: u64) ->
 /// [`run`]; with `by_sample_time`, after every drain the pipeline is also told that the trace
 /// is complete up to the newest pause sample seen, as the live driver used to assume.
 fn run_with(cfg: ModelConfig, strategy: Strategy, duration_ns: u64, drain_ns: u64, by_sample_time: bool) -> Option<Outcome> {
-    let progs = programs()?;
-    let programs: Vec<Program> =
-        progs.iter().map(|(file, _, image, pcs)| Program::new(file.clone(), image.clone(), pcs.clone())).collect();
-    let depth = cfg.depth;
-    let cpus = cfg.cpus;
-    let mut model = Model::new(cfg, programs, &tasks());
-    let mut pc = PipelineConfig { cpus: model.cpu_configs(), clock: Some(Model::clock_params()), ..Default::default() };
-    pc.join.depth = depth;
-    let mut p = Pipeline::new(pc);
-    // What the live driver adds from /proc: the target's code and mappings, its threads.
-    let (file, bytes, image, _) = &progs[0];
-    p.add_image(file, bytes.clone());
-    let t0 = Model::perf_time(0);
-    for seg in &image.segments {
-        let page = seg.vaddr & !0xFFF;
-        let len = (seg.vaddr + seg.data.len() as u64 - page + 0xFFF) & !0xFFF;
-        let mm = Sideband::Mmap2 {
-            pid: TARGET,
-            tid: TARGET,
-            addr: page,
-            len,
-            pgoff: seg.file_offset & !0xFFF,
-            prot: 5,
-            flags: 2,
-            filename: file.clone(),
-            build_id: None,
-            time: t0,
-            cpu: None,
-        };
-        p.push(SessionEvent::Sideband(&mm));
-    }
-    for tid in [100, 101] {
-        let c = Sideband::Comm { pid: TARGET, tid, comm: "loops".into(), exec: false, time: t0, cpu: None };
-        p.push(SessionEvent::Sideband(&c));
-    }
-    let joined = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
-    let j = joined.clone();
-    p.set_observer(Box::new(move |s| j.borrow_mut().push((s.cpu, s.time, s.tid, s.branches.to_vec()))));
-    let mut col = Collector::new(model.streams(), strategy);
-    for i in 0..cpus as usize {
-        etm_live::collect::Groups::enable(&mut model, i).unwrap();
-    }
-    let newest_sample = std::cell::Cell::new(0u64);
-    let mut sink = |ev: SessionEvent<'_>| {
-        if let SessionEvent::Sample(s) = &ev {
-            newest_sample.set(newest_sample.get().max(s.time));
-        }
-        p.push(ev)
-    };
-    let mut t = 0;
-    while t < duration_ns {
-        t += drain_ns;
-        model.run_until(t);
-        col.tick(&mut model, t, &mut sink);
-        if by_sample_time {
-            sink(SessionEvent::Sideband(&Sideband::TraceComplete { cpu: None, time: newest_sample.get() + 1 }));
-        }
-    }
-    let collect = col.stats;
-    col.finish(&mut model, &mut sink);
-    p.finish();
-    let stats = p.stats();
-    drop(p);
-    let joined = std::rc::Rc::try_unwrap(joined).unwrap().into_inner();
-    Some(Outcome { truth: model.truth.clone(), joined, stats, model: model.stats, collect })
+    let opts = RunOptions { strategy, duration_ns, drain_ns, complete_by_sample_time: by_sample_time, record: None };
+    Some(hw_run::run(programs()?, cfg, &opts).expect("model run"))
 }
 
 /// The checks every topology must pass (module docs); returns the joined share of complete
 /// windows.
 fn check(o: &Outcome, label: &str) -> f64 {
-    let truth: HashMap<(i32, u64), &TruthSample> = o.truth.iter().map(|t| ((t.cpu, t.time), t)).collect();
     assert!(o.truth.len() >= 200, "{label}: only {} target windows ({:?})", o.truth.len(), o.model);
-    for (cpu, time, tid, brs) in &o.joined {
-        let t = truth.get(&(*cpu, *time)).unwrap_or_else(|| panic!("{label}: joined sample cpu {cpu} at {time} has no truth"));
-        assert_eq!(*tid, t.tid, "{label}: thread");
-        if t.complete {
-            assert_eq!(brs, &t.branches, "{label}: cpu {cpu} at {time} (tid {tid}): branches differ from the window's");
-        } else {
-            // A window that lost trace may join with the newest branches only, never others.
-            assert!(t.branches.starts_with(brs), "{label}: cpu {cpu} at {time}: {brs:x?} is not the newest of {:x?}", t.branches);
-        }
+    let c = hw_run::check(&o.truth, &o.joined);
+    assert!(c.wrong.is_empty(), "{label}: {} wrong joins, first: {}", c.wrong.len(), c.wrong[0]);
+    for m in &c.missed {
+        eprintln!("{label}: not joined: {m:?}");
     }
-    let complete: Vec<&TruthSample> = o.truth.iter().filter(|t| t.complete && !t.branches.is_empty()).collect();
-    let joined: std::collections::HashSet<(i32, u64)> = o.joined.iter().map(|j| (j.0, j.1)).collect();
-    let got = complete.iter().filter(|t| joined.contains(&(t.cpu, t.time))).count();
-    let share = got as f64 / complete.len().max(1) as f64;
-    for t in complete.iter().filter(|t| !joined.contains(&(t.cpu, t.time))).take(5) {
-        eprintln!("{label}: not joined: cpu {} at {} tid {} ({} branches)", t.cpu, t.time, t.tid, t.branches.len());
-    }
-    let mut losses: HashMap<String, usize> = HashMap::new();
-    for t in o.truth.iter().filter(|t| !t.complete) {
-        *losses.entry(format!("{:?}", t.loss)).or_default() += 1;
-    }
-    eprintln!("{label}: incomplete windows by loss: {losses:?}");
+    eprintln!("{label}: incomplete windows by loss: {:?}", c.losses);
     let st = &o.stats;
     // Every sample the pipeline received is joined or rejected with a reason.
     assert_eq!(st.join.samples, st.join.joined + st.join.rejected.total(), "{label}: {st:?}");
@@ -186,15 +63,15 @@ fn check(o: &Outcome, label: &str) -> f64 {
     let reasons: Vec<String> = st.join.rejected.iter().map(|(r, n)| format!("{} {n}", r.name())).collect();
     eprintln!(
         "{label}: {} target windows, {} complete with branches, {} joined ({:.1}%), rejected: {}; model {:?}; collector {:?}",
-        o.truth.len(),
-        complete.len(),
-        got,
-        100.0 * share,
+        c.windows,
+        c.complete,
+        c.joined_complete,
+        100.0 * c.share(),
         reasons.join(", "),
         o.model,
         o.collect
     );
-    share
+    c.share()
 }
 
 fn strategy(d: Delivery, harvest_ms: Option<u64>) -> Strategy {

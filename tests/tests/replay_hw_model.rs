@@ -1,0 +1,133 @@
+//! Sessions shaped like hardware, replayed by the binary: the driver model (`etm_synth::hw`)
+//! runs three processes on four CPUs into TRBE, shared-ETR and throttled rings, the live
+//! collector drains them, and every event it hands the pipeline is recorded as a session
+//! (`etm_synth::hw_run`, the same events `run --record` writes). `etm-bpf replay` on that
+//! directory must
+//!
+//! * join exactly the samples the live-side pipeline joined, with the same branches (one
+//!   pipeline, two drivers), and
+//! * match the model's ground truth for the target (`hw_truth.jsonl`): every joined sample has
+//!   its own thread's window branches, none another process's, and at least 95% of the pause
+//!   samples that closed a complete window are joined.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use etm_bpf_tests::etm_bpf_bin;
+use etm_live::collect::{Delivery, Strategy};
+use etm_session::session::BranchPair;
+use etm_synth::hw::{ModelConfig, Topology};
+use etm_synth::hw_run::{self, Built, Joined, RunOptions, TRUTH_FILE};
+use etm_synth::testprogs::BuildError;
+
+fn programs() -> Option<&'static Vec<Built>> {
+    static P: OnceLock<Option<Vec<Built>>> = OnceLock::new();
+    P.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("etm-replay-hw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        match hw_run::build_programs(&dir) {
+            Ok(p) => Some(p),
+            Err(BuildError::Missing(why)) => {
+                etm_testutil::skip(why);
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    })
+    .as_ref()
+}
+
+/// `etm-bpf replay DIR --samples-out`: the joined samples and the JSON summary.
+fn replay(session: &Path) -> (Vec<Joined>, serde_json::Value) {
+    let out = session.with_extension("samples.jsonl");
+    let o = Command::new(etm_bpf_bin())
+        .arg("replay")
+        .arg(session)
+        .args(["--headless", "--json", "--samples-out"])
+        .arg(&out)
+        .output()
+        .expect("run etm-bpf replay");
+    assert!(o.status.success(), "replay failed: {}", String::from_utf8_lossy(&o.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json summary");
+    let text = std::fs::read_to_string(&out).expect("samples written");
+    let joined = text
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let branches = v["branches"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| BranchPair { from: b["from"].as_u64().unwrap(), to: b["to"].as_u64().unwrap() })
+                .collect();
+            (v["cpu"].as_i64().unwrap() as i32, v["time"].as_u64().unwrap(), v["tid"].as_u64().unwrap() as u32, branches)
+        })
+        .collect();
+    (joined, summary)
+}
+
+fn record_and_replay(
+    label: &str,
+    cfg: ModelConfig,
+    delivery: Delivery,
+    harvest_ms: u64,
+    drain_ns: u64,
+) -> Option<serde_json::Value> {
+    let progs = programs()?;
+    let work = tempfile::Builder::new().prefix(&format!("replay-hw-{label}-")).tempdir().unwrap();
+    let dir = work.path().join("session");
+    let opts = RunOptions {
+        strategy: Strategy { delivery, harvest_every_ns: Some(harvest_ms * 1_000_000) },
+        duration_ns: 60_000_000,
+        drain_ns,
+        complete_by_sample_time: false,
+        record: Some(dir.clone()),
+    };
+    let live = hw_run::run(progs, cfg, &opts).expect("model run");
+    let (mut replayed, summary) = replay(&dir);
+    let truth = hw_run::read_truth(&dir.join(TRUTH_FILE)).expect("truth file");
+    assert_eq!(truth, live.truth, "{label}: the truth file holds the model's truth");
+    // One pipeline, two drivers: the same samples with the same branches.
+    let mut live_joined = live.joined.clone();
+    live_joined.sort_by_key(|j| (j.0, j.1));
+    replayed.sort_by_key(|j| (j.0, j.1));
+    assert_eq!(
+        replayed.len(),
+        live_joined.len(),
+        "{label}: replay joined {} samples, live {}",
+        replayed.len(),
+        live_joined.len()
+    );
+    assert!(replayed == live_joined, "{label}: replay joined other samples or branches than the live pipeline");
+    let c = hw_run::check(&truth, &replayed);
+    assert!(c.wrong.is_empty(), "{label}: {} wrong joins, first: {}", c.wrong.len(), c.wrong[0]);
+    assert!(c.complete >= 100, "{label}: only {} complete windows", c.complete);
+    assert!(c.share() >= 0.95, "{label}: {:.1}% of complete windows joined ({c:?})", 100.0 * c.share());
+    eprintln!("{label}: {} windows, {} complete, {:.1}% joined; losses {:?}", c.windows, c.complete, 100.0 * c.share(), c.losses);
+    Some(summary)
+}
+
+/// TRBE per CPU: RAW records at the watermark with COLLISION, padding, harvests.
+#[test]
+fn trbe_session_replays_to_truth() {
+    let cfg = ModelConfig { topology: Topology::Trbe, ..ModelConfig::default() };
+    let Some(s) = record_and_replay("trbe", cfg, Delivery::Watermark, 20, 5_000_000) else { return };
+    assert!(s["aux"]["collision_resets"].as_u64().unwrap() > 0, "COLLISION records replayed: {s}");
+}
+
+/// One ETR for four CPUs: formatted frames of every trace ID, harvested, in the last CPU's ring.
+#[test]
+fn shared_etr_session_replays_to_truth() {
+    let cfg = ModelConfig { topology: Topology::SharedEtr, etr_bytes: 8 << 20, aux_bytes: 8 << 20, ..ModelConfig::default() };
+    record_and_replay("shared-etr", cfg, Delivery::Harvest, 10, 5_000_000);
+}
+
+/// Throttled groups (THROTTLE records, reopened groups): nothing joined across the gaps.
+#[test]
+fn throttled_session_replays_to_truth() {
+    let cfg = ModelConfig { topology: Topology::Trbe, throttle: Some((500, 4_000_000)), ..ModelConfig::default() };
+    let Some(s) = record_and_replay("throttled", cfg, Delivery::Watermark, 20, 2_000_000) else { return };
+    assert!(s["join"]["rejected_by_reason"]["throttled"].as_u64().unwrap_or(0) > 0, "throttled samples counted: {s}");
+    assert!(s["sideband"]["throttles"].as_u64().unwrap() > 0, "THROTTLE records replayed: {s}");
+}
