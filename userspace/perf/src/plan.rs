@@ -26,7 +26,7 @@
 //! converts only then, `cs_etm__convert_sample_time`); without them the plan traces one
 //! thread per-thread, where a single event on the sink makes every pause publish its window.
 
-use crate::attr::{ModeChoice, WindowMode, WindowParams, free_running_periods};
+use crate::attr::{EtmOptions, ModeChoice, WindowMode, WindowParams, free_running_periods};
 use crate::discovery::CsEtmSystem;
 use crate::host::HostFacts;
 use crate::topology::{SinkTopology, cpu_list};
@@ -286,6 +286,20 @@ impl Plan {
         }
     }
 
+    /// The group options this plan needs: its TRBE watermark, and no context IDs where the
+    /// kernel will not trace thread ids — without `CONFIG_PID_IN_CONTEXTIDR` CONTEXTIDR holds
+    /// no tid, and from a nested PID namespace `etm4_parse_event_config` leaves
+    /// TRCCONFIGR.CID clear although the attr asks for it. Not asking keeps the attr, the
+    /// TRCCONFIGR the decoder is given (`trcconfigr_for`) and the hardware in agreement.
+    pub fn group_options(&self, opts: &EtmOptions) -> EtmOptions {
+        let mut o = opts.clone();
+        o.aux_watermark = self.aux_watermark;
+        if self.context_ids == Some(false) {
+            o.context_id = false;
+        }
+        o
+    }
+
     /// Interrupts per second per CPU.
     pub fn interrupts_per_s(&self) -> f64 {
         self.pause_interrupts_per_s + self.resume_interrupts_per_s
@@ -383,6 +397,29 @@ mod tests {
         assert!(quiet.notes.iter().any(|n| n.contains("mean window raised")), "{:?}", quiet.notes);
         assert!(!quiet.warnings.iter().any(|w| w.contains("raised")), "{:?}", quiet.warnings);
         assert!(loud.notes.is_empty());
+    }
+
+    /// Started from a nested PID namespace the kernel traces no context IDs
+    /// (`etm4_parse_event_config`: `task_is_in_init_pid_ns(current)`): the group then does not
+    /// ask for them, so neither the attr config nor the decoder's TRCCONFIGR has CID. In the
+    /// initial namespace both have it.
+    #[test]
+    fn nested_pid_namespace_drops_context_ids() {
+        use crate::attr::build_group;
+        let root = fixture_copy("v2-trbe", "plan-ns");
+        let sys = CsEtmSystem::discover(&root).unwrap();
+        // TRCCONFIGR from the attr's config words (trcconfigr_for): CID (bit 6) or VMID (7).
+        let has_cid = |g: &crate::attr::GroupPlan| g.trcconfigr & 0xc0 != 0;
+        let (p, _) = plan(&root, WindowParams::default(), false);
+        let g = build_group(&sys, 0, p.mode, &WindowParams::default(), &p.group_options(&EtmOptions::default())).unwrap();
+        assert!(has_cid(&g), "{:#x}", g.trcconfigr);
+        std::fs::write(root.join("proc/self/status"), "NSpid:\t4242\t17\nCapEff:\t000001ffffffffff\n").unwrap();
+        let (p, _) = plan(&root, WindowParams::default(), false);
+        assert_eq!(p.context_ids, Some(false));
+        let g = build_group(&sys, 0, p.mode, &WindowParams::default(), &p.group_options(&EtmOptions::default())).unwrap();
+        assert!(!has_cid(&g), "{:#x}", g.trcconfigr);
+        assert_eq!(p.group_options(&EtmOptions::default()).aux_watermark, p.aux_watermark);
+        let _ = std::fs::remove_dir_all(root);
     }
 
     /// V2 (TRBE per CPU, FEAT_TRF): watermark delivery with a small watermark and harvests.

@@ -596,8 +596,9 @@ async fn run_loop(args: &RunArgs, info: &RunInfo, bpf: &mut SampleBpf, feed: &mu
     dump_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     dump_tick.tick().await;
     // The eBPF side wakes us only when a lot is pending; drain at least this often (and the
-    // ETM buffers on the same tick).
-    let mut drain_tick = tokio::time::interval(DRAIN_INTERVAL);
+    // ETM buffers on the same tick, as often as the plan harvests).
+    let drain_every = feed.etm.as_ref().map_or(DRAIN_INTERVAL, |e| e.drain_interval(DRAIN_INTERVAL));
+    let mut drain_tick = tokio::time::interval(drain_every);
     drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let deadline = tokio::time::sleep(Duration::from_secs_f64(args.duration.unwrap_or(1e9)));
     tokio::pin!(deadline);

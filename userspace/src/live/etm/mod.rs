@@ -493,12 +493,7 @@ impl EtmLive {
         if plan.per_thread && pid < 0 {
             bail!("per-thread mode needs a target pid");
         }
-        let mut opts = cfg.opts.clone();
-        opts.aux_watermark = plan.aux_watermark;
-        // Do not claim context IDs the kernel will not trace (TRCCONFIGR for the decoder).
-        if plan.context_ids == Some(false) {
-            opts.context_id = false;
-        }
+        let opts = plan.group_options(&cfg.opts);
         let targets: Vec<i32> = if plan.per_thread { vec![-1] } else { setup.cpus.iter().map(|&c| c as i32).collect() };
         let mut programs = bpf.window_programs()?;
         let (mut groups, mut specs, mut streams) = (Vec::new(), Vec::new(), Vec::new());
@@ -578,6 +573,15 @@ impl EtmLive {
             log::info!("recorded {n} sysfs files under {}", dir.join("sysfs").display());
         }
         Ok(live)
+    }
+
+    /// How often to tick: `default`, or the harvest period if shorter (a shared ETR that
+    /// fills in less than `default` is harvested as often as the plan says).
+    pub fn drain_interval(&self, default: std::time::Duration) -> std::time::Duration {
+        match self.setup.plan.harvest_ms {
+            Some(ms) => default.min(std::time::Duration::from_millis(ms.max(1))),
+            None => default,
+        }
     }
 
     /// The one-line explanation of the window mode and the plan.

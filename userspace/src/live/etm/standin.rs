@@ -288,3 +288,56 @@ fn group_throttling_shows_in_the_ring() {
     }
     eprintln!("{} throttled intervals, {by_throttling_overflow} closed by the throttling overflow", r.stats.throttles);
 }
+
+/// CPU-wide tracing sees every process on the CPU (finding 10): with another process spinning
+/// on the same CPU, the leader (`context_switch`, as perf sets `record_switch_events` for
+/// cs_etm) gets PERF_RECORD_SWITCH_CPU_WIDE out and in records naming both tasks, the pause
+/// program writes full records only for the target's windows and window-end records for the
+/// other process's, and every pause sample the pipeline gets is the target's.
+#[test]
+fn cpu_wide_groups_see_other_processes() {
+    use std::os::unix::process::CommandExt;
+    let _serial = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_bpf() {
+        return;
+    }
+    let cpu = pin();
+    let mut child = std::process::Command::new("/bin/sh");
+    child.args(["-c", "while :; do :; done"]);
+    // SAFETY: sched_setaffinity on the child itself between fork and exec (async-signal-safe).
+    unsafe {
+        child.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu as usize, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = child.spawn().expect("start a spinning shell");
+    let other = child.id();
+    let r = run(&standin_spec(cpu, 100_000, 1_000_000, false), Duration::from_millis(600));
+    let _ = child.kill();
+    let _ = child.wait();
+    let me = std::process::id();
+    // (out, pid, the other task)
+    type Switch = (bool, u32, Option<(u32, u32)>);
+    let switches: Vec<Switch> = r
+        .sideband
+        .iter()
+        .filter_map(|s| match s {
+            Sideband::Switch { out, pid, next_prev, .. } => Some((*out, *pid, *next_prev)),
+            _ => None,
+        })
+        .collect();
+    let ours_out = switches.iter().filter(|s| s.0 && s.1 == me && s.2.is_some_and(|n| n.0 == other)).count();
+    let ours_in = switches.iter().filter(|s| !s.0 && s.1 == me && s.2.is_some_and(|p| p.0 == other)).count();
+    assert!(
+        ours_out >= 3 && ours_in >= 3,
+        "switches to and from pid {other}: {ours_out} out, {ours_in} in ({} records)",
+        switches.len()
+    );
+    assert!(!r.samples.is_empty() && r.samples.iter().all(|s| s.pid == me), "{:?}", r.stats);
+    assert!(r.ends > 0, "no window closed in the other process: {:?} {:?}", r.stats, r.counters);
+}
