@@ -13,6 +13,8 @@ APT_PKGS=(
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross binutils-aarch64-linux-gnu qemu-user
   # peers and tools: perf (overhead benchmark), OpenCSD trc_pkt_lister (independent decoder)
   linux-perf libopencsd-bin xz-utils valgrind pkg-config libelf-dev zlib1g-dev
+  # the kernel lab (cargo xtask lab arm64): an arm64 guest kernel under emulation
+  qemu-system-arm cpio curl
 )
 
 missing=()
@@ -30,6 +32,8 @@ fi
 # rust-toolchain.toml pins the toolchain; make sure it and rust-src are there.
 rustup show active-toolchain >/dev/null 2>&1 || rustup toolchain install
 rustup component add rust-src >/dev/null 2>&1
+# The lab cross builds the product for its arm64 guest.
+rustup target list --installed | grep -qx aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu >/dev/null
 
 if ! command -v bpf-linker >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/bpf-linker" ]; then
   echo "setup: building bpf-linker 0.13.0 against LLVM 22 (1-2 min)" >&2

@@ -18,6 +18,9 @@ trap 'rm -f "$log" "$skips"' EXIT
 export ETM_BPF_SKIP_LOG="$skips"
 # Root tests share kernel state (perf events, BPF maps): one test thread per binary for them.
 cargo test --release --locked --workspace --no-fail-fast -- --test-threads=1 2>&1 | tee "$log" || rc=$?
+# The kernel lab: Debian's arm64 kernel under qemu-system-aarch64 running the product and its
+# kernel-facing tests (lab/src/suite.rs); its lines say what ran on which kernel.
+cargo xtask lab arm64 2>&1 | tee -a "$log" | grep -v '^warning: etm-bpf@' || rc=1
 if [ -s "$skips" ]; then
   echo "run-time skips:"
   sed 's/^/  /' "$skips"
@@ -25,4 +28,6 @@ fi
 # One closing line over all test binaries ("ignored" are the benchmarks, marked #[ignore]).
 awk -v skipped="$(wc -l < "$skips")" '/^test result:/ { p += $4; f += $6; i += $8 }
   END { printf "tests: %d passed, %d failed, %d ignored, %d skipped at run time\n", p, f, i, skipped }' "$log"
+grep '^lab arm64: .* checks, ' "$log" || echo "lab arm64: did not finish"
+
 exit "$rc"

@@ -61,6 +61,8 @@ fn n1_shared_etr() {
     assert_eq!(v["cs_etm"], true);
     assert_eq!(v["sinks"], serde_json::json!([{"name": "tmc_etr0", "kind": "ETR", "per_cpu": false, "cpus": [0, 1, 2, 3]}]));
     assert_eq!(v["window_mode"], "free");
+    // From the tree: a core PMU (armv8_pmuv3_0) and usable ETM.
+    assert_eq!((v["run_event"].as_str(), v["run_branches"].as_str()), (Some("cycles"), Some("etm")));
     let (p, r) = (v["pause_period"].as_u64().unwrap(), v["resume_period"].as_u64().unwrap());
     assert!(r > p && p % 2 == 1, "{p} {r}");
     // 3.0 GHz from cpuinfo_max_freq: the rates follow from the periods.
@@ -157,5 +159,15 @@ fn this_machine() {
     if !has {
         assert_eq!(v["window_mode"], serde_json::Value::Null);
         assert_eq!(v["sinks"], serde_json::json!([]));
+    }
+    // The event run would use, against an independent probe: hardware cycles open on this
+    // thread exactly when the kernel has a PMU with them (this VM has none: cpu-clock).
+    let attr_cycles = std::path::Path::new("/sys/bus/event_source/devices/cpu/type").exists()
+        || std::fs::read_dir("/sys/bus/event_source/devices")
+            .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("armv8_pmuv3")))
+            .unwrap_or(false);
+    assert_eq!(v["run_event"], if attr_cycles { "cycles" } else { "cpu-clock" }, "{v}");
+    if has {
+        assert_eq!(v["run_branches"], "etm");
     }
 }

@@ -5,6 +5,10 @@
 //!   `bench/` (commands and figures: `bench/README.md`).
 //! * `cargo xtask fuzz packets|decode [SECONDS]` — a cargo-fuzz run of the decoder targets in
 //!   `userspace/decode/fuzz/` (needs `cargo install cargo-fuzz`; see its README).
+//! * `cargo xtask lab arm64` — the kernel lab (`etm_lab::suite`): Debian's arm64 kernel under
+//!   qemu-system-aarch64 running the product and its kernel-facing tests; report in
+//!   `target/lab/arm64/report.txt`, packages cached in `$ETM_BPF_LAB_CACHE` (default
+//!   `~/.cache/etm-bpf/lab`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -54,11 +58,60 @@ fn run(args: &[String]) -> anyhow::Result<ExitCode> {
                     .current_dir(dir),
             )
         }
+        Some("lab") => {
+            if args.get(1).map(String::as_str) != Some("arm64") {
+                bail!("usage: cargo xtask lab arm64");
+            }
+            lab(&root)
+        }
         _ => {
-            eprintln!("usage: cargo xtask test | bench {} [ARGS] | fuzz {} [SECONDS]", BENCHES.join("|"), FUZZ_TARGETS.join("|"));
+            eprintln!(
+                "usage: cargo xtask test | bench {} [ARGS] | fuzz {} [SECONDS] | lab arm64",
+                BENCHES.join("|"),
+                FUZZ_TARGETS.join("|")
+            );
             Ok(ExitCode::from(2))
         }
     }
+}
+
+/// The arm64 lab. When the emulator cannot start here it says so and skips, except under CI,
+/// where that fails.
+fn lab(root: &Path) -> anyhow::Result<ExitCode> {
+    let mut machine = etm_lab::host::MachineConfig::arm64();
+    if std::env::var("ETM_BPF_LAB_ICOUNT").is_ok_and(|v| v == "0") {
+        machine.icount = false;
+    }
+    if let Some(cpu) = std::env::var_os("ETM_BPF_LAB_CPU") {
+        machine.machine[3] = cpu.to_string_lossy().into_owned();
+    }
+    if let Err(why) = etm_lab::host::emulator_available(&machine.qemu) {
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+        eprintln!("{} lab arm64: {why}", if ci { "FAIL" } else { "SKIP:" });
+        return Ok(if ci { ExitCode::FAILURE } else { ExitCode::SUCCESS });
+    }
+    let cache = std::env::var_os("ETM_BPF_LAB_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/etm-bpf/lab")))
+        .unwrap_or_else(|| root.join("target/lab/cache"));
+    let opts = etm_lab::suite::Options {
+        root: root.to_path_buf(),
+        cache,
+        out: root.join("target/lab/arm64"),
+        kernel: etm_lab::host::ARM64_KERNEL,
+        machine,
+    };
+    let rep = etm_lab::suite::run(&opts)?;
+    for l in &rep.lines {
+        println!("lab arm64: {l}");
+    }
+    println!(
+        "lab arm64: {} checks, {} failed (report: {})",
+        rep.lines.iter().filter(|l| !l.starts_with("     ")).count(),
+        rep.failures.len(),
+        opts.out.join("report.txt").display()
+    );
+    Ok(if rep.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 fn main() -> ExitCode {

@@ -156,10 +156,40 @@ pub fn main(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         json["sinks"] = serde_json::json!([]);
         json["window_mode"] = serde_json::Value::Null;
     }
+    // What run does with --branches auto: ETM when cs_etm is usable, else the sampling event
+    // and branch source this machine offers (probed on this thread; from the tree's PMUs for
+    // a captured tree).
+    let etm_usable = has_etm && json["window_mode"] != serde_json::Value::Null;
+    let (event, branches) = if live {
+        let (e, b) = crate::cmd::run::probe_events();
+        (e.name(), b)
+    } else {
+        let pmus: Vec<String> = std::fs::read_dir(cfg.sysfs_root.join(EVENT_SOURCE))
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        let core = pmus.iter().any(|p| p.starts_with("armv8_") || p.starts_with("armv9_") || p == "cpu" || p.starts_with("cpu_"));
+        (if core { "cycles" } else { "cpu-clock" }, if host.brbe.is_empty() { "none" } else { "lbr" })
+    };
+    let branches = if etm_usable { "etm" } else { branches };
+    f.push(finding(
+        format!(
+            "run would sample: {event} with branches {}",
+            match branches {
+                "etm" => "etm (CoreSight trace windows)",
+                "lbr" => "lbr (LBR/BRBE records)",
+                _ => "none (stack-only samples: AutoFDO/CSSPGO need branches)",
+            }
+        ),
+        if event == "cpu-clock" { "no hardware cycles event here (a VM without a PMU?): samples are timer-driven" } else { "" },
+    ));
+    json["run_event"] = event.into();
+    json["run_branches"] = branches.into();
+    let privileged = host.has_cap(CAP_SYS_ADMIN) == Some(true)
+        || (host.has_cap(CAP_BPF) == Some(true) && host.has_cap(CAP_PERFMON) == Some(true));
     match host.paranoid {
         Some(p) => f.push(finding(
             format!("perf_event_paranoid {p}"),
-            if p > 0 { "CPU-wide events need CAP_PERFMON (or root), or perf_event_paranoid <= 0" } else { "" },
+            if p > 0 && !privileged { "CPU-wide events need CAP_PERFMON (or root), or perf_event_paranoid <= 0" } else { "" },
         )),
         None => f.push(finding("perf_event_paranoid unreadable", "")),
     }
@@ -176,6 +206,7 @@ pub fn main(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let need_kb = cpus_n * (cfg.aux_bytes as u64 + cfg.data_bytes as u64 + 4096) / 1024;
     let can_lock = host.has_cap(CAP_SYS_ADMIN) == Some(true) || host.has_cap(CAP_PERFMON) == Some(true);
     match host.mlock_kb {
+        Some(kb) if !has_etm => f.push(finding(format!("perf_event_mlock_kb {kb} KiB"), "")),
         Some(kb) => f.push(finding(
             format!("perf_event_mlock_kb {kb} KiB; the rings need about {need_kb} KiB ({cpus_n} buffers)"),
             if kb < need_kb && !can_lock {
@@ -191,8 +222,6 @@ pub fn main(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     if let Some(ps) = host.page_size {
         f.push(finding(format!("page size {} KiB (ring sizes are set in bytes)", ps / 1024), ""));
     }
-    let privileged = host.has_cap(CAP_SYS_ADMIN) == Some(true)
-        || (host.has_cap(CAP_BPF) == Some(true) && host.has_cap(CAP_PERFMON) == Some(true));
     f.push(finding(
         format!("privileges: {}", if privileged { "CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN)" } else { "missing" }),
         if privileged { "" } else { "run as root, or with CAP_BPF and CAP_PERFMON" },

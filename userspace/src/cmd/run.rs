@@ -536,6 +536,19 @@ fn feed_finish(feed: &mut Feed) -> anyhow::Result<StopReason> {
     Ok(feed.stop.unwrap_or(StopReason::Signal))
 }
 
+/// What [`open_events`] would pick without `--branches etm`, probed on this thread (no CPU-wide
+/// privileges needed): the event and the branch source (`lbr` or `none`).
+pub(crate) fn probe_events() -> (SampleEvent, &'static str) {
+    use crate::live::perf_event::{perf_event_open, sampling_attr};
+    if perf_event_open(&sampling_attr(SampleEvent::Cycles, 999, true), 0, -1).is_ok() {
+        (SampleEvent::Cycles, "lbr")
+    } else if perf_event_open(&sampling_attr(SampleEvent::Cycles, 999, false), 0, -1).is_ok() {
+        (SampleEvent::Cycles, "none")
+    } else {
+        (SampleEvent::CpuClock, "none")
+    }
+}
+
 /// Opens the sampling event on all CPUs: cycles if the PMU has them, else cpu-clock.
 fn open_events(
     freq: u64,

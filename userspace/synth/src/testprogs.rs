@@ -59,6 +59,9 @@ pub const PROGRAMS: &[TestProgram] = &[
     // Two compilation units; the second one's code lives in its own section placed far from
     // .text (a second executable segment at 0x10000000: long address packets).
     TestProgram { name: "multi", sources: &["multi_main.c", "multi_lib.c"], flags: &["-Wl,--section-start=fartext=0x10000000"] },
+    // Fixed shares of three calling contexts (the kernel lab's profiling workload); leaf frame
+    // pointers so that every frame of a sampled stack is there.
+    TestProgram { name: "contexts", sources: &["contexts.c"], flags: &["-mno-omit-leaf-frame-pointer"] },
 ];
 
 /// Why a program could not be built.

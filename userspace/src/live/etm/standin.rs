@@ -8,6 +8,10 @@
 //! order, the resume/pause programs and their gating, `bpf_get_stack` with and without
 //! PERF_SAMPLE_CALLCHAIN on the pause event, the bpf-output records in the leader's ring with
 //! kernel perf-clock stamps, and group throttling with its THROTTLE/UNTHROTTLE records.
+//!
+//! The resume and pause stand-ins are `cpu-clock` events here (no PMU) and hardware cycles
+//! events where `ETM_BPF_STANDIN=hw` asks for them (the arm64 kernel lab's emulated PMUv3):
+//! then a hardware PMU's overflow interrupts drive the same programs and throttling.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -33,6 +37,29 @@ fn can_bpf() -> bool {
     ok
 }
 
+/// Keeps the kernel from lowering `perf_event_max_sample_rate` on its own while a test runs
+/// (slow interrupt handlers under emulation make `perf_sample_event_took` lower it until the
+/// groups are throttled): the default rate, then `perf_cpu_time_max_percent` 0 (no adapting).
+/// The kernel refuses to write the rate while the percentage is 0 or 100
+/// (`perf_event_max_sample_rate_handler`), so the percentage is restored first (field order).
+struct SteadyRate {
+    _pct: Option<Sysctl>,
+    _rate: Option<Sysctl>,
+}
+
+fn steady_rate() -> SteadyRate {
+    let set = |path: &'static str, v: &str| match Sysctl::set(path, v) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            etm_testutil::skip(format!("cannot set {path}: {e}"));
+            None
+        }
+    };
+    let _rate = set("/proc/sys/kernel/perf_event_max_sample_rate", "100000");
+    let _pct = set("/proc/sys/kernel/perf_cpu_time_max_percent", "0");
+    SteadyRate { _pct, _rate }
+}
+
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("perf/tests/fixtures").join(name)
 }
@@ -50,14 +77,23 @@ fn pin() -> i32 {
     cpu
 }
 
-/// The free-running group of the N1 fixture for `window`/`period` (cycles), as stand-ins at
-/// one cycle per ns: the pause period is P = 2W|1 ns and the resume period R ns.
+/// The stand-in for the PMU events: `ETM_BPF_STANDIN=hw` hardware cycles (failing if the
+/// kernel has none), otherwise cpu-clock at one cycle per ns.
+fn stand_in() -> StandIn {
+    match std::env::var("ETM_BPF_STANDIN").as_deref() {
+        Ok("hw") => StandIn::HwCycles,
+        Ok("sw") | Err(_) => StandIn::Software { ns_per_cycle: 1.0 },
+        Ok(other) => panic!("ETM_BPF_STANDIN={other}: expected hw or sw"),
+    }
+}
+
+/// The free-running group of the N1 fixture for `window`/`period` (cycles), as stand-ins
+/// ([`stand_in`]; cpu-clock at one cycle per ns: the pause period is P = 2W|1 ns and the
+/// resume period R ns).
 fn standin_spec(cpu: i32, window: u64, period: u64, callchain: bool) -> GroupSpec {
     let sys = CsEtmSystem::discover(&fixture("n1-etr")).unwrap();
     let wp = WindowParams { window, period, strobe_preset: 1 };
-    let mut plan = build_group(&sys, 0, WindowMode::Free, &wp, &EtmOptions::default())
-        .unwrap()
-        .stand_in(StandIn::Software { ns_per_cycle: 1.0 });
+    let mut plan = build_group(&sys, 0, WindowMode::Free, &wp, &EtmOptions::default()).unwrap().stand_in(stand_in());
     if callchain {
         for (role, a) in &mut plan.events {
             if *role == EventRole::Pause {
@@ -173,6 +209,7 @@ fn windows_are_gated_and_stamped_in_the_perf_clock() {
     if !can_bpf() {
         return;
     }
+    let _rate = steady_rate();
     let cpu = pin();
     // P = 200,001 ns, R >= 1 ms.
     let spec = standin_spec(cpu, 100_000, 1_000_000, false);
@@ -181,16 +218,37 @@ fn windows_are_gated_and_stamped_in_the_perf_clock() {
     let c = r.counters;
     let records = r.samples.len() + r.ends;
     assert!(r.samples.len() >= 50, "only {} target windows: {:?} {c:?}", r.samples.len(), r.stats);
+    assert_eq!(r.stats.throttles, 0, "not throttled at this rate: {:?}", r.stats);
     assert_eq!(records as u64, c.windows, "one record per closed window: {c:?}");
     assert!(c.resumes - c.windows <= 1, "every window a resume opened is closed (but the last): {c:?}");
-    assert!(c.pause_idle >= 2 * c.windows, "pauses that close no window capture nothing: {c:?}");
+    // Pauses that close no window capture nothing (records = windows above). With cpu-clock
+    // the pause fires every P ns, about R/P - 1 idle pauses per window; the emulated PMU of
+    // the arm64 lab (QEMU 7.2 TCG, -icount) overflows the pause counter far less often than
+    // its period says while the window programs are attached (about 0.2 idle pauses per
+    // window with P = 200,001 and R ~ 1M cycles, with and without -icount, on -cpu max and
+    // cortex-a57; the same events without programs overflow at their periods), so there only
+    // their existence is asserted. Open: whether a real arm64 PMU behaves so.
+    match stand_in() {
+        StandIn::Software { .. } => assert!(c.pause_idle >= 2 * c.windows, "idle pauses: {c:?}"),
+        StandIn::HwCycles => assert!(c.pause_idle > 0, "idle pauses: {c:?}"),
+    }
     assert_eq!((c.output_err, c.stack_err), (0, 0), "{c:?}");
-    assert_eq!((r.stats.stack_markers, r.stats.leaf_not_ip, r.stats.window_seq_gaps), (0, 0, 0), "{:?}", r.stats);
+    assert_eq!((r.stats.stack_markers, r.stats.window_seq_gaps), (0, 0), "{:?}", r.stats);
+    match stand_in() {
+        StandIn::Software { .. } => assert_eq!(r.stats.leaf_not_ip, 0, "{:?}", r.stats),
+        // Skid: an overflow interrupt taken after the CPU entered the kernel.
+        StandIn::HwCycles => assert!(r.stats.leaf_not_ip * 50 <= r.stats.pause_records, "{:?}", r.stats),
+    }
     // A window closes at the first pause after its resume: within one pause period, unless
     // that pause found the CPU in the kernel (cpu-clock with exclude_kernel skips overflows
-    // outside user mode, perf_swevent_hrtimer), so allow a few stragglers.
+    // outside user mode, perf_swevent_hrtimer), so allow a few stragglers. Not on the lab's
+    // emulated PMU, whose pause program runs about once per resume (see above; hardware
+    // cycles events without programs overflow at their periods there,
+    // `etm_live::sys::tests::live_kernel_hw_cycles_overflow_at_their_period`).
     let short = r.samples.iter().filter(|s| s.window_ns.unwrap() <= p_ns + p_ns / 10).count();
-    assert!(short * 10 >= r.samples.len() * 9, "{short} of {} windows within a pause period {p_ns} ns", r.samples.len());
+    if matches!(stand_in(), StandIn::Software { .. }) {
+        assert!(short * 10 >= r.samples.len() * 9, "{short} of {} windows within a pause period {p_ns} ns", r.samples.len());
+    }
     for s in &r.samples {
         assert_eq!((s.pid, s.cpu), (std::process::id(), cpu));
         assert!(s.window_ns.unwrap() > 0);
@@ -209,11 +267,18 @@ fn callchain_on_the_pause_event_puts_a_marker_first() {
     if !can_bpf() {
         return;
     }
+    let _rate = steady_rate();
     let cpu = pin();
     let r = run(&standin_spec(cpu, 100_000, 1_000_000, true), Duration::from_millis(300));
     assert!(r.samples.len() >= 30, "{:?}", r.stats);
     assert_eq!(r.stats.stack_markers, r.stats.pause_records, "{:?}", r.stats);
-    assert_eq!(r.stats.leaf_not_ip, 0, "{:?}", r.stats);
+    // The stack's leaf is the user PC at the interrupt; the sample IP differs only where a
+    // hardware PMU's overflow interrupt arrived after the CPU entered the kernel (skid): never
+    // with cpu-clock, rarely with cycles.
+    match stand_in() {
+        StandIn::Software { .. } => assert_eq!(r.stats.leaf_not_ip, 0, "{:?}", r.stats),
+        StandIn::HwCycles => assert!(r.stats.leaf_not_ip * 50 <= r.stats.pause_records, "{:?}", r.stats),
+    }
     assert!(r.samples.iter().all(|s| s.stack[0] < etm_bpf_common::PERF_CONTEXT_MAX));
 }
 
@@ -296,30 +361,36 @@ fn group_throttling_shows_in_the_ring() {
 /// other process's, and every pause sample the pipeline gets is the target's.
 #[test]
 fn cpu_wide_groups_see_other_processes() {
-    use std::os::unix::process::CommandExt;
     let _serial = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
     if !can_bpf() {
         return;
     }
+    let _rate = steady_rate();
     let cpu = pin();
-    let mut child = std::process::Command::new("/bin/sh");
-    child.args(["-c", "while :; do :; done"]);
-    // SAFETY: sched_setaffinity on the child itself between fork and exec (async-signal-safe).
-    unsafe {
-        child.pre_exec(move || {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu as usize, &mut set);
-            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                return Err(std::io::Error::last_os_error());
+    // A second process spinning on the same CPU: a forked child that only spins (no
+    // allocation or lock after fork) until it is killed.
+    // SAFETY: the child runs async-signal-safe code only (sched_setaffinity, a spin loop).
+    let other = unsafe {
+        match libc::fork() {
+            0 => {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu as usize, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                let mut x = 1u64;
+                loop {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
             }
-            Ok(())
-        });
-    }
-    let mut child = child.spawn().expect("start a spinning shell");
-    let other = child.id();
+            -1 => panic!("fork: {}", std::io::Error::last_os_error()),
+            pid => pid as u32,
+        }
+    };
     let r = run(&standin_spec(cpu, 100_000, 1_000_000, false), Duration::from_millis(600));
-    let _ = child.kill();
-    let _ = child.wait();
+    // SAFETY: kill and reap our own child.
+    unsafe {
+        libc::kill(other as i32, libc::SIGKILL);
+        libc::waitpid(other as i32, std::ptr::null_mut(), 0);
+    }
     let me = std::process::id();
     // (out, pid, the other task)
     type Switch = (bool, u32, Option<(u32, u32)>);
