@@ -27,14 +27,23 @@ command -v qemu-aarch64 >/dev/null || { echo "SKIP: qemu-aarch64 not installed (
 WORK=$(mktemp -d /tmp/etm-replay-bench.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 FREQ_GHZ=${FREQ_GHZ:-3}
-SHORT=${SHORT:-30000}
-LONG=${LONG:-150000}
+# PROG: indirect (branchy: calls through a function-pointer table) or loops (long counted
+# loops, data-dependent conditions); SHORT/LONG: its argument for the two runs.
+PROG=${PROG:-indirect}
+case $PROG in
+    indirect) SHORT=${SHORT:-30000}; LONG=${LONG:-150000} ;;
+    loops) SHORT=${SHORT:-4}; LONG=${LONG:-20} ;;
+    *) echo "PROG must be indirect or loops"; exit 2 ;;
+esac
+# RETSTACK=0 turns return-stack compression off in the generated trace (default on, as
+# perf's cs_etm default).
+RS_FLAG=
+[ "${RETSTACK:-1}" = 0 ] && RS_FLAG=--no-retstack
+WINDOW=${WINDOW:-1000}
 
-aarch64-linux-gnu-gcc -O2 -static -fno-omit-frame-pointer -o "$WORK/indirect" "$ROOT/tests/aarch64/indirect.c"
+aarch64-linux-gnu-gcc -O2 -static -fno-omit-frame-pointer -o "$WORK/$PROG" "$ROOT/tests/aarch64/$PROG.c"
 for n in "$SHORT" "$LONG"; do
-    # --no-retstack: etm-decode does not yet decode synth's return-stack-compressed returns
-    # (see tests/tests/replay_synth.rs replay_indirect_retstack).
-    "$ETM_BPF_BIN" synth --out "$WORK/s$n" --window 1000 --period 2000 --no-retstack -- "$WORK/indirect" "$n" | tail -1
+    "$ETM_BPF_BIN" synth --out "$WORK/s$n" --window "$WINDOW" --period $((2 * WINDOW)) $RS_FLAG -- "$WORK/$PROG" "$n" | tail -1
 done
 
 # best-of-5 seconds of a replay's event loop (the summary's elapsed_s: reading events and
@@ -62,7 +71,7 @@ if command -v valgrind >/dev/null; then
     }
     i1=$(irs "$WORK/s$SHORT" 1); i2=$(irs "$WORK/s$LONG" 2)
 fi
-python3 - "$c1" "$w1" "$b1" "$c2" "$w2" "$b2" "$j1" "$r1" "$j2" "$r2" "$br" "$FREQ_GHZ" "$i1" "$i2" <<'EOF'
+WINDOW=$WINDOW python3 - "$c1" "$w1" "$b1" "$c2" "$w2" "$b2" "$j1" "$r1" "$j2" "$r2" "$br" "$FREQ_GHZ" "$i1" "$i2" <<'EOF'
 import os, sys
 c1, w1, b1, c2, w2, b2, j1, r1, j2, r2, br, f, i1, i2 = map(float, sys.argv[1:])
 print(f"load average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall times scale with it)")
@@ -76,7 +85,8 @@ for period in (1_000_000, 100_000):
     print(f"{f:.0f} GHz, 1,000-cycle window every {period:,} cycles: {rate:,.0f} windows/s per CPU -> {100*rate*per_w:.2f}% of one core per traced CPU (measured time)")
 if i2 > i1 > 0:
     irw = (i2 - i1) / (w2 - w1)
-    print(f"callgrind: {irw:,.0f} instructions/window, {(i2 - i1) / (br * (w2 - w1) / w2):,.0f} per branch record")
+    win = float(os.environ.get("WINDOW", "1000"))
+    print(f"callgrind: {irw:,.0f} instructions/window, {irw / win:,.1f} per traced instruction, {(i2 - i1) / (br * (w2 - w1) / w2):,.0f} per branch record")
     for period in (1_000_000, 100_000):
         rate = f * 1e9 / period
         # at 1 instruction per cycle on a 3 GHz host core

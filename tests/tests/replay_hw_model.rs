@@ -83,6 +83,7 @@ fn record_and_replay(
         drain_ns,
         complete_by_sample_time: false,
         record: Some(dir.clone()),
+        tasks: None,
     };
     let live = hw_run::run(progs, cfg, &opts).expect("model run");
     let (mut replayed, summary) = replay(&dir);

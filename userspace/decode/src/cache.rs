@@ -3,8 +3,13 @@
 //! cost one table lookup instead of one instruction decode per instruction.
 //!
 //! Direct-mapped, fixed size (bounded memory, no allocation after construction). Entries are
-//! tagged with the memory space and context ID that selected the code, so different processes
-//! mapping different code at the same address do not collide.
+//! tagged with the memory space and context ID that selected the code and with the decoder's
+//! instruction-classification options, so different processes mapping different code at the
+//! same address, or decoders with different options, do not collide.
+//!
+//! A cache belongs to a code image, not to a decoder: every decoder of one image (one per
+//! trace ID and buffer) shares one ([`SharedBlockCache`], [`crate::decoder::Decoder::with_cache`]),
+//! so memory does not grow with the number of trace IDs times buffers.
 
 use crate::insn::InstrInfo;
 
@@ -28,6 +33,17 @@ struct Entry {
 }
 
 const VALID: u64 = 1 << 63;
+
+/// A cache shared by the decoders of one code image (single-threaded).
+pub type SharedBlockCache = std::rc::Rc<std::cell::RefCell<BlockCache>>;
+
+/// Entries of the default cache (2^15: 32,768 blocks, about 1.5 MiB).
+pub const DEFAULT_BITS: u32 = 15;
+
+/// A new shared cache with `2^bits` entries.
+pub fn shared(bits: u32) -> SharedBlockCache {
+    std::rc::Rc::new(std::cell::RefCell::new(BlockCache::new(bits)))
+}
 
 /// The cache.
 pub struct BlockCache {

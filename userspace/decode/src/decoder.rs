@@ -27,7 +27,7 @@
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
 
-use crate::cache::BlockCache;
+use crate::cache::{self, SharedBlockCache};
 use crate::elements::{Element, ElementKind, InstrRange, MemTrans, PeContext, Security, TraceOnReason, UnsyncReason};
 use crate::image::{MemSpace, MemoryAccess};
 use crate::insn::{ArchVersion, DecodeConfig, InstrSubtype, InstrType, Isa};
@@ -267,7 +267,13 @@ pub struct Decoder {
     ctx: PeContext,
     out: Vec<Element>,
     cur_index: u64,
-    cache: BlockCache,
+    cache: SharedBlockCache,
+    /// The part of the cache tag that depends on the instruction-classification options.
+    cfg_tag: u64,
+    /// `tag` must be recomputed (context or space changed) ...
+    tag_dirty: bool,
+    /// ... or the memory's generation moved on from this one.
+    tag_gen: u64,
     /// memory space for code reads and the cache tag derived from it (see `refresh_space`)
     space: MemSpace,
     tag: u64,
@@ -281,8 +287,14 @@ pub struct Decoder {
 }
 
 impl Decoder {
-    /// A decoder in the "not synchronised" state.
+    /// A decoder in the "not synchronised" state, with a block cache of its own.
     pub fn new(cfg: DecoderConfig) -> Self {
+        Self::with_cache(cfg, cache::shared(cache::DEFAULT_BITS))
+    }
+
+    /// A decoder using `cache`, shared with the other decoders of the same code image (see
+    /// [`crate::cache`]); the cache's counters are then those of all its decoders.
+    pub fn with_cache(cfg: DecoderConfig, cache: SharedBlockCache) -> Self {
         let mut d = Decoder {
             cfg,
             state: State::NoSync,
@@ -303,7 +315,10 @@ impl Decoder {
             ctx: PeContext::default(),
             out: Vec::with_capacity(64),
             cur_index: 0,
-            cache: BlockCache::new(15),
+            cache,
+            cfg_tag: 0,
+            tag_dirty: true,
+            tag_gen: 0,
             space: MemSpace::S,
             tag: MemSpace::S.0 as u64,
             scratch: Vec::new(),
@@ -313,7 +328,21 @@ impl Decoder {
             stats: DecodeStats::default(),
         };
         d.ret.flush();
+        d.cfg_tag = d.options_tag();
+        d.refresh_space();
         d
+    }
+
+    /// Bits 40..=62 of the cache tag: the options that decide where blocks end (the context
+    /// ID takes bits 8..40, the memory space bits 0..8, bit 63 marks valid entries).
+    fn options_tag(&self) -> u64 {
+        let i = self.cfg.insn;
+        let o = self.cfg.opts;
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in format!("{:?}{}{}{:?}", i.arch, i.wfi_wfe_branch, i.dsb_dmb_waypoints, o).bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        (h & 0x7f_ffff) << 40
     }
 
     /// The configuration.
@@ -324,8 +353,9 @@ impl Decoder {
     /// Counters so far.
     pub fn stats(&self) -> DecodeStats {
         let mut s = self.stats;
-        s.cache_hits = self.cache.hits;
-        s.cache_misses = self.cache.misses;
+        let c = self.cache.borrow();
+        s.cache_hits = c.hits;
+        s.cache_misses = c.misses;
         s
     }
 
@@ -335,12 +365,13 @@ impl Decoder {
         self.src_addr_n = on;
     }
 
-    /// Sets the optional OpenCSD checks ([`DecodeOptions`]); clears the block cache, whose
-    /// blocks were checked under the previous options.
+    /// Sets the optional OpenCSD checks ([`DecodeOptions`]); blocks checked under other
+    /// options are not used (they are tagged with the options).
     pub fn set_options(&mut self, opts: DecodeOptions) {
         if opts != self.cfg.opts {
             self.cfg.opts = opts;
-            self.cache.clear();
+            self.cfg_tag = self.options_tag();
+            self.refresh_space();
         }
     }
 
@@ -381,7 +412,7 @@ impl Decoder {
 
     /// Forgets cached code blocks (call when the code image changes).
     pub fn invalidate_cache(&mut self) {
-        self.cache.clear();
+        self.cache.borrow_mut().clear();
     }
 
     /// Resets to the unsynchronised state (e.g. at a trace-buffer boundary or FSYNC barrier).
@@ -1074,7 +1105,21 @@ impl Decoder {
     /// decode-cache tag after the context or security state changed.
     fn refresh_space(&mut self) {
         self.space = self.compute_space();
-        self.tag = ((self.ctx.context_id.unwrap_or(0) as u64) << 8) | self.space.0 as u64;
+        self.tag_dirty = true;
+    }
+
+    /// The block-cache tag of the current context: options, the memory's id of the code the
+    /// context sees ([`MemoryAccess::code_id`]), memory space.
+    #[inline]
+    fn cache_tag<M: MemoryAccess + ?Sized>(&mut self, mem: &M) -> u64 {
+        let g = mem.generation();
+        if self.tag_dirty || g != self.tag_gen {
+            let id = mem.code_id(self.space, self.ctx.context_id) & 0xffff_ffff;
+            self.tag = self.cfg_tag | (id << 8) | self.space.0 as u64;
+            self.tag_dirty = false;
+            self.tag_gen = g;
+        }
+        self.tag
     }
 
     fn compute_space(&self) -> MemSpace {
@@ -1095,11 +1140,13 @@ impl Decoder {
     /// "Error processing atom packet." (no range is output for the failed walk).
     fn walk_wp<M: MemoryAccess + ?Sized>(&mut self, mem: &M, target: Option<u64>) -> Result<(RawRange, WpRes), DecodeErr> {
         let space = self.space;
-        let tag = self.tag;
+        let tag = self.cache_tag(mem);
         let cfg = self.cfg.insn;
         let opts = self.cfg.opts;
         let ctx = self.ctx.context_id;
-        let (r, res) = walk::walk(&mut self.walk, mem, space, ctx, &cfg, &opts, target, Some((&mut self.cache, tag)));
+        let mut c = self.cache.borrow_mut();
+        let (r, res) = walk::walk(&mut self.walk, mem, space, ctx, &cfg, &opts, target, Some((&mut c, tag)));
+        drop(c);
         match res {
             WpRes::RangeLimit | WpRes::BadOpcode => {
                 log::debug!("trace id {:#x}: walk from {:#x} failed: {res:?}", self.cfg.trace_id, r.start);
@@ -1142,9 +1189,13 @@ impl Decoder {
     #[inline]
     fn process_atom<M: MemoryAccess + ?Sized>(&mut self, taken: bool, index: u64, mem: &M) -> Result<(), DecodeErr> {
         let start = self.walk.addr;
-        if self.walk.isa == Isa::A64
-            && let Some(b) = self.cache.get(start, self.tag)
-        {
+        let hit = if self.walk.isa == Isa::A64 {
+            let tag = self.cache_tag(mem);
+            self.cache.borrow_mut().get(start, tag).copied()
+        } else {
+            None
+        };
+        if let Some(b) = hit {
             // hot path: a cached A64 block ending in a waypoint
             let (end, num_instr) = (b.end, b.num_instr);
             let (ty, sub, cond, link, target) = (b.last.ty, b.last.subtype, b.last.is_cond, b.last.is_link, b.last.branch_addr);

@@ -116,6 +116,19 @@ pub trait MemoryAccess {
     fn slice_at_ctx(&self, addr: u64, space: MemSpace, _context_id: Option<u32>) -> Option<&[u8]> {
         self.slice_at(addr, space)
     }
+
+    /// An id of the code `context_id` sees: contexts with the same id read the same bytes, so
+    /// the decoders share their decoded blocks (the threads of one process). Default: the
+    /// context ID itself (every context its own code).
+    fn code_id(&self, _space: MemSpace, context_id: Option<u32>) -> u64 {
+        u64::from(context_id.unwrap_or(0))
+    }
+
+    /// Changes whenever [`code_id`](MemoryAccess::code_id) or the bytes behind it may have
+    /// changed (decoders then recompute their cache tags). Default: never.
+    fn generation(&self) -> u64 {
+        0
+    }
 }
 
 /// One mapped region of code.

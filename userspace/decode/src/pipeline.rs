@@ -4,6 +4,7 @@
 
 use std::ops::ControlFlow;
 
+use crate::cache::SharedBlockCache;
 use crate::decoder::{DecodeOptions, DecodeStats, Decoder, DecoderConfig, ElementSink};
 use crate::elements::Element;
 use crate::frame::{Deformatter, FrameSink, FrameStats, StreamFormat};
@@ -48,12 +49,48 @@ pub struct DecodeSummary {
     pub decode: DecodeStats,
 }
 
-/// Decoders for every trace ID of one buffer.
+/// Decoders for every trace ID of one buffer. A trace ID's element decoder is created when
+/// its first packet arrives; all of them share one block cache (per code image, see
+/// [`crate::cache`]).
 pub struct BufferDecoder {
     format: StreamFormat,
     demux: PacketDemux,
-    decoders: Vec<Option<Decoder>>,
+    decs: Decoders,
     deformatter: Deformatter,
+}
+
+/// The element decoders of a buffer, created on first use.
+struct Decoders {
+    decoders: Vec<Option<Decoder>>,
+    /// Configuration of each source's decoder.
+    configs: Vec<Option<DecoderConfig>>,
+    cache: SharedBlockCache,
+    opts: Option<DecodeOptions>,
+    src_addr_n: bool,
+    unmarked_ts: bool,
+}
+
+impl Decoders {
+    /// The decoder of `id`, created now if it is a source without one yet.
+    #[inline]
+    fn get(&mut self, id: u8) -> Option<&mut Decoder> {
+        let i = (id & 0x7F) as usize;
+        if self.decoders[i].is_none() {
+            let cfg = self.configs[i]?;
+            let mut d = Decoder::with_cache(cfg, self.cache.clone());
+            if let Some(o) = self.opts {
+                d.set_options(o);
+            }
+            d.set_src_addr_n(self.src_addr_n);
+            d.set_unmarked_timestamps(self.unmarked_ts);
+            self.decoders[i] = Some(d);
+        }
+        self.decoders[i].as_mut()
+    }
+
+    fn existing(&mut self) -> impl Iterator<Item = &mut Decoder> {
+        self.decoders.iter_mut().flatten()
+    }
 }
 
 impl BufferDecoder {
@@ -78,25 +115,39 @@ impl BufferDecoder {
 
     /// Decoders for `(listing id, config, core architecture)` sources in `format`.
     pub fn new(format: StreamFormat, sources: &[(u8, EtmConfig, ArchVersion)]) -> Self {
+        Self::with_cache(format, sources, crate::cache::shared(crate::cache::DEFAULT_BITS))
+    }
+
+    /// [`new`](Self::new) with a block cache shared beyond this buffer (every buffer of one
+    /// code image).
+    pub fn with_cache(format: StreamFormat, sources: &[(u8, EtmConfig, ArchVersion)], cache: SharedBlockCache) -> Self {
         let mut demux = PacketDemux::new();
-        let mut decoders: Vec<Option<Decoder>> = (0..128).map(|_| None).collect();
+        let decoders: Vec<Option<Decoder>> = (0..128).map(|_| None).collect();
+        let mut configs: Vec<Option<DecoderConfig>> = vec![None; 128];
         for (id, cfg, arch) in sources {
             demux.add(*id, cfg);
-            decoders[(*id & 0x7F) as usize] = Some(Decoder::new(DecoderConfig::new(cfg, *arch)));
+            configs[(*id & 0x7F) as usize] = Some(DecoderConfig::new(cfg, *arch));
         }
-        BufferDecoder { format, demux, decoders, deformatter: Deformatter::new(format) }
+        BufferDecoder {
+            format,
+            demux,
+            decs: Decoders { decoders, configs, cache, opts: None, src_addr_n: false, unmarked_ts: false },
+            deformatter: Deformatter::new(format),
+        }
     }
 
     /// Sets OpenCSD's `-src_addr_n` mode on every decoder (see [`Decoder::set_src_addr_n`]).
     pub fn set_src_addr_n(&mut self, on: bool) {
-        for d in self.decoders.iter_mut().flatten() {
+        self.decs.src_addr_n = on;
+        for d in self.decs.existing() {
             d.set_src_addr_n(on);
         }
     }
 
     /// Sets the optional OpenCSD checks on every decoder (see [`Decoder::set_options`]).
     pub fn set_options(&mut self, opts: DecodeOptions) {
-        for d in self.decoders.iter_mut().flatten() {
+        self.decs.opts = Some(opts);
+        for d in self.decs.existing() {
             d.set_options(opts);
         }
     }
@@ -104,15 +155,21 @@ impl BufferDecoder {
     /// Reports timestamps before the first ETE timestamp marker too
     /// ([`Decoder::set_unmarked_timestamps`]).
     pub fn set_unmarked_timestamps(&mut self, on: bool) {
-        for d in self.decoders.iter_mut().flatten() {
+        self.decs.unmarked_ts = on;
+        for d in self.decs.existing() {
             d.set_unmarked_timestamps(on);
         }
+    }
+
+    /// Element decoders created so far (trace IDs seen).
+    pub fn decoders_created(&self) -> usize {
+        self.decs.decoders.iter().flatten().count()
     }
 
     /// The element decoder of a trace ID (e.g. for [`Decoder::pending_target`] at the end of
     /// the data pushed so far).
     pub fn decoder(&self, trace_id: u8) -> Option<&Decoder> {
-        self.decoders[(trace_id & 0x7F) as usize].as_ref()
+        self.decs.decoders[(trace_id & 0x7F) as usize].as_ref()
     }
 
     /// Starts a new trace session with the same decoders (trace index back to 0, parsers and
@@ -121,7 +178,7 @@ impl BufferDecoder {
     pub fn restart(&mut self) {
         self.deformatter = Deformatter::new(self.format);
         self.demux.reset_all();
-        for d in self.decoders.iter_mut().flatten() {
+        for d in self.decs.existing() {
             d.reset();
         }
     }
@@ -138,7 +195,7 @@ impl BufferDecoder {
         mem: &M,
         sink: &mut S,
     ) -> ControlFlow<()> {
-        let mut fs = Fs { demux: &mut self.demux, decoders: &mut self.decoders, mem, sink, stop: false };
+        let mut fs = Fs { demux: &mut self.demux, decoders: &mut self.decs, mem, sink, stop: false };
         self.deformatter.push(data, &mut fs);
         if fs.stop { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
     }
@@ -148,16 +205,17 @@ impl BufferDecoder {
         let ids: Vec<u8> = self.demux.ids().collect();
         let mut stop = false;
         for id in ids {
-            let decoders = &mut self.decoders;
+            let decoders = &mut self.decs;
             self.demux.finish(id, &mut |id: u8, idx: u64, p: &Packet, _raw: &[u8]| {
-                if let Some(d) = decoders[(id & 0x7F) as usize].as_mut()
-                    && !stop
+                if !stop
+                    && let Some(d) = decoders.get(id)
                     && d.packet(idx, p, mem, sink).is_break()
                 {
                     stop = true;
                 }
             });
-            if let Some(d) = self.decoders[(id & 0x7F) as usize].as_mut()
+            // Every source ends with EO_TRACE, also one whose ID sent nothing.
+            if let Some(d) = self.decs.get(id)
                 && !stop
                 && d.finish(sink).is_break()
             {
@@ -170,7 +228,7 @@ impl BufferDecoder {
     /// Counters so far.
     pub fn summary(&self) -> DecodeSummary {
         let mut d = DecodeStats::default();
-        for dec in self.decoders.iter().flatten() {
+        for dec in self.decs.decoders.iter().flatten() {
             let s = dec.stats();
             d.packets += s.packets;
             d.elements += s.elements;
@@ -180,9 +238,11 @@ impl BufferDecoder {
             d.sequence_errors += s.sequence_errors;
             d.nacc += s.nacc;
             d.stack_overflows += s.stack_overflows;
-            d.cache_hits += s.cache_hits;
-            d.cache_misses += s.cache_misses;
         }
+        // One cache for all decoders: its counters once.
+        let c = self.decs.cache.borrow();
+        (d.cache_hits, d.cache_misses) = (c.hits, c.misses);
+        drop(c);
         DecodeSummary {
             bytes: self.deformatter.index(),
             frames: self.deformatter.stats(),
@@ -194,7 +254,7 @@ impl BufferDecoder {
 
 struct Fs<'a, M: ?Sized, S: ?Sized> {
     demux: &'a mut PacketDemux,
-    decoders: &'a mut Vec<Option<Decoder>>,
+    decoders: &'a mut Decoders,
     mem: &'a M,
     sink: &'a mut S,
     stop: bool,
@@ -210,7 +270,7 @@ impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> FrameSink for Fs<'_, M, 
             if *stop {
                 return;
             }
-            if let Some(d) = decoders[(id & 0x7F) as usize].as_mut()
+            if let Some(d) = decoders.get(id)
                 && d.packet(idx, p, mem, sink).is_break()
             {
                 *stop = true;
@@ -220,7 +280,7 @@ impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> FrameSink for Fs<'_, M, 
 
     fn reset(&mut self) {
         self.demux.reset_all();
-        for d in self.decoders.iter_mut().flatten() {
+        for d in self.decoders.existing() {
             d.reset();
         }
     }

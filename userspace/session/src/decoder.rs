@@ -13,7 +13,7 @@ use etm_decode::insn::{ArchVersion, DecodeConfig, InstrType, decode_a64};
 use etm_decode::pipeline::BufferDecoder;
 use etm_decode::snapshot::{CoreProfile, EtmConfig, Protocol};
 
-use crate::pipeline::{CodeMap, ContextCode, DecoderFactory, Discontinuity, WindowDecoder, WindowSink};
+use crate::pipeline::{CodeMap, ContextCode, DecoderFactory, DecoderShared, Discontinuity, WindowDecoder, WindowSink};
 use crate::session::BranchPair;
 use crate::session::{CpuTraceConfig, TraceArch};
 
@@ -53,8 +53,8 @@ pub fn etm_config(c: &CpuTraceConfig) -> EtmConfig {
 pub struct EtmFactory;
 
 impl DecoderFactory for EtmFactory {
-    fn create(&self, aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool) -> Box<dyn WindowDecoder> {
-        Box::new(EtmWindowDecoder::new(aux_cpu, cpus, raw))
+    fn create(&self, aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool, shared: &DecoderShared) -> Box<dyn WindowDecoder> {
+        Box::new(EtmWindowDecoder::with_cache(aux_cpu, cpus, raw, shared.block_cache.clone()))
     }
 }
 
@@ -77,7 +77,6 @@ impl DecoderFactory for EtmFactory {
 ///   would otherwise drop those before the first timestamp marker, and synthetic and perf
 ///   sessions date windows by the timestamp between the sync and the trace-on).
 pub struct EtmWindowDecoder {
-    format: StreamFormat,
     sources: Vec<(u8, EtmConfig, ArchVersion)>,
     buf: BufferDecoder,
     st: Adapter,
@@ -160,6 +159,11 @@ impl EtmWindowDecoder {
     /// A decoder for the buffer of `aux_cpu`. Raw data belongs to that CPU's trace unit
     /// (TRBE); formatted data is demultiplexed by trace ID.
     pub fn new(aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool) -> Self {
+        Self::with_cache(aux_cpu, cpus, raw, etm_decode::cache::shared(etm_decode::cache::DEFAULT_BITS))
+    }
+
+    /// [`new`](Self::new) sharing `cache` with the pipeline's other decoders.
+    pub fn with_cache(aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool, cache: etm_decode::cache::SharedBlockCache) -> Self {
         let sources: Vec<(u8, EtmConfig, ArchVersion)> = if raw {
             cpus.iter()
                 .find(|c| c.cpu == aux_cpu)
@@ -175,8 +179,7 @@ impl EtmWindowDecoder {
             (false, _) => StreamFormat::Coresight,
         };
         let mut d = EtmWindowDecoder {
-            format,
-            buf: BufferDecoder::new(format, &sources),
+            buf: BufferDecoder::with_cache(format, &sources, cache),
             sources,
             st: Adapter {
                 ids: (0..128).map(|_| None).collect(),
@@ -370,6 +373,12 @@ impl MemoryAccess for Mem<'_> {
             None => 0,
         }
     }
+    fn code_id(&self, _space: MemSpace, context_id: Option<u32>) -> u64 {
+        self.0.code_id(context_id)
+    }
+    fn generation(&self) -> u64 {
+        self.0.generation()
+    }
     /// The code of the traced context's process; none for another process's context.
     fn slice_at_ctx(&self, addr: u64, _space: MemSpace, context_id: Option<u32>) -> Option<&[u8]> {
         match self.0.context_code(context_id) {
@@ -404,7 +413,9 @@ impl WindowDecoder for EtmWindowDecoder {
 
     fn reset(&mut self) {
         self.st.batch.clear();
-        self.buf = BufferDecoder::new(self.format, &self.sources);
+        // The same decoders (and cache), back to unsynchronised (not rebuilt: a reset follows
+        // every gap and COLLISION).
+        self.buf.restart();
         self.buf.set_unmarked_timestamps(true);
         for (id, _, _) in &self.sources {
             self.st.ids[(*id & 0x7f) as usize] = Some(IdState::new());
@@ -588,7 +599,13 @@ pub mod toy {
     pub struct ToyFactory;
 
     impl DecoderFactory for ToyFactory {
-        fn create(&self, _aux_cpu: i32, _cpus: &[CpuTraceConfig], _raw: bool) -> Box<dyn WindowDecoder> {
+        fn create(
+            &self,
+            _aux_cpu: i32,
+            _cpus: &[CpuTraceConfig],
+            _raw: bool,
+            _shared: &crate::pipeline::DecoderShared,
+        ) -> Box<dyn WindowDecoder> {
             Box::new(ToyDecoder::default())
         }
     }

@@ -84,11 +84,25 @@ pub trait WindowDecoder {
     fn complete_pending(&mut self, _code: &CodeMap, _sink: &mut dyn WindowSink) {}
 }
 
+/// State every decoder of one pipeline shares: the decode block cache of the code (one per
+/// pipeline, not per buffer and trace ID, so memory grows with the code, not with CPUs²).
+#[derive(Clone)]
+pub struct DecoderShared {
+    pub block_cache: etm_decode::cache::SharedBlockCache,
+}
+
+impl Default for DecoderShared {
+    fn default() -> Self {
+        DecoderShared { block_cache: etm_decode::cache::shared(etm_decode::cache::DEFAULT_BITS) }
+    }
+}
+
 /// Creates the decoder of an AUX buffer.
 pub trait DecoderFactory {
     /// A decoder for the AUX buffer of `aux_cpu` (`-1` per-thread), given all CPUs' trace
-    /// configurations and whether the data is raw (no frame formatter).
-    fn create(&self, aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool) -> Box<dyn WindowDecoder>;
+    /// configurations and whether the data is raw (no frame formatter), using the pipeline's
+    /// `shared` state.
+    fn create(&self, aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool, shared: &DecoderShared) -> Box<dyn WindowDecoder>;
 }
 
 /// The session note that says whether trace timestamps date segments
@@ -264,6 +278,9 @@ pub struct CodeMap {
     /// Thread id -> process id, from the sideband and the samples (a traced context is a
     /// thread id: CONTEXTIDR holds `task_pid_nr`, `contextidr_thread_switch`).
     tids: HashMap<u32, u32>,
+    /// Bumped whenever which code a context sees may have changed (mappings, threads): the
+    /// decoders' block-cache tags ([`MemoryAccess::code_id`](etm_decode::image::MemoryAccess::code_id)) are recomputed then.
+    generation: u64,
 }
 
 impl CodeMap {
@@ -293,8 +310,23 @@ impl CodeMap {
 
     /// Notes that thread `tid` belongs to process `pid`.
     pub fn note_thread(&mut self, pid: u32, tid: u32) {
-        if tid != 0 {
-            self.tids.insert(tid, pid);
+        if tid != 0 && self.tids.insert(tid, pid) != Some(pid) {
+            self.generation += 1;
+        }
+    }
+
+    /// See the field.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// One id per distinct code view: the process whose mappings a context reads (all its
+    /// threads share it), the target's for an untraced context, none for a foreign one.
+    pub fn code_id(&self, context_id: Option<u32>) -> u64 {
+        match self.context_code(context_id) {
+            ContextCode::Target => u64::from(self.target.unwrap_or(0)),
+            ContextCode::Process(pid) => u64::from(pid),
+            ContextCode::Foreign => u64::from(u32::MAX),
         }
     }
 
@@ -481,6 +513,8 @@ struct AuxState {
 pub struct Pipeline {
     cfg: PipelineConfig,
     factory: Option<Arc<dyn DecoderFactory>>,
+    /// What the decoders share (the block cache).
+    shared: DecoderShared,
     aux: HashMap<i32, AuxState>,
     /// trace ID -> CPU.
     trace_cpu: HashMap<u8, i32>,
@@ -498,6 +532,8 @@ pub struct Pipeline {
     next_aux_offset: HashMap<i32, u64>,
     scratch_branches: Vec<Branch>,
     scratch_frames: Vec<FrameId>,
+    /// The CPUs an AUX record's windows touched (reused: no allocation per record).
+    scratch_touched: Vec<i32>,
     observer: Option<Observer>,
 }
 
@@ -511,6 +547,7 @@ impl Pipeline {
             profile: HybridProfile::new(cfg.profile),
             trie: ContextTrie::new(cfg.trie_nodes),
             factory,
+            shared: DecoderShared::default(),
             cfg,
             aux: HashMap::new(),
             trace_cpu,
@@ -524,6 +561,7 @@ impl Pipeline {
             next_aux_offset: HashMap::new(),
             scratch_branches: Vec::new(),
             scratch_frames: Vec::new(),
+            scratch_touched: Vec::new(),
             observer: None,
         }
     }
@@ -556,6 +594,7 @@ impl Pipeline {
             self.resolver.binaries.push((idx, info.clone()));
         }
         self.code.images.push(Image { path: path.to_string(), data, symbols });
+        self.code.generation += 1;
     }
 
     /// Forget the runtime-address -> frame cache of the context trie (the live driver calls
@@ -624,6 +663,7 @@ impl Pipeline {
             cfg,
             scratch_branches,
             scratch_frames,
+            scratch_touched,
             observer,
             ..
         } = self;
@@ -655,7 +695,10 @@ impl Pipeline {
                 use_ts: cfg.trace_timestamps,
                 joiner,
                 out: &mut sink,
-                touched: Vec::new(),
+                touched: {
+                    scratch_touched.clear();
+                    &mut *scratch_touched
+                },
                 fast: None,
             };
             st.decoder.complete_pending(code, &mut ws);
@@ -683,6 +726,7 @@ impl Pipeline {
             cfg,
             scratch_branches,
             scratch_frames,
+            scratch_touched,
             observer,
             ..
         } = self;
@@ -713,7 +757,10 @@ impl Pipeline {
                 use_ts: cfg.trace_timestamps,
                 joiner,
                 out: &mut sink,
-                touched: Vec::new(),
+                touched: {
+                    scratch_touched.clear();
+                    &mut *scratch_touched
+                },
                 fast: None,
             };
             st.decoder.finish(code, &mut ws);
@@ -762,7 +809,12 @@ impl Pipeline {
         // CPU of each record's sample_id.
         let source = if raw { rec.source_cpu.unwrap_or(rec.cpu) } else { rec.cpu };
         let cpus = &self.cfg.cpus;
-        let st = self.aux.entry(rec.cpu).or_insert_with(|| AuxState { decoder: factory.create(source, cpus, raw), raw, source });
+        let shared = &self.shared;
+        let st = self.aux.entry(rec.cpu).or_insert_with(|| AuxState {
+            decoder: factory.create(source, cpus, raw, shared),
+            raw,
+            source,
+        });
         // A fragment written by another CPU than the previous one: that CPU's stream ended
         // with the previous record (its last branches are completed there), and this one is
         // a new stream with the new CPU's trace configuration.
@@ -786,6 +838,7 @@ impl Pipeline {
             cfg,
             scratch_branches,
             scratch_frames,
+            scratch_touched,
             observer,
             ..
         } = self;
@@ -816,14 +869,17 @@ impl Pipeline {
             use_ts: cfg.trace_timestamps,
             joiner,
             out: &mut out,
-            touched: Vec::new(),
+            touched: {
+                scratch_touched.clear();
+                &mut *scratch_touched
+            },
             fast: None,
         };
         if moved {
             st.decoder.finish(code, &mut ws);
             ws.out.stats.decoder_resets += 1;
             ws.break_cpus(false);
-            st.decoder = factory.create(source, &cfg.cpus, raw);
+            st.decoder = factory.create(source, &cfg.cpus, raw, shared);
             st.source = source;
             ws.aux_cpu = source;
         }
@@ -920,10 +976,12 @@ impl Pipeline {
                     && self.code.pid_maps(*pid).is_none()
                 {
                     self.code.by_pid.push((*pid, m));
+                    self.code.generation += 1;
                 }
             }
             Sideband::Comm { pid, exec: true, .. } => {
                 self.code.by_pid.retain(|(p, _)| p != pid);
+                self.code.generation += 1;
             }
             Sideband::AuxOutputHwId { hw_id, cpu: Some(cpu), .. } => {
                 self.trace_cpu.insert((hw_id & 0xff) as u8, *cpu);
@@ -1005,6 +1063,7 @@ impl Pipeline {
         let list = &mut self.code.by_pid.iter_mut().find(|(p, _)| *p == pid).expect("just added").1;
         CodeMap::insert(list, m);
         self.code.target.get_or_insert(pid);
+        self.code.generation += 1;
         // Place the binary's exec segments for the resolver (runtime -> link-time bias).
         if let Some(bi) = self.resolver.binaries.iter().position(|(i, _)| *i == img) {
             let info = &self.resolver.binaries[bi].1;
@@ -1113,7 +1172,7 @@ struct WinSink<'a, 'b> {
     joiner: &'a mut Joiner,
     out: &'a mut Sink<'b>,
     /// CPUs whose open window received branches from this record.
-    touched: Vec<i32>,
+    touched: &'a mut Vec<i32>,
     /// (trace ID, CPU) of the last branch, whose segment was begun and touched: the next
     /// branch of the same ID goes straight to the join (reset by every other event).
     fast: Option<(Option<u8>, i32)>,

@@ -398,7 +398,9 @@ const OUT_FMT: SampleFormat = SampleFormat { sample_type: RING_SAMPLE_TYPE | sam
 
 /// Trace ID of a CPU (the legacy allocation `0x10 + 2 * cpu`).
 pub fn trace_id(cpu: u32) -> u8 {
-    0x10 + 2 * cpu as u8
+    // Beyond 48 CPUs the legacy IDs would leave the valid range (0x01-0x6f); the dynamic
+    // allocator (coresight-trace-id.c) then hands out free ones: the odd IDs from 0x11.
+    if cpu < 48 { 0x10 + 2 * cpu as u8 } else { 0x11 + 2 * (cpu - 48) as u8 }
 }
 
 impl Model {

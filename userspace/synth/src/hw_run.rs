@@ -74,6 +74,21 @@ pub fn tasks() -> Vec<TaskSpec> {
     ]
 }
 
+/// [`tasks`] scaled to `cpus`: the target gets one thread per four CPUs (at least two), the
+/// other two processes as many, so every CPU has work and trace.
+pub fn tasks_for(cpus: u32) -> Vec<TaskSpec> {
+    let per = (cpus / 4).max(2);
+    let mut v = Vec::new();
+    for (pid, program) in [(TARGET, 0usize), (200, 1), (300, 2)] {
+        for k in 0..per {
+            v.push(TaskSpec { pid, tid: pid * 100 + k, program, start: (k as usize * 350_000) % 2_000_000 });
+        }
+    }
+    // The target's main thread is tid = pid.
+    v[0].tid = TARGET;
+    v
+}
+
 /// How to run.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -87,6 +102,8 @@ pub struct RunOptions {
     pub complete_by_sample_time: bool,
     /// Record every event the pipeline gets into this session directory (with [`TRUTH_FILE`]).
     pub record: Option<PathBuf>,
+    /// The tasks (default [`tasks`]).
+    pub tasks: Option<Vec<TaskSpec>>,
 }
 
 /// A joined sample: cpu, time, thread, branches (newest first).
@@ -109,7 +126,8 @@ pub fn run(progs: &[Built], cfg: ModelConfig, opts: &RunOptions) -> Result<Outco
     let depth = cfg.depth;
     let cpus = cfg.cpus;
     let (period, window) = (cfg.resume_period, cfg.pause_period / 2);
-    let mut model = Model::new(cfg, programs, &tasks());
+    let tasks = opts.tasks.clone().unwrap_or_else(tasks);
+    let mut model = Model::new(cfg, programs, &tasks);
     let mut pc = PipelineConfig { cpus: model.cpu_configs(), clock: Some(Model::clock_params()), ..Default::default() };
     pc.join.depth = depth;
     let mut p = Pipeline::new(pc.clone());
@@ -168,7 +186,7 @@ pub fn run(progs: &[Built], cfg: ModelConfig, opts: &RunOptions) -> Result<Outco
         record(&SessionEvent::Sideband(&mm));
         p.push(SessionEvent::Sideband(&mm));
     }
-    for t in tasks().iter().filter(|t| t.pid == TARGET) {
+    for t in tasks.iter().filter(|t| t.pid == TARGET) {
         let c = Sideband::Comm { pid: TARGET, tid: t.tid, comm: "loops".into(), exec: false, time: t0, cpu: None };
         record(&SessionEvent::Sideband(&c));
         p.push(SessionEvent::Sideband(&c));

@@ -42,7 +42,7 @@ fn run(cfg: ModelConfig, strategy: Strategy, duration_ns: u64, drain_ns: u64) ->
 /// [`run`]; with `by_sample_time`, after every drain the pipeline is also told that the trace
 /// is complete up to the newest pause sample seen, as the live driver used to assume.
 fn run_with(cfg: ModelConfig, strategy: Strategy, duration_ns: u64, drain_ns: u64, by_sample_time: bool) -> Option<Outcome> {
-    let opts = RunOptions { strategy, duration_ns, drain_ns, complete_by_sample_time: by_sample_time, record: None };
+    let opts = RunOptions { strategy, duration_ns, drain_ns, complete_by_sample_time: by_sample_time, record: None, tasks: None };
     Some(hw_run::run(programs()?, cfg, &opts).expect("model run"))
 }
 
