@@ -11,6 +11,8 @@
 //! trace ID and buffer) shares one ([`SharedBlockCache`], [`crate::decoder::Decoder::with_cache`]),
 //! so memory does not grow with the number of trace IDs times buffers.
 
+use std::cell::Cell;
+
 use crate::insn::InstrInfo;
 
 /// A walked block: `[start, end)` holds `num_instr` instructions ending in a waypoint.
@@ -24,42 +26,41 @@ pub struct Block {
     pub last: InstrInfo,
 }
 
-#[derive(Clone, Copy, Default)]
-struct Entry {
-    start: u64,
-    /// tag with bit 63 set (0 = empty slot)
-    tag: u64,
-    block: Block,
-}
-
-const VALID: u64 = 1 << 63;
-
-/// A cache shared by the decoders of one code image (single-threaded).
-pub type SharedBlockCache = std::rc::Rc<std::cell::RefCell<BlockCache>>;
+/// A cache shared by the decoders of one code image (single-threaded: the entries are cells,
+/// so lookups and stores need no borrow).
+pub type SharedBlockCache = std::rc::Rc<BlockCache>;
 
 /// Entries of the default cache (2^15: 32,768 blocks, about 1.5 MiB).
 pub const DEFAULT_BITS: u32 = 15;
 
 /// A new shared cache with `2^bits` entries.
 pub fn shared(bits: u32) -> SharedBlockCache {
-    std::rc::Rc::new(std::cell::RefCell::new(BlockCache::new(bits)))
+    std::rc::Rc::new(BlockCache::new(bits))
 }
+
+const VALID: u64 = 1 << 63;
 
 /// The cache.
 pub struct BlockCache {
-    entries: Box<[Entry]>,
+    /// (start, tag with bit 63 set; 0 = empty slot) per slot.
+    keys: Box<[Cell<(u64, u64)>]>,
+    blocks: Box<[Cell<Block>]>,
     mask: usize,
-    /// Lookups that hit.
-    pub hits: u64,
-    /// Blocks walked and stored (lookups that missed, then found a waypoint).
-    pub misses: u64,
+    hits: Cell<u64>,
+    misses: Cell<u64>,
 }
 
 impl BlockCache {
     /// A cache with `2^bits` entries.
     pub fn new(bits: u32) -> Self {
         let n = 1usize << bits.min(24);
-        BlockCache { entries: vec![Entry::default(); n].into_boxed_slice(), mask: n - 1, hits: 0, misses: 0 }
+        BlockCache {
+            keys: (0..n).map(|_| Cell::new((0, 0))).collect(),
+            blocks: (0..n).map(|_| Cell::new(Block::default())).collect(),
+            mask: n - 1,
+            hits: Cell::new(0),
+            misses: Cell::new(0),
+        }
     }
 
     #[inline]
@@ -69,12 +70,11 @@ impl BlockCache {
 
     /// Looks up the block starting at `start` under `tag`.
     #[inline]
-    pub fn get(&mut self, start: u64, tag: u64) -> Option<&Block> {
+    pub fn get(&self, start: u64, tag: u64) -> Option<Block> {
         let i = self.slot(start);
-        let e = &self.entries[i];
-        if e.start == start && e.tag == tag | VALID {
-            self.hits += 1;
-            Some(&self.entries[i].block)
+        if self.keys[i].get() == (start, tag | VALID) {
+            self.hits.set(self.hits.get() + 1);
+            Some(self.blocks[i].get())
         } else {
             None
         }
@@ -82,15 +82,26 @@ impl BlockCache {
 
     /// Stores a block.
     #[inline]
-    pub fn put(&mut self, start: u64, tag: u64, block: Block) {
+    pub fn put(&self, start: u64, tag: u64, block: Block) {
         let i = self.slot(start);
-        self.misses += 1;
-        self.entries[i] = Entry { start, tag: tag | VALID, block };
+        self.misses.set(self.misses.get() + 1);
+        self.keys[i].set((start, tag | VALID));
+        self.blocks[i].set(block);
     }
 
     /// Forgets everything (e.g. the code image changed).
-    pub fn clear(&mut self) {
-        self.entries.iter_mut().for_each(|e| e.tag = 0);
+    pub fn clear(&self) {
+        self.keys.iter().for_each(|k| k.set((0, 0)));
+    }
+
+    /// Lookups that hit.
+    pub fn hits(&self) -> u64 {
+        self.hits.get()
+    }
+
+    /// Blocks walked and stored (lookups that missed, then found a waypoint).
+    pub fn misses(&self) -> u64 {
+        self.misses.get()
     }
 }
 
@@ -101,7 +112,7 @@ mod tests {
     /// A stored block is found only under the same start address and tag.
     #[test]
     fn get_put() {
-        let mut c = BlockCache::new(4);
+        let c = BlockCache::new(4);
         let b = Block { end: 0x1010, num_instr: 4, last: InstrInfo::default() };
         c.put(0x1000, 7, b);
         assert_eq!(c.get(0x1000, 7).map(|b| b.end), Some(0x1010));
@@ -110,5 +121,6 @@ mod tests {
         assert!(c.get(0x1004, 7).is_none());
         c.clear();
         assert!(c.get(0x1000, 7).is_none());
+        assert_eq!((c.hits(), c.misses()), (1, 1));
     }
 }

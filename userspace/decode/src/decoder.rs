@@ -353,9 +353,8 @@ impl Decoder {
     /// Counters so far.
     pub fn stats(&self) -> DecodeStats {
         let mut s = self.stats;
-        let c = self.cache.borrow();
-        s.cache_hits = c.hits;
-        s.cache_misses = c.misses;
+        s.cache_hits = self.cache.hits();
+        s.cache_misses = self.cache.misses();
         s
     }
 
@@ -412,7 +411,7 @@ impl Decoder {
 
     /// Forgets cached code blocks (call when the code image changes).
     pub fn invalidate_cache(&mut self) {
-        self.cache.borrow_mut().clear();
+        self.cache.clear();
     }
 
     /// Resets to the unsynchronised state (e.g. at a trace-buffer boundary or FSYNC barrier).
@@ -900,6 +899,8 @@ impl Decoder {
     ) -> Result<(), DecodeErr> {
         let n = (*num as i64).min(self.res.commit.max(0)) as u8;
         let mut b = *bits;
+        // One tag for the whole packet.
+        let tag = self.cache_tag(mem);
         for _ in 0..n {
             let taken = b & 1 != 0;
             b >>= 1;
@@ -908,7 +909,7 @@ impl Decoder {
                 self.return_stack_pop()?;
             }
             if !self.need_ctxt && !self.need_addr {
-                self.process_atom(taken, index, mem)?;
+                self.process_atom(taken, index, mem, tag)?;
             }
         }
         *bits = b;
@@ -1139,14 +1140,22 @@ impl Decoder {
     /// ([`DecodeOptions`]) is a sequence error that resynchronises the decoder, as OpenCSD's
     /// "Error processing atom packet." (no range is output for the failed walk).
     fn walk_wp<M: MemoryAccess + ?Sized>(&mut self, mem: &M, target: Option<u64>) -> Result<(RawRange, WpRes), DecodeErr> {
-        let space = self.space;
         let tag = self.cache_tag(mem);
+        self.walk_wp_in(mem, target, tag)
+    }
+
+    /// [`walk_wp`](Self::walk_wp) with the cache already borrowed.
+    fn walk_wp_in<M: MemoryAccess + ?Sized>(
+        &mut self,
+        mem: &M,
+        target: Option<u64>,
+        tag: u64,
+    ) -> Result<(RawRange, WpRes), DecodeErr> {
+        let space = self.space;
         let cfg = self.cfg.insn;
         let opts = self.cfg.opts;
         let ctx = self.ctx.context_id;
-        let mut c = self.cache.borrow_mut();
-        let (r, res) = walk::walk(&mut self.walk, mem, space, ctx, &cfg, &opts, target, Some((&mut c, tag)));
-        drop(c);
+        let (r, res) = walk::walk(&mut self.walk, mem, space, ctx, &cfg, &opts, target, Some((&self.cache, tag)));
         match res {
             WpRes::RangeLimit | WpRes::BadOpcode => {
                 log::debug!("trace id {:#x}: walk from {:#x} failed: {res:?}", self.cfg.trace_id, r.start);
@@ -1187,15 +1196,11 @@ impl Decoder {
     }
 
     #[inline]
-    fn process_atom<M: MemoryAccess + ?Sized>(&mut self, taken: bool, index: u64, mem: &M) -> Result<(), DecodeErr> {
+    fn process_atom<M: MemoryAccess + ?Sized>(&mut self, taken: bool, index: u64, mem: &M, tag: u64) -> Result<(), DecodeErr> {
         let start = self.walk.addr;
-        let hit = if self.walk.isa == Isa::A64 {
-            let tag = self.cache_tag(mem);
-            self.cache.borrow_mut().get(start, tag).copied()
-        } else {
-            None
-        };
-        if let Some(b) = hit {
+        if self.walk.isa == Isa::A64
+            && let Some(b) = self.cache.get(start, tag)
+        {
             // hot path: a cached A64 block ending in a waypoint
             let (end, num_instr) = (b.end, b.num_instr);
             let (ty, sub, cond, link, target) = (b.last.ty, b.last.subtype, b.last.is_cond, b.last.is_link, b.last.branch_addr);
@@ -1241,7 +1246,7 @@ impl Decoder {
             }
             return Ok(());
         }
-        let (r, res) = self.walk_wp(mem, None)?;
+        let (r, res) = self.walk_wp_in(mem, None, tag)?;
         if res == WpRes::Found {
             let next = self.walk.addr;
             let last = self.walk.last;

@@ -72,19 +72,26 @@ struct Decoders {
 
 impl Decoders {
     /// The decoder of `id`, created now if it is a source without one yet.
-    #[inline]
+    #[inline(always)]
     fn get(&mut self, id: u8) -> Option<&mut Decoder> {
         let i = (id & 0x7F) as usize;
-        if self.decoders[i].is_none() {
-            let cfg = self.configs[i]?;
-            let mut d = Decoder::with_cache(cfg, self.cache.clone());
-            if let Some(o) = self.opts {
-                d.set_options(o);
-            }
-            d.set_src_addr_n(self.src_addr_n);
-            d.set_unmarked_timestamps(self.unmarked_ts);
-            self.decoders[i] = Some(d);
+        if self.decoders[i].is_some() {
+            return self.decoders[i].as_mut();
         }
+        self.create(i)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn create(&mut self, i: usize) -> Option<&mut Decoder> {
+        let cfg = self.configs[i]?;
+        let mut d = Decoder::with_cache(cfg, self.cache.clone());
+        if let Some(o) = self.opts {
+            d.set_options(o);
+        }
+        d.set_src_addr_n(self.src_addr_n);
+        d.set_unmarked_timestamps(self.unmarked_ts);
+        self.decoders[i] = Some(d);
         self.decoders[i].as_mut()
     }
 
@@ -240,9 +247,7 @@ impl BufferDecoder {
             d.stack_overflows += s.stack_overflows;
         }
         // One cache for all decoders: its counters once.
-        let c = self.decs.cache.borrow();
-        (d.cache_hits, d.cache_misses) = (c.hits, c.misses);
-        drop(c);
+        (d.cache_hits, d.cache_misses) = (self.decs.cache.hits(), self.decs.cache.misses());
         DecodeSummary {
             bytes: self.deformatter.index(),
             frames: self.deformatter.stats(),

@@ -137,14 +137,13 @@ pub fn walk<M: MemoryAccess + ?Sized>(
     cfg: &DecodeConfig,
     opts: &DecodeOptions,
     target: Option<u64>,
-    cache: Option<(&mut BlockCache, u64)>,
+    cache: Option<(&BlockCache, u64)>,
 ) -> (RawRange, WpRes) {
     let start = st.addr;
     let mut num = 0u32;
     if target.is_none() && st.isa == Isa::A64 {
-        let mut cache = cache;
-        if let Some((c, tag)) = cache.as_mut()
-            && let Some(b) = c.get(start, *tag)
+        if let Some((c, tag)) = cache
+            && let Some(b) = c.get(start, tag)
         {
             let (end, num, last) = (b.end, b.num_instr, b.last);
             st.addr = end;
@@ -260,14 +259,14 @@ mod tests {
         let m = image(&[0xD503201F, 0xD503201F, 0x14000002, 0xD503201F]); // nop; nop; b +8; nop
         let mut st = WalkState { addr: 0x1000, isa: Isa::A64, ..Default::default() };
         let cfg = DecodeConfig::default();
-        let mut c = BlockCache::new(4);
-        let (r, res) = walk(&mut st, &m, MemSpace::EL1N, None, &cfg, &DecodeOptions::default(), None, Some((&mut c, 0)));
+        let c = BlockCache::new(4);
+        let (r, res) = walk(&mut st, &m, MemSpace::EL1N, None, &cfg, &DecodeOptions::default(), None, Some((&c, 0)));
         assert_eq!((r.start, r.end, r.num, res), (0x1000, 0x100C, 3, WpRes::Found));
         assert_eq!(st.last.branch_addr, 0x1010);
         // second walk is served by the cache with the same result
         let mut st2 = WalkState { addr: 0x1000, isa: Isa::A64, ..Default::default() };
-        let (r2, _) = walk(&mut st2, &m, MemSpace::EL1N, None, &cfg, &DecodeOptions::default(), None, Some((&mut c, 0)));
-        assert_eq!((r2, st2.last.branch_addr, c.hits), (r, 0x1010, 1));
+        let (r2, _) = walk(&mut st2, &m, MemSpace::EL1N, None, &cfg, &DecodeOptions::default(), None, Some((&c, 0)));
+        assert_eq!((r2, st2.last.branch_addr, c.hits()), (r, 0x1010, 1));
     }
 
     /// With a range limit, a walk of exactly `limit` instructions is fine and one more
