@@ -280,34 +280,73 @@ pub struct DumpMeta {
     pub comment: String,
 }
 
-/// Writes the engine's profile into `dir` atomically: the per-binary PGO dumps
-/// (`<binary>.perfscript`, `.unsym.txt`, `.bolt.pa`) with `pgo` (code facts from the
-/// registered images), `profile.folded` and `profile.pb.gz`. Returns the
-/// names of the files written.
-pub fn write_profile_files(dir: &Path, e: &Engine, meta: &DumpMeta, pgo: bool) -> anyhow::Result<Vec<String>> {
-    let p = &e.pipeline;
+/// A copy of what a dump writes, taken on the drain loop so that a worker can write it while
+/// draining goes on ([`crate::dumper::Dumper`]).
+#[derive(Clone)]
+pub struct DumpSnapshot {
+    pub profile: etm_profile::HybridProfile,
+    pub trie: etm_stacks::trie::ContextTrie,
+    pub frames: etm_stacks::frames::FrameTable,
+    pub binaries: Vec<etm_stacks::addrspace::Binary>,
+    /// Code images of the profile's binaries (shared, not copied).
+    pub images: Vec<(String, Arc<Vec<u8>>)>,
+    /// Write the per-binary PGO dumps (samples carry branch records).
+    pub pgo: bool,
+}
+
+impl Engine {
+    /// The copy of the profile a dump writes.
+    pub fn snapshot(&self) -> DumpSnapshot {
+        let p = &self.pipeline;
+        let (trie, frames) = p.trie();
+        let images = p.profile().binaries().iter().filter_map(|b| Some((b.path.clone(), p.code().image_arc(&b.path)?))).collect();
+        DumpSnapshot {
+            profile: p.profile().clone(),
+            trie: trie.clone(),
+            frames: frames.clone(),
+            binaries: self.binaries().to_vec(),
+            images,
+            pgo: self.has_branches(),
+        }
+    }
+}
+
+/// Writes a snapshot into `dir` atomically: the per-binary PGO dumps (`<binary>.perfscript`,
+/// `.unsym.txt`, `.bolt.pa`) when it has branch records (code facts from its images, kept in
+/// `facts`), `profile.folded` and `profile.pb.gz`. Returns the names of the files written.
+pub fn write_snapshot_files(
+    dir: &Path,
+    s: &DumpSnapshot,
+    meta: &DumpMeta,
+    facts: &mut crate::cmd::convert::FactsCache,
+) -> anyhow::Result<Vec<String>> {
     let mut files = Vec::new();
-    if pgo {
-        let image = |b: &BinaryInfo| p.code().image_bytes(&b.path);
+    if s.pgo {
+        let image = |b: &BinaryInfo| s.images.iter().find(|(p, _)| *p == b.path).map(|(_, d)| d.as_slice());
         files.extend(
-            crate::cmd::convert::write_profile_dumps_from_images(p.profile(), dir, &image, false)?
+            crate::cmd::convert::write_profile_dumps_cached(&s.profile, dir, &image, false, facts)?
                 .iter()
                 .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())),
         );
     }
-    let (trie, frames) = p.trie();
-    write_atomic(&dir.join("profile.folded"), |w| etm_stacks::folded::write_folded(trie, frames, w))?;
+    write_atomic(&dir.join("profile.folded"), |w| etm_stacks::folded::write_folded(&s.trie, &s.frames, w))?;
     let pmeta = etm_stacks::pprof::PprofMeta {
         period_ns: meta.period_ns,
         time_nanos: meta.time_nanos,
         duration_nanos: meta.duration_nanos,
         comments: vec![meta.comment.clone()],
     };
-    let profile = etm_stacks::pprof::build_profile(trie, frames, &e.binaries(), &pmeta);
+    let profile = etm_stacks::pprof::build_profile(&s.trie, &s.frames, &s.binaries, &pmeta);
     write_atomic(&dir.join("profile.pb.gz"), |w| etm_stacks::pprof::write_pprof_gz(&profile, w))?;
     files.push("profile.folded".into());
     files.push("profile.pb.gz".into());
     Ok(files)
+}
+
+/// [`write_snapshot_files`] of the engine's current profile, with the PGO dumps when `pgo`.
+pub fn write_profile_files(dir: &Path, e: &Engine, meta: &DumpMeta, pgo: bool) -> anyhow::Result<Vec<String>> {
+    let s = DumpSnapshot { pgo, ..e.snapshot() };
+    write_snapshot_files(dir, &s, meta, &mut crate::cmd::convert::FactsCache::default())
 }
 
 impl Engine {

@@ -4,6 +4,7 @@
 
 mod cmd;
 mod dump;
+mod dumper;
 mod engine;
 mod live;
 mod logging;

@@ -117,7 +117,7 @@ struct Entry {
 }
 
 /// Per-binary, per-context aggregated hybrid samples. See the crate docs.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct HybridProfile {
     limits: ProfileLimits,
     binaries: Vec<BinaryInfo>,

@@ -297,6 +297,11 @@ impl CodeMap {
         self.images.iter().find(|i| i.path == path).map(|i| i.data.as_slice())
     }
 
+    /// [`image_bytes`](Self::image_bytes), shared (for a copy taken off the pipeline).
+    pub fn image_arc(&self, path: &str) -> Option<Arc<Vec<u8>>> {
+        self.images.iter().find(|i| i.path == path).map(|i| i.data.clone())
+    }
+
     fn pid_maps(&self, pid: u32) -> Option<&Vec<Mapping>> {
         self.by_pid.iter().find(|(p, _)| *p == pid).map(|(_, m)| m)
     }

@@ -104,11 +104,36 @@ pub fn write_profile_dumps_from_images<'a>(
     image: &dyn Fn(&BinaryInfo) -> Option<&'a [u8]>,
     cs_unsym: bool,
 ) -> anyhow::Result<Vec<PathBuf>> {
-    let mut facts: Vec<(String, etm_profile::elf::ElfCodeFacts)> = Vec::new();
+    write_profile_dumps_cached(profile, dir, image, cs_unsym, &mut FactsCache::default())
+}
+
+/// Code facts of binaries already analysed, by path and build-id: the periodic dumps of a
+/// live run disassemble each binary once, not at every dump.
+#[derive(Default)]
+pub struct FactsCache(std::collections::HashMap<(String, String), std::sync::Arc<etm_profile::elf::ElfCodeFacts>>);
+
+/// [`write_profile_dumps_from_images`] with code facts kept in `cache` between calls.
+pub fn write_profile_dumps_cached<'a>(
+    profile: &HybridProfile,
+    dir: &Path,
+    image: &dyn Fn(&BinaryInfo) -> Option<&'a [u8]>,
+    cs_unsym: bool,
+    cache: &mut FactsCache,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let mut facts: Vec<(String, std::sync::Arc<etm_profile::elf::ElfCodeFacts>)> = Vec::new();
     let mut syms: Vec<(String, DwarfSymbolizer)> = Vec::new();
     for b in profile.binaries() {
         let Some(img) = image(b) else { continue };
-        let Ok(f) = etm_profile::elf::ElfCodeFacts::from_elf(img) else { continue };
+        let key = (b.path.clone(), b.build_id_hex());
+        let f = match cache.0.get(&key) {
+            Some(f) => f.clone(),
+            None => {
+                let Ok(f) = etm_profile::elf::ElfCodeFacts::from_elf(img) else { continue };
+                let f = std::sync::Arc::new(f);
+                cache.0.insert(key, f.clone());
+                f
+            }
+        };
         facts.push((b.path.clone(), f));
         if cs_unsym && !etm_profile::elf::has_pseudo_probes(img) {
             let s = DwarfSymbolizer::from_elf(img).with_context(|| format!("reading DWARF of {}", b.path))?;
@@ -118,7 +143,7 @@ pub fn write_profile_dumps_from_images<'a>(
             syms.push((b.path.clone(), s));
         }
     }
-    let fact = |b: &BinaryInfo| facts.iter().find(|(p, _)| *p == b.path).map(|(_, f)| f);
+    let fact = |b: &BinaryInfo| facts.iter().find(|(p, _)| *p == b.path).map(|(_, f)| &**f);
     write_profile_dumps_with(profile, dir, &|b: &BinaryInfo| fact(b).map(|f| f as &dyn CodeFacts), &|b: &BinaryInfo| {
         let s = syms.iter().find(|(p, _)| *p == b.path).map(|(_, s)| s as &dyn Symbolizer)?;
         Some((fact(b)? as &dyn InstFacts, s))

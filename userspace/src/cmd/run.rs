@@ -19,8 +19,9 @@ use etm_session::session::{BranchPair, PauseSample, SessionEvent, SessionMeta, S
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::dump::{check_writable_dir, write_atomic};
-use crate::engine::{DumpMeta, Engine, pipeline_json, write_profile_files};
+use crate::dump::check_writable_dir;
+use crate::dumper::DumpJob;
+use crate::engine::{DumpMeta, Engine, pipeline_json};
 use crate::live::bpf::{BpfCounters, SampleBpf};
 use crate::live::etm::{EtmConfig, EtmLive, Recorder, cs_etm_present};
 use crate::live::maps::{MapsTracker, load_image};
@@ -224,6 +225,8 @@ fn monotonic_ns() -> u64 {
 struct Feed {
     pid: u32,
     engine: Engine,
+    /// The dump thread (after the loop: for the final dump).
+    dumper: Option<crate::dumper::Dumper>,
     maps: MapsTracker,
     /// `--branches etm`: events pass through the ETM collection (its recorder).
     etm: Option<EtmLive>,
@@ -491,7 +494,12 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     let reason = feed_finish(&mut feed)?;
     let counters = bpf.counters().unwrap_or_default();
     if let Some(dir) = &args.dump_dir {
-        write_dumps(dir, &info, &feed, &counters, true)?;
+        let mut dumper = match feed.dumper.take() {
+            Some(d) => d,
+            None => crate::dumper::Dumper::start()?,
+        };
+        let job = dump_job(dir, &info, &feed, &counters, true, (dumper.written, dumper.skipped));
+        dumper.write_now(job)?;
     }
     print_summary(reason, &info, &feed, &counters, args.dump_dir.as_deref(), args.record.as_deref());
     Ok(ExitCode::SUCCESS)
@@ -502,6 +510,7 @@ impl Feed {
         Feed {
             pid,
             engine,
+            dumper: None,
             maps,
             etm,
             recorder,
@@ -637,6 +646,7 @@ async fn run_loop(args: &RunArgs, info: &RunInfo, bpf: &mut SampleBpf, feed: &mu
     let mut last = (Instant::now(), 0u64);
     let mut counters = BpfCounters::default();
     let mut dump_error: Option<anyhow::Error> = None;
+    let mut dumper = crate::dumper::Dumper::start()?;
 
     let reason = loop {
         tokio::select! {
@@ -680,7 +690,9 @@ async fn run_loop(args: &RunArgs, info: &RunInfo, bpf: &mut SampleBpf, feed: &mu
             }
             _ = dump_tick.tick(), if args.dump_dir.is_some() => {
                 let dir = args.dump_dir.as_deref().expect("checked");
-                if let Err(e) = write_dumps(dir, info, feed, &counters, false) {
+                // The snapshot is taken here; the dump thread writes it while draining goes on.
+                let job = dump_job(dir, info, feed, &counters, false, (dumper.written, dumper.skipped));
+                if let Err(e) = dumper.submit(job) {
                     log::error!("dump failed: {e:#}");
                     dump_error = Some(e);
                     break StopReason::Signal;
@@ -704,6 +716,7 @@ async fn run_loop(args: &RunArgs, info: &RunInfo, bpf: &mut SampleBpf, feed: &mu
     if let Some(e) = dump_error {
         return Err(e);
     }
+    feed.dumper = Some(dumper);
     // Stop sampling, then drain what is left in the ring.
     bpf.disable_all();
     drain(ring.get_mut(), feed);
@@ -817,7 +830,8 @@ fn rfc3339(t: SystemTime) -> String {
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z", sod / 3600, sod % 3600 / 60, sod % 60, d.subsec_millis())
 }
 
-fn write_dumps(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_dump: bool) -> anyhow::Result<()> {
+/// The dump of the profile so far: a snapshot for the dump thread and its manifest.
+fn dump_job(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_dump: bool, dumps: (u64, u64)) -> DumpJob {
     let e = &feed.engine;
     let end = SystemTime::now();
     let meta = DumpMeta {
@@ -827,7 +841,7 @@ fn write_dumps(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_d
         comment: format!("etm-bpf run --pid {} ({})", info.pid, info.event),
     };
     // Per-binary PGO dumps only when samples carry branch records (LBR/BRBE or ETM).
-    let files = write_profile_files(dir, e, &meta, e.has_branches())?;
+    let snapshot = e.snapshot();
     let (trie, _) = e.pipeline().trie();
     let ts = trie.stats();
     let d = e.depth;
@@ -835,7 +849,6 @@ fn write_dumps(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_d
     let mut manifest = serde_json::json!({
         "tool": "etm-bpf",
         "version": env!("CARGO_PKG_VERSION"),
-        "files": files,
         "final": final_dump,
         "pid": info.pid,
         "command": info.command,
@@ -864,6 +877,8 @@ fn write_dumps(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_d
             "stack_depth_mean": d.mean(),
             "stack_depth_max": d.max,
             "shallow_stack_fraction": d.shallow_fraction(),
+            "dumps_written": dumps.0,
+            "dumps_skipped_busy": dumps.1,
         },
         "pipeline": pipeline_json(e.pipeline()),
         "start_time": rfc3339(info.start),
@@ -876,12 +891,7 @@ fn write_dumps(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_d
     if let Some(w) = &info.window_line {
         manifest["etm_window"] = serde_json::json!(w);
     }
-    drop(binaries);
-    write_atomic(&dir.join("manifest.json"), |w| {
-        serde_json::to_writer_pretty(&mut *w, &manifest)?;
-        w.write_all(b"\n")
-    })?;
-    Ok(())
+    DumpJob { dir: dir.to_path_buf(), snapshot, meta, manifest }
 }
 
 #[cfg(test)]
