@@ -252,6 +252,31 @@ mod tests {
         assert!(t.sinks.iter().enumerate().all(|(i, s)| s.per_cpu && s.cpus == vec![i as u32] && !s.shared()));
     }
 
+    /// The fixture trees are what a clean clone holds: git stores no empty directories, so a
+    /// device directory with nothing in it would vanish from CI's checkout (and with it the
+    /// ETR behind the ETF). Every directory must hold a file or a link.
+    #[test]
+    fn fixtures_survive_a_clone() {
+        /// Whether `d` holds a file or link anywhere below; collects the directories that do
+        /// not (a `connections` directory of a device without outputs may be empty: the reader
+        /// treats a missing one the same way).
+        fn holds_files(d: &std::path::Path, out: &mut Vec<PathBuf>) -> bool {
+            let mut any = false;
+            for e in fs::read_dir(d).unwrap().flatten() {
+                any |= !e.file_type().unwrap().is_dir() || holds_files(&e.path(), out);
+            }
+            if !any && d.file_name().is_some_and(|n| n != "connections") {
+                out.push(d.to_path_buf());
+            }
+            any
+        }
+        for f in ["n1-etr", "v2-trbe"] {
+            let mut out = Vec::new();
+            holds_files(&fixture(f), &mut out);
+            assert!(out.is_empty(), "empty directories git will not keep: {out:?}");
+        }
+    }
+
     /// CPU lists print as the kernel's cpulist format.
     #[test]
     fn cpu_lists() {
