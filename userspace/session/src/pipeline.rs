@@ -240,7 +240,7 @@ struct Image {
     path: String,
     data: Arc<Vec<u8>>,
     /// Function symbols (start, end, name), sorted by start.
-    symbols: Vec<(u64, u64, String)>,
+    symbols: etm_stacks::symtab::SymbolTable,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -586,7 +586,7 @@ impl Pipeline {
     /// link-time addresses.
     pub fn add_image(&mut self, path: &str, data: Arc<Vec<u8>>) {
         let info = BinaryInfo::from_elf(path, &data).ok();
-        let symbols = info.as_ref().map(|_| elf_symbols(&data)).unwrap_or_default();
+        let symbols = info.as_ref().map(|_| etm_stacks::symtab::SymbolTable::of_binary(&data)).unwrap_or_default();
         let idx = self.code.images.len();
         if let Some(info) = &info {
             // Place the exec segments at their link-time addresses until an MMAP2 moves them.
@@ -1131,7 +1131,7 @@ impl Sink<'_> {
                     let link = r.map(|(_, l)| l).unwrap_or(a2);
                     let sym = r.and_then(|(b, l)| {
                         let img = self.resolver.binaries.get(b.0 as usize)?.0;
-                        lookup_symbol(&self.code.images[img].symbols, l)
+                        self.code.images[img].symbols.lookup(l).map(|s| s.name.as_str())
                     });
                     let start = self.scratch_frames.len();
                     self.namer.frame_ids(bin, sym, link, a2, self.frames, self.scratch_frames);
@@ -1143,25 +1143,6 @@ impl Sink<'_> {
         }
         self.trie.add(self.scratch_frames, 1);
     }
-}
-
-fn lookup_symbol(syms: &[(u64, u64, String)], addr: u64) -> Option<&str> {
-    let i = syms.partition_point(|s| s.0 <= addr);
-    let s = syms.get(i.checked_sub(1)?)?;
-    (addr < s.1.max(s.0 + 1)).then_some(s.2.as_str())
-}
-
-fn elf_symbols(data: &[u8]) -> Vec<(u64, u64, String)> {
-    use object::{Object, ObjectSymbol, SymbolKind};
-    let Ok(f) = object::File::parse(data) else { return Vec::new() };
-    let mut v: Vec<(u64, u64, String)> = f
-        .symbols()
-        .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0)
-        .filter_map(|s| Some((s.address(), s.address() + s.size(), s.name().ok()?.to_string())))
-        .collect();
-    v.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-    v.dedup_by_key(|s| s.0);
-    v
 }
 
 /// Routes decoder output of one AUX buffer to the join.
@@ -1712,7 +1693,7 @@ mod tests {
         for (i, data) in
             [words(&[NOP, BEQ, NOP, NOP], 0), words(&[NOP, NOP, B, NOP], 0), words(&[NOP], 2)].into_iter().enumerate()
         {
-            code.images.push(Image { path: format!("img{i}"), data, symbols: Vec::new() });
+            code.images.push(Image { path: format!("img{i}"), data, symbols: Default::default() });
         }
         let maps = vec![
             Mapping { start: 0x1000, end: 0x1010, pgoff: 0, image: 0 },

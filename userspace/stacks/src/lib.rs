@@ -31,6 +31,7 @@ pub mod addrspace;
 pub mod folded;
 pub mod frames;
 pub mod pprof;
+pub mod symtab;
 pub mod trie;
 
 pub use addrspace::{AddressSpace, BinaryId};
