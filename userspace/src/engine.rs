@@ -258,7 +258,7 @@ pub fn pipeline_json(p: &Pipeline) -> serde_json::Value {
             "leaf_frame_missing": st.join.leaf_frame_missing,
             "rejected": st.join.rejected.total(), "rejected_by_reason": rejects(&st),
         },
-        "samples": {"lbr": st.lbr_samples, "stack_only": st.stack_only_samples, "profiled": st.profiled},
+        "samples": {"lbr": st.lbr_samples, "stack_only": st.stack_only_samples, "profiled": st.profiled, "stacks_truncated": st.stacks_truncated},
         "sideband": {
             "records": st.sideband, "lost_records": st.lost_records, "lost_events": st.lost_events,
             "switches": st.switches, "throttles": st.throttles, "window_ends": st.window_ends,

@@ -225,6 +225,9 @@ pub struct PipelineStats {
     pub join: JoinStats,
     /// Samples added to the profile.
     pub profiled: u64,
+    /// Profiled stacks cut at a return address not preceded by a call
+    /// ([`etm_stacks::calls`]): the frames beyond it were not real callers.
+    pub stacks_truncated: u64,
 }
 
 impl PipelineStats {
@@ -241,6 +244,8 @@ struct Image {
     data: Arc<Vec<u8>>,
     /// Function symbols (start, end, name), sorted by start.
     symbols: etm_stacks::symtab::SymbolTable,
+    /// The architecture of its code (ELF `e_machine`), for the callers check.
+    arch: Option<etm_stacks::calls::CodeArch>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -357,6 +362,33 @@ impl CodeMap {
         let off = (addr - m.start).checked_add(m.pgoff)? as usize;
         let end = ((m.end - m.start).checked_add(m.pgoff)? as usize).min(self.images[m.image].data.len());
         self.images[m.image].data.get(off..end).filter(|s| !s.is_empty())
+    }
+
+    /// Whether the instruction before return address `ret` of `pid` is a call (`None`: the
+    /// code there is unknown, or of an architecture without the check).
+    pub fn call_before(&self, pid: u32, ret: u64) -> Option<bool> {
+        let maps = self.mappings(pid);
+        let last = ret.checked_sub(1)?;
+        let i = maps.partition_point(|m| m.end <= last);
+        let m = maps.get(i).filter(|m| m.start <= last)?;
+        let img = &self.images[m.image];
+        let arch = img.arch?;
+        let from = ret.saturating_sub(arch.max_call_len() as u64).max(m.start);
+        let lo = (from - m.start).checked_add(m.pgoff)? as usize;
+        let hi = (ret - m.start).checked_add(m.pgoff)? as usize;
+        let before = img.data.get(lo..hi)?;
+        Some(etm_stacks::calls::call_ends_at(arch, before, ret))
+    }
+
+    /// How many frames of `stack` (leaf first) to keep: up to, not including, the first
+    /// return address whose preceding instruction is known and is not a call.
+    pub fn checked_depth(&self, pid: u32, stack: &[u64]) -> usize {
+        for (i, &ret) in stack.iter().enumerate().skip(1) {
+            if self.call_before(pid, ret) == Some(false) {
+                return i;
+            }
+        }
+        stack.len()
     }
 
     /// `len` bytes of code at runtime address `addr` of `pid` (`None` if unmapped or out of
@@ -598,7 +630,8 @@ impl Pipeline {
             }
             self.resolver.binaries.push((idx, info.clone()));
         }
-        self.code.images.push(Image { path: path.to_string(), data, symbols });
+        let arch = etm_stacks::calls::CodeArch::of_elf(&data);
+        self.code.images.push(Image { path: path.to_string(), data, symbols, arch });
         self.code.generation += 1;
     }
 
@@ -1094,6 +1127,9 @@ impl Pipeline {
     }
 }
 
+/// The root frame of a stack cut by the callers check (views, folded and pprof output).
+pub const TRUNCATED_FRAME: &str = "[truncated]";
+
 /// Where joined samples go: observer, profile, trie.
 struct Sink<'a> {
     profile: &'a mut HybridProfile,
@@ -1114,13 +1150,21 @@ impl Sink<'_> {
         if let Some(o) = self.observer.as_mut() {
             o(j);
         }
+        // Callers checked: a return address not after a call ends the stack there.
+        let keep = self.code.checked_depth(j.pid, j.stack);
+        let stack = &j.stack[..keep];
+        let truncated = keep < j.stack.len();
         self.scratch_branches.clear();
         self.scratch_branches.extend(j.branches.iter().map(|b| Branch { from: b.from, to: b.to }));
-        self.profile.add(&HybridSample { stack: j.stack, branches: self.scratch_branches }, self.resolver);
+        self.profile.add(&HybridSample { stack, branches: self.scratch_branches }, self.resolver);
         self.stats.profiled += 1;
         // Context trie: root first.
         self.scratch_frames.clear();
-        for (i, &a) in j.stack.iter().enumerate().rev() {
+        if truncated {
+            self.stats.stacks_truncated += 1;
+            self.scratch_frames.push(self.frames.intern(Frame::new(TRUNCATED_FRAME, None)));
+        }
+        for (i, &a) in stack.iter().enumerate().rev() {
             // Return addresses point after the call: name the call site.
             let a2 = if i == 0 { a } else { a.saturating_sub(1) };
             match self.frame_cache.get(&a) {
@@ -1693,7 +1737,7 @@ mod tests {
         for (i, data) in
             [words(&[NOP, BEQ, NOP, NOP], 0), words(&[NOP, NOP, B, NOP], 0), words(&[NOP], 2)].into_iter().enumerate()
         {
-            code.images.push(Image { path: format!("img{i}"), data, symbols: Default::default() });
+            code.images.push(Image { path: format!("img{i}"), data, symbols: Default::default(), arch: None });
         }
         let maps = vec![
             Mapping { start: 0x1000, end: 0x1010, pgoff: 0, image: 0 },

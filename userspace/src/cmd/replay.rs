@@ -252,8 +252,8 @@ fn print_summary(
         println!("    rejected {name}: {n}");
     }
     println!(
-        "  samples:  lbr {} stack-only {} profiled {}; lost records {} (events {})",
-        st.lbr_samples, st.stack_only_samples, st.profiled, st.lost_records, st.lost_events
+        "  samples:  lbr {} stack-only {} profiled {} (stacks cut at a return address after no call {}); lost records {} (events {})",
+        st.lbr_samples, st.stack_only_samples, st.profiled, st.stacks_truncated, st.lost_records, st.lost_events
     );
     let ps = p.profile().stats();
     println!(
@@ -340,6 +340,7 @@ impl View {
                     branches: "etm".into(),
                     nodes: trie.len(),
                     folded: trie.stats().folded_samples,
+                    truncated: st.stacks_truncated,
                     ..Default::default()
                 },
             };

@@ -753,6 +753,7 @@ fn snapshot(info: &RunInfo, feed: &Feed, k: &BpfCounters, rate: f64, state: &str
             shallow: d.shallow_fraction(),
             nodes: trie.len() - 1,
             folded: trie.stats().folded_samples,
+            truncated: st.stacks_truncated,
         },
     }
 }

@@ -62,6 +62,8 @@ pub struct Status {
     pub nodes: usize,
     /// Samples folded by the trie's memory bound.
     pub folded: u64,
+    /// Stacks cut at a return address not preceded by a call.
+    pub truncated: u64,
 }
 
 /// An immutable view of the profile for the UI.

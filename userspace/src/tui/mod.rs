@@ -137,10 +137,11 @@ fn render(f: &mut Frame, app: &App) {
             s.samples_per_s, s.samples, s.dropped, s.event, s.branches, s.nodes, s.folded
         )),
         Line::from(format!(
-            "stack depth: mean {:.1}, {:.0}% of samples have <= 2 frames{}",
+            "stack depth: mean {:.1}, {:.0}% of samples have <= 2 frames{}; {} stacks cut at a return address after no call ([truncated])",
             s.depth_mean,
             100.0 * s.shallow,
-            if s.shallow > 0.5 { " (frame-pointer chains look broken: build with -fno-omit-frame-pointer)" } else { "" }
+            if s.shallow > 0.5 { " (frame-pointer chains look broken: build with -fno-omit-frame-pointer)" } else { "" },
+            s.truncated
         )),
     ]);
     f.render_widget(Paragraph::new(status_text).reversed(), status);

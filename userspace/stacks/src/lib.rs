@@ -28,6 +28,7 @@
 //! ```
 
 pub mod addrspace;
+pub mod calls;
 pub mod folded;
 pub mod frames;
 pub mod pprof;
