@@ -139,7 +139,9 @@ fn main() {
     mount("proc", "/proc", "proc");
     mount("sysfs", "/sys", "sysfs");
     mount("devtmpfs", "/dev", "devtmpfs");
-    mount("tmpfs", "/tmp", "tmpfs");
+    // No tmpfs over /tmp: the initramfs root is already writable memory, and a mount would
+    // hide what the image put below /tmp (a checkout under /tmp places the test fixtures at
+    // their compiled-in paths there).
     mount("bpf", "/sys/fs/bpf", "bpf");
     mount("debugfs", "/sys/kernel/debug", "debugfs");
     mount("tracefs", "/sys/kernel/tracing", "tracefs");
