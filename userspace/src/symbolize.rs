@@ -457,6 +457,70 @@ mod truth_tests {
         assert!(inlined > 0, "no inlined frame in outer");
     }
 
+    /// C++ inlined frames named as LLVM's symbolizer names them (`llvm-addr2line-22 -f -i
+    /// -C`, the DWARF reader llvm-profgen builds its inline contexts with): members of
+    /// templates in namespaces by their demangled linkage names, template instances and
+    /// lambdas by their DWARF names, at every address of the hot function of a `-O2 -g`
+    /// program. (binutils 2.40 agrees except where it names an inlined `std::for_each` after
+    /// its caller.) Demanglers differ only in `> >` against `>>`, which is normalized.
+    #[test]
+    fn cxx_inlined_frames_match_llvm_symbolizer() {
+        if !need(&["g++", "llvm-addr2line-22", "nm"]) {
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("t.cc");
+        std::fs::write(
+            &src,
+            "#include <algorithm>\n#include <vector>\n#include <functional>\n\
+             namespace ns { template <typename T> struct Acc { T v{}; \
+               __attribute__((always_inline)) void add(T x) { v += x * 3; } }; }\n\
+             __attribute__((noinline)) long outer(std::vector<long>& xs) {\n\
+               ns::Acc<long> a;\n\
+               auto f = [&](long x) { a.add(x); };\n\
+               std::for_each(xs.begin(), xs.end(), f);\n\
+               std::sort(xs.begin(), xs.end(), [](long p, long q) { return p > q; });\n\
+               return a.v + xs[0]; }\n\
+             int main(int c, char**) { std::vector<long> v(1000, c); return (int)outer(v); }\n",
+        )
+        .unwrap();
+        let exe = d.path().join("t");
+        run(Command::new("g++").args(["-O2", "-g", "-o"]).arg(&exe).arg(&src));
+        let nm = run(Command::new("nm").arg("-S").arg(&exe));
+        let (start, size) = nm
+            .lines()
+            .find_map(|l| {
+                let v: Vec<&str> = l.split_whitespace().collect();
+                (v.len() == 4 && v[3].starts_with("_Z5outerRSt6vector"))
+                    .then(|| (u64::from_str_radix(v[0], 16).unwrap(), u64::from_str_radix(v[1], 16).unwrap()))
+            })
+            .expect("outer in nm -S");
+        let mut s = Symbolizer::new();
+        let mut table = FrameTable::new();
+        let (mut inlined, mut qualified) = (0, 0);
+        for addr in start..start + size {
+            let norm = |v: Vec<String>| -> Vec<String> {
+                v.into_iter()
+                    .map(|mut n| {
+                        while n.contains("> >") {
+                            n = n.replace("> >", ">>");
+                        }
+                        n
+                    })
+                    .collect()
+            };
+            let mut ours = names(&mut s, &mut table, 1, &exe.to_string_lossy(), addr);
+            ours.reverse();
+            let out = run(Command::new("llvm-addr2line-22").args(["-f", "-i", "-C", "-e"]).arg(&exe).arg(format!("{addr:#x}")));
+            let theirs: Vec<String> = out.lines().step_by(2).map(String::from).collect();
+            let ours = norm(ours);
+            assert_eq!(ours, norm(theirs), "{addr:#x}");
+            inlined += usize::from(ours.len() > 1);
+            qualified += usize::from(ours.iter().skip(1).any(|n| n.contains("::")));
+        }
+        assert!(inlined > 0 && qualified > 0, "{inlined} {qualified}");
+    }
+
     /// A stripped binary whose DWARF and symbols live in a debug file named by its
     /// `.gnu_debuglink` next to it: the frames (inline ones included) are those binutils reads
     /// from the debug file.
