@@ -13,6 +13,8 @@ APT_PKGS=(
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross binutils-aarch64-linux-gnu qemu-user
   # peers and tools: perf (overhead benchmark), OpenCSD trc_pkt_lister (independent decoder)
   linux-perf libopencsd-bin xz-utils valgrind pkg-config libelf-dev zlib1g-dev
+  # go tool pprof reads the profile.pb.gz dumps in the tests (-lines, -list, -disasm)
+  golang-go
   # the kernel lab (cargo xtask lab arm64): an arm64 guest kernel under emulation
   qemu-system-arm cpio curl
 )

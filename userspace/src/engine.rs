@@ -287,11 +287,12 @@ pub struct DumpSnapshot {
     pub profile: etm_profile::HybridProfile,
     pub trie: etm_stacks::trie::ContextTrie,
     pub frames: etm_stacks::frames::FrameTable,
-    pub binaries: Vec<etm_stacks::addrspace::Binary>,
     /// Code images of the profile's binaries (shared, not copied).
     pub images: Vec<(String, Arc<Vec<u8>>)>,
     /// Write the per-binary PGO dumps (samples carry branch records).
     pub pgo: bool,
+    /// Per binary path: the local file to symbolize from and the build-id.
+    pub files: Vec<(String, PathBuf, Option<Vec<u8>>)>,
 }
 
 impl Engine {
@@ -304,9 +305,12 @@ impl Engine {
             profile: p.profile().clone(),
             trie: trie.clone(),
             frames: frames.clone(),
-            binaries: self.binaries().to_vec(),
             images,
             pgo: self.has_branches(),
+            files: {
+                let n = self.names.borrow();
+                n.bins.iter().zip(&n.files).map(|(b, f)| (b.path.clone(), f.clone(), b.build_id.clone())).collect()
+            },
         }
     }
 }
@@ -336,11 +340,47 @@ pub fn write_snapshot_files(
         duration_nanos: meta.duration_nanos,
         comments: vec![meta.comment.clone()],
     };
-    let profile = etm_stacks::pprof::build_profile(&s.trie, &s.frames, &s.binaries, &pmeta);
+    let profile = pprof_of(s, &pmeta, &mut facts.symbols);
     write_atomic(&dir.join("profile.pb.gz"), |w| etm_stacks::pprof::write_pprof_gz(&profile, w))?;
     files.push("profile.folded".into());
     files.push("profile.pb.gz".into());
     Ok(files)
+}
+
+/// The address-level pprof profile of a snapshot ([`etm_stacks::pprof::build_address_profile`]),
+/// its locations named as the trie names its frames (the same symbolizer rules: DWARF with
+/// inline frames, symbols with perf's extents, `[binary+0x...]`, pseudo mappings by name).
+fn pprof_of(s: &DumpSnapshot, meta: &etm_stacks::pprof::PprofMeta, symbols: &mut Symbolizer) -> etm_stacks::pprof::Profile {
+    use etm_stacks::pprof::SourceLine;
+    let bins = s.profile.binaries();
+    let mut symbolize = |b: usize, addr: u64| -> Vec<SourceLine> {
+        let Some(info) = bins.get(b) else { return Vec::new() };
+        let path = info.path.as_str();
+        let Some(id) = s.files.iter().position(|(p, _, _)| p == path) else {
+            return vec![SourceLine { function: Symbolizer::unknown_name(path, addr), file: String::new(), line: 0 }];
+        };
+        if !path.starts_with('/') {
+            return vec![SourceLine { function: path.to_owned(), file: String::new(), line: 0 }];
+        }
+        let (_, local, build_id) = &s.files[id];
+        let lines = symbols.lines(id as u32, "", &local.to_string_lossy(), build_id.as_deref(), addr);
+        if lines.is_empty() {
+            return vec![SourceLine { function: Symbolizer::unknown_name(path, addr), file: String::new(), line: 0 }];
+        }
+        lines
+            .into_iter()
+            .map(|l| SourceLine { function: l.function, file: l.file.unwrap_or_default(), line: i64::from(l.line) })
+            .collect()
+    };
+    let st = s.profile.stats();
+    let mut meta = meta.clone();
+    if st.folded + st.dropped > 0 {
+        meta.comments.push(format!(
+            "the profile store's budget cut {} samples to their leaf and dropped {}; profile.folded keeps their contexts",
+            st.folded, st.dropped
+        ));
+    }
+    etm_stacks::pprof::build_address_profile(&s.profile, &mut symbolize, "[unknown]", &meta)
 }
 
 /// [`write_snapshot_files`] of the engine's current profile, with the PGO dumps when `pgo`.
@@ -384,7 +424,16 @@ mod tests {
             etm_testutil::skip("no C compiler found");
             return;
         };
-        assert!(Command::new(cc).args(["-O2", "-g", "-o"]).arg(&exe).arg(&src).status().unwrap().success());
+        // Real calls (no tail calls), so that each caller has a return address.
+        assert!(
+            Command::new(cc)
+                .args(["-O2", "-g", "-fno-optimize-sibling-calls", "-o"])
+                .arg(&exe)
+                .arg(&src)
+                .status()
+                .unwrap()
+                .success()
+        );
         let Some(nm) = Command::new("nm").arg(&exe).output().ok().filter(|o| o.status.success()) else {
             etm_testutil::skip("nm (binutils) not available");
             return;
@@ -398,7 +447,16 @@ mod tests {
                 })
                 .unwrap()
         };
-        let (outer, fa, main) = (sym("outer"), sym("a"), sym("main"));
+        let outer = sym("outer");
+        // The return addresses: the instruction after the call to `target` (objdump -d).
+        let dis = String::from_utf8(Command::new("objdump").arg("-d").arg(&exe).output().unwrap().stdout).unwrap();
+        let call = |target: &str| -> (u64, u64) {
+            let lines: Vec<&str> = dis.lines().collect();
+            let i = lines.iter().position(|l| l.contains("call") && l.ends_with(&format!("<{target}>"))).expect("a call");
+            let addr = |l: &str| u64::from_str_radix(l.split(':').next().unwrap().trim(), 16).unwrap();
+            (addr(lines[i]), addr(lines[i + 1]))
+        };
+        let ((call_outer, ret_a), (_, ret_main)) = (call("outer"), call("a"));
         // addr2line -a -f -i: per address, the function names innermost first.
         let addrs: Vec<String> = (outer..outer + 64).map(|x| format!("{x:#x}")).collect();
         let Some(o) = Command::new("addr2line").args(["-a", "-f", "-i", "-e"]).arg(&exe).args(&addrs).output().ok() else {
@@ -438,8 +496,7 @@ mod tests {
         let mut e = Engine::new(PipelineConfig::default(), None);
         e.add_image("/opt/t", &exe, data);
         e.push(SessionEvent::Sideband(&mmap));
-        // Return addresses point after the call: +1 so that the lookup (addr - 1) is in a/main.
-        let stack = vec![base + x, base + fa + 1, base + main + 1];
+        let stack = vec![base + x, base + ret_a, base + ret_main];
         assert!(e.resolves(&stack));
         let s = PauseSample { cpu: 0, pid: 9, tid: 9, time: 1, stack: stack.clone(), branches: None, window_ns: None };
         e.push(SessionEvent::Sample(&s));
@@ -460,13 +517,13 @@ mod tests {
         let mut e2 = Engine::new(cfg, None);
         e2.add_image("/opt/t", &exe, Arc::new(std::fs::read(&exe).unwrap()));
         e2.push(SessionEvent::Sideband(&mmap));
-        let br = vec![BranchPair { from: base + fa + 4, to: base + outer }];
+        let br = vec![BranchPair { from: base + call_outer, to: base + outer }];
         e2.push(SessionEvent::Sample(&PauseSample { branches: Some(br), ..s }));
         assert!(e2.has_branches());
         let files = write_profile_files(out.path(), &e2, &meta, e2.has_branches()).unwrap();
         assert!(files.iter().any(|f| f == "t.perfscript"), "{files:?}");
         let ps = std::fs::read_to_string(out.path().join("t.perfscript")).unwrap();
         // The PGO dumps use link-time addresses (the MMAP2 bias removed).
-        assert!(ps.contains(&format!(" {:#x}/{:#x}/", fa + 4, outer)), "{ps}");
+        assert!(ps.contains(&format!(" {call_outer:#x}/{outer:#x}/")), "{ps}");
     }
 }

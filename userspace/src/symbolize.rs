@@ -105,26 +105,9 @@ impl Symbolizer {
             return;
         }
         self.lookups += 1;
-        let src = self.sources.entry(binary).or_insert_with(|| Source::load(root, path, build_id));
-        let mut names: Vec<String> = Vec::new();
-        if let Some(loader) = &src.dwarf
-            && let Ok(mut it) = loader.find_frames(link_addr)
-        {
-            // Innermost (inlined callee) first.
-            while let Ok(Some(f)) = it.next() {
-                if let Some(name) = f.function.as_ref().and_then(|n| n.demangle().ok()) {
-                    names.push(name.into_owned());
-                }
-            }
-        }
-        if names.is_empty()
-            && let Some(sym) = src.symtab.lookup(link_addr)
-        {
-            // perf demangles a PLT stub's target and then appends `@plt`.
-            let (base, plt) = sym.name.strip_suffix("@plt").map_or((sym.name.as_str(), ""), |b| (b, "@plt"));
-            names.push(format!("{}{plt}", addr2line::demangle_auto(base.into(), None)));
-        }
-        let mut ids: Vec<FrameId> = names.iter().rev().map(|n| table.intern(Frame::new(n.as_str(), Some(binary)))).collect();
+        let lines = self.lines(binary, root, path, build_id, link_addr);
+        let mut ids: Vec<FrameId> =
+            lines.iter().rev().map(|l| table.intern(Frame::new(l.function.as_str(), Some(binary)))).collect();
         if ids.is_empty() {
             self.unknown += 1;
             let frame = if table.len() < UNKNOWN_DETAIL_LIMIT {
@@ -139,6 +122,54 @@ impl Symbolizer {
         }
         out.extend_from_slice(&ids);
         self.cache.insert((binary, link_addr), ids.into_boxed_slice());
+    }
+}
+
+/// One frame of an address with its source position (pprof `Line`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineFrame {
+    /// Demangled function name.
+    pub function: String,
+    /// Source file, when DWARF gives it.
+    pub file: Option<String>,
+    /// Line number (0: unknown).
+    pub line: u32,
+}
+
+impl Symbolizer {
+    /// The frames of `link_addr` in binary `binary` with their source positions, innermost
+    /// (inlined callee) first, the real function last; empty when nothing names the address.
+    /// The names are those [`frames`](Self::frames) interns.
+    pub fn lines(&mut self, binary: u32, root: &str, path: &str, build_id: Option<&[u8]>, link_addr: u64) -> Vec<LineFrame> {
+        let src = self.sources.entry(binary).or_insert_with(|| Source::load(root, path, build_id));
+        let mut out: Vec<LineFrame> = Vec::new();
+        if let Some(loader) = &src.dwarf
+            && let Ok(mut it) = loader.find_frames(link_addr)
+        {
+            while let Ok(Some(f)) = it.next() {
+                if let Some(name) = f.function.as_ref().and_then(|n| n.demangle().ok()) {
+                    let (file, line) = f.location.map_or((None, 0), |l| (l.file.map(str::to_owned), l.line.unwrap_or(0)));
+                    out.push(LineFrame { function: name.into_owned(), file, line });
+                }
+            }
+        }
+        if out.is_empty()
+            && let Some(sym) = src.symtab.lookup(link_addr)
+        {
+            // perf demangles a PLT stub's target and then appends `@plt`.
+            let (base, plt) = sym.name.strip_suffix("@plt").map_or((sym.name.as_str(), ""), |b| (b, "@plt"));
+            out.push(LineFrame {
+                function: format!("{}{plt}", addr2line::demangle_auto(base.into(), None)),
+                file: None,
+                line: 0,
+            });
+        }
+        out
+    }
+
+    /// The name an address nothing names gets (`[binary+0xoffset]`).
+    pub fn unknown_name(path: &str, link_addr: u64) -> String {
+        unknown_frame(0, path, Some(link_addr)).function
     }
 }
 

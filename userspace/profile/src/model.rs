@@ -10,6 +10,7 @@ const ADDR_MASK: u64 = (1 << ADDR_BITS) - 1;
 /// Header flag: the sample has no call stack (branch-only / LBR-only sample); `stack[0]` is
 /// the leading IP.
 const FLAG_BRANCH_ONLY: u64 = 1 << 32;
+const FLAG_CUT: u64 = 1 << 33;
 
 /// Bounds on what one profile may hold (see the crate docs for the policy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +91,11 @@ impl<'a> SampleRef<'a> {
     /// holds just the leading IP.
     pub fn is_branch_only(&self) -> bool {
         self.words[0] & FLAG_BRANCH_ONLY != 0
+    }
+    /// True when the stack was cut at a return address that follows no call (its real
+    /// callers are unknown): viewers mark such stacks `[truncated]`.
+    pub fn is_cut(&self) -> bool {
+        self.words[0] & FLAG_CUT != 0
     }
     /// Stack, leaf first (`[0]` the IP, then return addresses).
     pub fn stack(&self) -> impl ExactSizeIterator<Item = Loc> + 'a {
@@ -270,16 +276,22 @@ impl HybridProfile {
 
     /// Aggregate one hybrid sample seen `count` times.
     pub fn add_counted(&mut self, sample: &HybridSample<'_>, resolver: &dyn AddressResolver, count: u64) {
-        self.add_inner(sample.stack, sample.branches, false, resolver, count)
+        self.add_inner(sample.stack, sample.branches, 0, resolver, count)
+    }
+
+    /// [`add`](Self::add) of a sample whose stack was cut at a return address that follows no
+    /// call ([`SampleRef::is_cut`]).
+    pub fn add_cut(&mut self, sample: &HybridSample<'_>, resolver: &dyn AddressResolver) {
+        self.add_inner(sample.stack, sample.branches, FLAG_CUT, resolver, 1)
     }
 
     /// Aggregate a branch-only sample (no call stack: LBR/BRBE without stacks, perf script
     /// `-F ip,brstack`), `ip` being the sampled IP, seen `count` times.
     pub fn add_branch_only(&mut self, ip: u64, branches: &[Branch], resolver: &dyn AddressResolver, count: u64) {
-        self.add_inner(&[ip], branches, true, resolver, count)
+        self.add_inner(&[ip], branches, FLAG_BRANCH_ONLY, resolver, count)
     }
 
-    fn add_inner(&mut self, stack: &[u64], branches: &[Branch], branch_only: bool, r: &dyn AddressResolver, count: u64) {
+    fn add_inner(&mut self, stack: &[u64], branches: &[Branch], flags: u64, r: &dyn AddressResolver, count: u64) {
         if count == 0 {
             return;
         }
@@ -298,7 +310,7 @@ impl HybridProfile {
         }
         let mut key = std::mem::take(&mut self.scratch);
         key.clear();
-        key.push(ns as u64 | (nb as u64) << 16 | if branch_only { FLAG_BRANCH_ONLY } else { 0 });
+        key.push(ns as u64 | (nb as u64) << 16 | flags);
         for &a in &stack[..ns] {
             let w = self.encode(a, r);
             key.push(w);

@@ -1156,7 +1156,12 @@ impl Sink<'_> {
         let truncated = keep < j.stack.len();
         self.scratch_branches.clear();
         self.scratch_branches.extend(j.branches.iter().map(|b| Branch { from: b.from, to: b.to }));
-        self.profile.add(&HybridSample { stack, branches: self.scratch_branches }, self.resolver);
+        let sample = HybridSample { stack, branches: self.scratch_branches };
+        if truncated {
+            self.profile.add_cut(&sample, self.resolver)
+        } else {
+            self.profile.add(&sample, self.resolver)
+        }
         self.stats.profiled += 1;
         // Context trie: root first.
         self.scratch_frames.clear();

@@ -107,10 +107,15 @@ pub fn write_profile_dumps_from_images<'a>(
     write_profile_dumps_cached(profile, dir, image, cs_unsym, &mut FactsCache::default())
 }
 
-/// Code facts of binaries already analysed, by path and build-id: the periodic dumps of a
-/// live run disassemble each binary once, not at every dump.
+/// What the periodic dumps of a live run keep between writes: the code facts of binaries
+/// already analysed (by path and build-id: each binary is disassembled once, not at every
+/// dump) and the symbolizer of `profile.pb.gz` (DWARF read once per binary).
 #[derive(Default)]
-pub struct FactsCache(std::collections::HashMap<(String, String), std::sync::Arc<etm_profile::elf::ElfCodeFacts>>);
+pub struct FactsCache {
+    facts: std::collections::HashMap<(String, String), std::sync::Arc<etm_profile::elf::ElfCodeFacts>>,
+    /// Names and source lines of the pprof locations.
+    pub symbols: crate::symbolize::Symbolizer,
+}
 
 /// [`write_profile_dumps_from_images`] with code facts kept in `cache` between calls.
 pub fn write_profile_dumps_cached<'a>(
@@ -125,12 +130,12 @@ pub fn write_profile_dumps_cached<'a>(
     for b in profile.binaries() {
         let Some(img) = image(b) else { continue };
         let key = (b.path.clone(), b.build_id_hex());
-        let f = match cache.0.get(&key) {
+        let f = match cache.facts.get(&key) {
             Some(f) => f.clone(),
             None => {
                 let Ok(f) = etm_profile::elf::ElfCodeFacts::from_elf(img) else { continue };
                 let f = std::sync::Arc::new(f);
-                cache.0.insert(key, f.clone());
+                cache.facts.insert(key, f.clone());
                 f
             }
         };

@@ -39,22 +39,15 @@ fn main() {
     let mut out = Vec::new();
     etm_stacks::folded::write_folded(&trie, &frames, &mut out).unwrap();
     let folded = t.elapsed();
-    let t = Instant::now();
-    let p = etm_stacks::pprof::build_profile(&trie, &frames, &[], &Default::default());
-    let mut gz = Vec::new();
-    etm_stacks::pprof::write_pprof_gz(&p, &mut gz).unwrap();
-    let pprof = t.elapsed();
     let s = trie.stats();
     println!(
-        "{samples} samples, {contexts} contexts: add {:.0} ns/sample ({:.2} s); nodes {} folded {} compactions {}; folded {:.3} s ({} KiB); pprof {:.3} s ({} KiB)",
+        "{samples} samples, {contexts} contexts: add {:.0} ns/sample ({:.2} s); nodes {} folded {} compactions {}; folded {:.3} s ({} KiB)",
         add.as_nanos() as f64 / samples as f64,
         add.as_secs_f64(),
         s.nodes,
         s.folded_samples,
         s.compactions,
         folded.as_secs_f64(),
-        out.len() / 1024,
-        pprof.as_secs_f64(),
-        gz.len() / 1024
+        out.len() / 1024
     );
 }
