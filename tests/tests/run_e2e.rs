@@ -230,7 +230,7 @@ fn recorded_run_replays_to_the_same_profile() {
 
     // Stack-only: no per-binary PGO dumps from `run`; the pipeline counters say why.
     let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dump.join("manifest.json")).unwrap()).unwrap();
-    assert_eq!(m["files"], serde_json::json!(["profile.folded", "profile.pb.gz"]));
+    assert_eq!(m["files"], serde_json::json!(["profile.folded", "profile.svg", "profile.pb.gz"]));
     assert_eq!(m["pipeline"]["samples"]["stack_only"], total);
     assert_eq!(m["pipeline"]["samples"]["profiled"], total);
 

@@ -333,7 +333,14 @@ pub fn write_snapshot_files(
                 .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())),
         );
     }
-    write_atomic(&dir.join("profile.folded"), |w| etm_stacks::folded::write_folded(&s.trie, &s.frames, w))?;
+    let folded = etm_stacks::folded::folded_lines(&s.trie, &s.frames);
+    write_atomic(&dir.join("profile.folded"), |w| {
+        for l in &folded {
+            writeln!(w, "{l}")?;
+        }
+        Ok(())
+    })?;
+    write_atomic(&dir.join("profile.svg"), |w| etm_stacks::flame::write_flamegraph(&folded, &meta.comment, "samples", w))?;
     let pmeta = etm_stacks::pprof::PprofMeta {
         period_ns: meta.period_ns,
         time_nanos: meta.time_nanos,
@@ -343,6 +350,7 @@ pub fn write_snapshot_files(
     let profile = pprof_of(s, &pmeta, &mut facts.symbols);
     write_atomic(&dir.join("profile.pb.gz"), |w| etm_stacks::pprof::write_pprof_gz(&profile, w))?;
     files.push("profile.folded".into());
+    files.push("profile.svg".into());
     files.push("profile.pb.gz".into());
     Ok(files)
 }
@@ -509,7 +517,7 @@ mod tests {
         let out = tempfile::tempdir().unwrap();
         assert!(!e.has_branches());
         let files = write_profile_files(out.path(), &e, &meta, e.has_branches()).unwrap();
-        assert_eq!(files, ["profile.folded", "profile.pb.gz"]);
+        assert_eq!(files, ["profile.folded", "profile.svg", "profile.pb.gz"]);
 
         // An LBR-style sample: branch into outer from a (validation off: x86 code).
         let mut cfg = PipelineConfig::default();

@@ -35,6 +35,8 @@ enum Command {
     Synth(cmd::synth::SynthArgs),
     /// What this machine offers for ETM profiling, and what `run` would do.
     Doctor(cmd::doctor::DoctorArgs),
+    /// Compare two dumps function by function, with confidence intervals.
+    Diff(cmd::diff::DiffArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -46,6 +48,7 @@ fn main() -> std::process::ExitCode {
         Command::Replay(a) => cmd::replay::main(a),
         Command::Synth(a) => cmd::synth::main(a),
         Command::Doctor(a) => cmd::doctor::main(a),
+        Command::Diff(a) => cmd::diff::main(a),
     };
     match result {
         Ok(code) => code,

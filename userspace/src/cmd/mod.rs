@@ -2,6 +2,7 @@
 
 pub mod convert;
 pub mod decode;
+pub mod diff;
 pub mod doctor;
 pub mod replay;
 pub mod run;

@@ -49,6 +49,31 @@ pub fn write_folded<W: Write + ?Sized>(trie: &ContextTrie, frames: &FrameTable, 
     Ok(())
 }
 
+/// A line of a folded file that could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("line {line}: {why}")]
+pub struct FoldedError {
+    pub line: usize,
+    pub why: &'static str,
+}
+
+/// Reads a folded profile (`a;b;c count` per line; repeated paths add up). Empty lines are
+/// skipped; a line without a count is an error.
+pub fn parse_folded(text: &str) -> Result<std::collections::BTreeMap<Vec<String>, u64>, FoldedError> {
+    let mut m = std::collections::BTreeMap::new();
+    for (i, l) in text.lines().enumerate() {
+        let l = l.trim_end();
+        if l.is_empty() {
+            continue;
+        }
+        let (path, count) = l.rsplit_once(' ').ok_or(FoldedError { line: i + 1, why: "no count" })?;
+        let count: u64 = count.parse().map_err(|_| FoldedError { line: i + 1, why: "count is not a number" })?;
+        let path: Vec<String> = path.split(';').map(str::to_owned).collect();
+        *m.entry(path).or_insert(0) += count;
+    }
+    Ok(m)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,6 +29,8 @@
 
 pub mod addrspace;
 pub mod calls;
+pub mod diff;
+pub mod flame;
 pub mod folded;
 pub mod frames;
 pub mod pprof;

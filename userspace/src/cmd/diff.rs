@@ -1,0 +1,134 @@
+//! `etm-bpf diff A B`: two dump directories (two builds, or two runs of one build), function by
+//! function: the share of samples each function has, self and inclusive, in A and in B, the
+//! change with its 95% interval and whether it is significant (two-proportion z-test,
+//! Holm–Bonferroni over the functions: `etm_stacks::diff`), largest significant change
+//! first; a text table, `--json`, and a differential flame graph (`--svg`, default
+//! `B/diff.svg`). Functions are matched by name, so builds with different addresses compare.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use etm_stacks::diff::{Comparison, compare};
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    etm-bpf diff before/ after/                 # table of the significant changes first\n  \
+    etm-bpf diff before/ after/ --json > d.json\n  \
+    etm-bpf diff before/ after/ --svg diff.svg --top 40")]
+pub struct DiffArgs {
+    /// Dump directory of the baseline (holds profile.folded).
+    pub a: PathBuf,
+    /// Dump directory to compare with it.
+    pub b: PathBuf,
+    /// One JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Rows of the table (all with --json).
+    #[arg(long, default_value_t = 25)]
+    pub top: usize,
+    /// Family-wise significance level.
+    #[arg(long, default_value_t = 0.05)]
+    pub alpha: f64,
+    /// Where to write the differential flame graph (default: B/diff.svg).
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
+
+fn read_folded(dir: &Path) -> anyhow::Result<(String, std::collections::BTreeMap<Vec<String>, u64>)> {
+    let p = dir.join("profile.folded");
+    let bytes = std::fs::read(&p)
+        .with_context(|| format!("cannot read {} (is {} an etm-bpf dump directory?)", p.display(), dir.display()))?;
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let m = etm_stacks::folded::parse_folded(&text).with_context(|| format!("{} is not a folded profile", p.display()))?;
+    Ok((text, m))
+}
+
+fn pct(x: f64) -> String {
+    format!("{:+.2}", 100.0 * x)
+}
+
+fn table(c: &Comparison, top: usize) -> String {
+    let mut s = format!(
+        "A: {} samples, B: {} samples; shares in % of each profile's samples; change = B - A with its 95% interval; \
+         * = significant (two-proportion z-tests, Holm-Bonferroni over {} functions x 2, alpha {})\n\
+         Sampled stacks carry skid: a change is where the samples landed, not always where the instructions were.\n",
+        c.total_a,
+        c.total_b,
+        c.functions.len(),
+        c.alpha
+    );
+    s += &format!(
+        "{:>7} {:>7} {:>26} {:>7} {:>7} {:>26}  {}\n",
+        "self A", "self B", "self change", "incl A", "incl B", "incl change", "function"
+    );
+    let share = |k: u64, n: u64| if n == 0 { 0.0 } else { 100.0 * k as f64 / n as f64 };
+    for f in c.functions.iter().take(top) {
+        s += &format!(
+            "{:>7.2} {:>7.2} {:>26} {:>7.2} {:>7.2} {:>26}{}  {}\n",
+            share(f.self_a, c.total_a),
+            share(f.self_b, c.total_b),
+            format!(
+                "{}{} [{}, {}]",
+                if f.self_significant { "*" } else { "" },
+                pct(f.self_delta),
+                pct(f.self_ci.0),
+                pct(f.self_ci.1)
+            ),
+            share(f.incl_a, c.total_a),
+            share(f.incl_b, c.total_b),
+            format!(
+                "{}{} [{}, {}]",
+                if f.incl_significant { "*" } else { "" },
+                pct(f.incl_delta),
+                pct(f.incl_ci.0),
+                pct(f.incl_ci.1)
+            ),
+            "",
+            f.function
+        );
+    }
+    let sig = c.functions.iter().filter(|f| f.significant()).count();
+    s += &format!("{sig} significant change(s) of {} functions\n", c.functions.len());
+    s
+}
+
+fn json(c: &Comparison) -> serde_json::Value {
+    serde_json::json!({
+        "total_a": c.total_a,
+        "total_b": c.total_b,
+        "alpha": c.alpha,
+        "test": "two-proportion z-tests on self and inclusive shares, Holm-Bonferroni over both; 95% Wald intervals",
+        "skid": "sampled stacks: shares are where samples landed",
+        "functions": c.functions.iter().map(|f| serde_json::json!({
+            "function": f.function,
+            "self_a": f.self_a, "self_b": f.self_b, "incl_a": f.incl_a, "incl_b": f.incl_b,
+            "self_change": f.self_delta, "self_ci95": [f.self_ci.0, f.self_ci.1],
+            "incl_change": f.incl_delta, "incl_ci95": [f.incl_ci.0, f.incl_ci.1],
+            "p_self": f.p_self, "p_incl": f.p_incl,
+            "self_significant": f.self_significant, "incl_significant": f.incl_significant, "significant": f.significant(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
+    let (ta, a) = read_folded(&args.a)?;
+    let (tb, b) = read_folded(&args.b)?;
+    anyhow::ensure!(args.alpha > 0.0 && args.alpha < 1.0, "--alpha must be between 0 and 1, not {}", args.alpha);
+    let c = compare(&a, &b, args.alpha);
+    let svg = args.svg.clone().unwrap_or_else(|| args.b.join("diff.svg"));
+    let title = format!("{} -> {}", args.a.display(), args.b.display());
+    crate::dump::write_atomic(&svg, |w| etm_stacks::flame::write_diff_flamegraph(&ta, &tb, &title, w))
+        .with_context(|| format!("cannot write the differential flame graph {}", svg.display()))?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let mut v = json(&c);
+        v["svg"] = serde_json::json!(svg);
+        writeln!(out, "{v}")?;
+    } else {
+        write!(out, "{}", table(&c, args.top))?;
+        writeln!(out, "differential flame graph: {}", svg.display())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,230 @@
+//! A/B comparison of two sampled profiles, function by function, with confidence.
+//!
+//! For every function (matched by name: addresses differ between builds) the share of the
+//! samples whose leaf it is (*self*) and of those whose stack contains it (*inclusive*), in
+//! each profile. A sample is taken as an independent draw of where the CPU was (binomial):
+//!
+//! * the difference of shares `d = p_B - p_A` with its 95% Wald interval
+//!   `d ± 1.96 · sqrt(p_A(1-p_A)/n_A + p_B(1-p_B)/n_B)`;
+//! * the two-proportion z-test with pooled variance (`z = d / sqrt(p(1-p)(1/n_A + 1/n_B))`,
+//!   `p` the pooled share), two-sided, for the self and for the inclusive share;
+//! * significance after Holm–Bonferroni over all those tests (two per function), at
+//!   family-wise level `alpha` (default 0.05): with thousands of functions, unadjusted tests
+//!   would flag dozens of noise differences.
+//!
+//! Sampled profiles carry skid and attribute the cost of long-latency instructions to their
+//! neighbours: a significant difference is a real difference of *where the samples landed*,
+//! which is not always where the instructions were.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// One function's comparison.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionDiff {
+    pub function: String,
+    /// Self samples in A and B.
+    pub self_a: u64,
+    pub self_b: u64,
+    /// Inclusive samples in A and B (each sample counted once per function).
+    pub incl_a: u64,
+    pub incl_b: u64,
+    /// Self share difference B - A and its 95% interval.
+    pub self_delta: f64,
+    pub self_ci: (f64, f64),
+    /// Inclusive share difference B - A and its 95% interval.
+    pub incl_delta: f64,
+    pub incl_ci: (f64, f64),
+    /// Two-sided p-values of the self- and inclusive-share differences (unadjusted).
+    pub p_self: f64,
+    pub p_incl: f64,
+    /// Self / inclusive change significant after Holm–Bonferroni.
+    pub self_significant: bool,
+    pub incl_significant: bool,
+}
+
+impl FunctionDiff {
+    /// Either change is significant.
+    pub fn significant(&self) -> bool {
+        self.self_significant || self.incl_significant
+    }
+
+    /// The larger of the significant changes (0 if none).
+    fn significant_size(&self) -> f64 {
+        let s = if self.self_significant { self.self_delta.abs() } else { 0.0 };
+        let i = if self.incl_significant { self.incl_delta.abs() } else { 0.0 };
+        s.max(i)
+    }
+}
+
+/// The comparison of two profiles.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Comparison {
+    pub total_a: u64,
+    pub total_b: u64,
+    /// Family-wise significance level.
+    pub alpha: f64,
+    /// Significant changes first (largest self change first), then the rest by total samples.
+    pub functions: Vec<FunctionDiff>,
+}
+
+/// The standard normal distribution function, from `erfc` (Abramowitz & Stegun 7.1.26,
+/// absolute error below 1.5e-7: p-values are exact to that).
+pub fn normal_cdf(x: f64) -> f64 {
+    let z = x.abs() / std::f64::consts::SQRT_2;
+    let t = 1.0 / (1.0 + 0.327_591_1 * z);
+    let poly = t * (0.254_829_592 + t * (-0.284_496_736 + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+    let erfc = poly * (-z * z).exp();
+    if x >= 0.0 { 1.0 - 0.5 * erfc } else { 0.5 * erfc }
+}
+
+fn wald(ka: u64, na: u64, kb: u64, nb: u64) -> (f64, (f64, f64)) {
+    let pa = if na == 0 { 0.0 } else { ka as f64 / na as f64 };
+    let pb = if nb == 0 { 0.0 } else { kb as f64 / nb as f64 };
+    let var = if na == 0 { 0.0 } else { pa * (1.0 - pa) / na as f64 } + if nb == 0 { 0.0 } else { pb * (1.0 - pb) / nb as f64 };
+    let h = 1.96 * var.sqrt();
+    let d = pb - pa;
+    (d, (d - h, d + h))
+}
+
+/// Two-sided p-value of the two-proportion z-test with pooled variance.
+pub fn two_proportion_p(ka: u64, na: u64, kb: u64, nb: u64) -> f64 {
+    if na == 0 || nb == 0 {
+        return 1.0;
+    }
+    let p = (ka + kb) as f64 / (na + nb) as f64;
+    let se = (p * (1.0 - p) * (1.0 / na as f64 + 1.0 / nb as f64)).sqrt();
+    if se == 0.0 {
+        return 1.0;
+    }
+    let z = (kb as f64 / nb as f64 - ka as f64 / na as f64) / se;
+    2.0 * (1.0 - normal_cdf(z.abs()))
+}
+
+fn per_function(folded: &BTreeMap<Vec<String>, u64>) -> (u64, BTreeMap<&str, (u64, u64)>) {
+    let mut total = 0;
+    let mut m: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for (path, &c) in folded {
+        total += c;
+        if let Some(leaf) = path.last() {
+            m.entry(leaf).or_default().0 += c;
+        }
+        let distinct: BTreeSet<&str> = path.iter().map(String::as_str).collect();
+        for f in distinct {
+            m.entry(f).or_default().1 += c;
+        }
+    }
+    (total, m)
+}
+
+/// Compares profile A with profile B (module docs).
+pub fn compare(a: &BTreeMap<Vec<String>, u64>, b: &BTreeMap<Vec<String>, u64>, alpha: f64) -> Comparison {
+    let (na, fa) = per_function(a);
+    let (nb, fb) = per_function(b);
+    let names: BTreeSet<&str> = fa.keys().chain(fb.keys()).copied().collect();
+    let mut out: Vec<FunctionDiff> = names
+        .into_iter()
+        .map(|f| {
+            let (sa, ia) = fa.get(f).copied().unwrap_or_default();
+            let (sb, ib) = fb.get(f).copied().unwrap_or_default();
+            let (self_delta, self_ci) = wald(sa, na, sb, nb);
+            let (incl_delta, incl_ci) = wald(ia, na, ib, nb);
+            FunctionDiff {
+                function: f.to_owned(),
+                self_a: sa,
+                self_b: sb,
+                incl_a: ia,
+                incl_b: ib,
+                self_delta,
+                self_ci,
+                incl_delta,
+                incl_ci,
+                p_self: two_proportion_p(sa, na, sb, nb),
+                p_incl: two_proportion_p(ia, na, ib, nb),
+                self_significant: false,
+                incl_significant: false,
+            }
+        })
+        .collect();
+    // Holm–Bonferroni over the 2m tests: the k-th smallest p-value (0-based) is compared with
+    // alpha / (2m - k), until the first that fails.
+    let mut tests: Vec<(f64, usize, bool)> = Vec::with_capacity(2 * out.len());
+    for (i, f) in out.iter().enumerate() {
+        tests.push((f.p_self, i, false));
+        tests.push((f.p_incl, i, true));
+    }
+    tests.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let m = tests.len();
+    for (k, &(p, i, incl)) in tests.iter().enumerate() {
+        if p > alpha / (m - k) as f64 {
+            break;
+        }
+        if incl {
+            out[i].incl_significant = true;
+        } else {
+            out[i].self_significant = true;
+        }
+    }
+    out.sort_by(|x, y| {
+        y.significant()
+            .cmp(&x.significant())
+            .then(y.significant_size().total_cmp(&x.significant_size()))
+            .then(y.self_delta.abs().total_cmp(&x.self_delta.abs()))
+            .then((y.incl_a + y.incl_b).cmp(&(x.incl_a + x.incl_b)))
+            .then(x.function.cmp(&y.function))
+    });
+    Comparison { total_a: na, total_b: nb, alpha, functions: out }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reference values: Phi(1.96) = 0.9750021, Phi(-1) = 0.1586553, Phi(0) = 0.5
+    /// (standard normal tables).
+    #[test]
+    fn normal_distribution() {
+        assert!((normal_cdf(1.96) - 0.975_002_1).abs() < 2e-7);
+        assert!((normal_cdf(-1.0) - 0.158_655_3).abs() < 2e-7);
+        assert!((normal_cdf(0.0) - 0.5).abs() < 2e-7);
+        assert!((normal_cdf(3.0) - 0.998_650_1).abs() < 2e-7);
+    }
+
+    /// A textbook two-proportion test: 45/100 vs 60/100: pooled p = 0.525, z = 2.1239,
+    /// two-sided p = 0.03368.
+    #[test]
+    fn two_proportions() {
+        let p = two_proportion_p(45, 100, 60, 100);
+        assert!((p - 0.033_68).abs() < 1e-4, "{p}");
+        assert_eq!(two_proportion_p(0, 0, 1, 1), 1.0);
+    }
+
+    fn folded(lines: &[(&str, u64)]) -> BTreeMap<Vec<String>, u64> {
+        lines.iter().map(|(p, c)| (p.split(';').map(String::from).collect(), *c)).collect()
+    }
+
+    /// A real shift is significant with the right sign and interval; equal shares are not;
+    /// inclusive counts count a recursive function once per sample.
+    #[test]
+    fn shifts_and_noise() {
+        let a = folded(&[("main;f", 600), ("main;g", 300), ("main;h", 100), ("main;r;r", 10)]);
+        let b = folded(&[("main;f", 450), ("main;g", 450), ("main;h", 100), ("main;r;r", 10)]);
+        let c = compare(&a, &b, 0.05);
+        assert_eq!((c.total_a, c.total_b), (1010, 1010));
+        let get = |n: &str| c.functions.iter().find(|f| f.function == n).unwrap();
+        let (f, g, h) = (get("f"), get("g"), get("h"));
+        assert!(f.self_significant && g.self_significant && !h.significant());
+        assert!(f.self_delta < 0.0 && g.self_delta > 0.0);
+        assert!(f.self_ci.0 < f.self_delta && f.self_delta < f.self_ci.1 && f.self_ci.1 < 0.0);
+        assert!((f.self_delta - (450.0 - 600.0) / 1010.0).abs() < 1e-12);
+        assert_eq!((get("r").incl_a, get("main").incl_a, get("main").self_a), (10, 1010, 0));
+        assert!(c.functions[0].significant() && c.functions[1].significant());
+        assert!(!get("main").significant());
+        // A caller whose callee moved: its inclusive share, not its self share, changed.
+        let a = folded(&[("main;x;leaf", 600), ("main;y;leaf", 400)]);
+        let b = folded(&[("main;x;leaf", 300), ("main;y;leaf", 700)]);
+        let c = compare(&a, &b, 0.05);
+        let x = c.functions.iter().find(|f| f.function == "x").unwrap();
+        assert!(x.incl_significant && !x.self_significant && x.incl_delta < 0.0);
+        assert!(!c.functions.iter().find(|f| f.function == "leaf").unwrap().significant());
+    }
+}
