@@ -155,7 +155,10 @@ mod tests {
         assert_eq!(count, 1, "{folded}");
         let m: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out.path().join("manifest.json")).unwrap()).unwrap();
-        assert_eq!((m["n"].as_u64(), m["files"].clone()), (Some(1), serde_json::json!(["profile.folded", "profile.svg", "profile.pb.gz"])));
+        assert_eq!(
+            (m["n"].as_u64(), m["files"].clone()),
+            (Some(1), serde_json::json!(["profile.folded", "profile.svg", "profile.pb.gz"]))
+        );
         d.write_now(job(out.path(), &e, 2)).unwrap();
         let folded = std::fs::read_to_string(out.path().join("profile.folded")).unwrap();
         let count: u64 = folded.lines().map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum();

@@ -33,3 +33,22 @@ pub fn skip(reason: impl Display) {
         let _ = writeln!(f, "{test}: {}", reason.replace('\n', " "));
     }
 }
+
+/// Burns `ms` milliseconds of this thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), giving up
+/// after `max_wall_s` seconds of wall time: tests that count samples of a clock event need
+/// CPU time, which a loaded machine hands out at a fraction of the wall clock.
+pub fn spin_cpu_ms(ms: u64, max_wall_s: u64) {
+    fn cpu_ns() -> u64 {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid timespec out-pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    }
+    let (t, c0) = (std::time::Instant::now(), cpu_ns());
+    let mut x = 1u64;
+    while cpu_ns() - c0 < ms * 1_000_000 && t.elapsed().as_secs() < max_wall_s {
+        for _ in 0..1000 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    }
+}
