@@ -506,6 +506,8 @@ mod tests {
         e.push(SessionEvent::Sideband(&mmap));
         let stack = vec![base + x, base + ret_a, base + ret_main];
         assert!(e.resolves(&stack));
+        // Placed at the PIE base, the image is not also at its link-time addresses.
+        assert!(!e.resolves(&[x]), "{x:#x} resolves in a placed PIE");
         let s = PauseSample { cpu: 0, pid: 9, tid: 9, time: 1, stack: stack.clone(), branches: None, window_ns: None };
         e.push(SessionEvent::Sample(&s));
         let (trie, frames) = e.pipeline().trie();

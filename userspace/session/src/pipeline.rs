@@ -381,10 +381,14 @@ impl CodeMap {
     }
 
     /// How many frames of `stack` (leaf first) to keep: up to, not including, the first
-    /// return address whose preceding instruction is known and is not a call.
+    /// return address that cannot be one: outside user space (below 4096, the kernel's
+    /// smallest `mmap_min_addr` (mm/Kconfig `DEFAULT_MMAP_MIN_ADDR`; distributions use 32 or
+    /// 64 KiB), or at or above 2^56, beyond any user address: x86-64 5-level `TASK_SIZE_MAX`
+    /// is 2^56 - 4096, arm64 `VA_BITS` at most 52), or whose preceding instruction is known
+    /// and is not a call.
     pub fn checked_depth(&self, pid: u32, stack: &[u64]) -> usize {
         for (i, &ret) in stack.iter().enumerate().skip(1) {
-            if self.call_before(pid, ret) == Some(false) {
+            if !(0x1000..1 << 56).contains(&ret) || self.call_before(pid, ret) == Some(false) {
                 return i;
             }
         }
@@ -516,6 +520,8 @@ struct Resolver {
     binaries: Vec<(usize, BinaryInfo)>,
     /// Runtime mapping of exec segments: (start, end, bias to add, binary index).
     places: Vec<(u64, u64, u64, u32)>,
+    /// Per binary: an MMAP2 placed it (then its link-time addresses mean nothing at run time).
+    placed: Vec<bool>,
 }
 
 impl AddressResolver for Resolver {
@@ -527,8 +533,14 @@ impl AddressResolver for Resolver {
         {
             return Some((BinaryId(b), addr.wrapping_add(bias)));
         }
-        // Unplaced binaries: identity (static, non-PIE).
-        self.binaries.iter().enumerate().find(|(_, (_, b))| b.in_exec_segment(addr)).map(|(i, _)| (BinaryId(i as u32), addr))
+        // Binaries no MMAP2 placed: identity (static, non-PIE, synthetic sessions). A placed
+        // one is not also at its link-time addresses: a small garbage value read as a
+        // return address would otherwise resolve into a library linked at 0 (e.g. [vdso]).
+        self.binaries
+            .iter()
+            .enumerate()
+            .find(|(i, (_, b))| !self.placed.get(*i).copied().unwrap_or(false) && b.in_exec_segment(addr))
+            .map(|(i, _)| (BinaryId(i as u32), addr))
     }
     fn binary(&self, id: BinaryId) -> Option<&BinaryInfo> {
         self.binaries.get(id.0 as usize).map(|b| &b.1)
@@ -1117,6 +1129,10 @@ impl Pipeline {
                         continue;
                     }
                     let bias = s.vaddr.wrapping_sub(addr.wrapping_add(s.offset.wrapping_sub(pgoff)));
+                    if self.resolver.placed.len() <= bi {
+                        self.resolver.placed.resize(bi + 1, false);
+                    }
+                    self.resolver.placed[bi] = true;
                     let p = &mut self.resolver.places;
                     p.retain(|o| o.1 <= rs || o.0 >= re);
                     let i = p.partition_point(|o| o.0 < rs);
