@@ -63,6 +63,7 @@
 //! Stack-only samples (no branches) are kept in the model but appear in none of these files.
 
 pub mod elf;
+pub mod exact;
 mod model;
 pub mod perfscript;
 pub mod resolve;
