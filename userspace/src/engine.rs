@@ -441,7 +441,16 @@ mod tests {
         // Return addresses point after the call: +1 so that the lookup (addr - 1) is in a/main.
         let stack = vec![base + x, base + fa + 1, base + main + 1];
         assert!(e.resolves(&stack));
-        let s = PauseSample { cpu: 0, pid: 9, tid: 9, time: 1, stack: stack.clone(), branches: None, window_ns: None };
+        let s = PauseSample {
+            cpu: 0,
+            pid: 9,
+            tid: 9,
+            time: 1,
+            stack: stack.clone(),
+            branches: None,
+            branch_flags: Vec::new(),
+            window_ns: None,
+        };
         e.push(SessionEvent::Sample(&s));
         let (trie, frames) = e.pipeline().trie();
         let folded = etm_stacks::folded::folded_lines(trie, frames);

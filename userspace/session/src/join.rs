@@ -64,6 +64,16 @@ pub trait CodeOracle {
     fn insn_size(&self) -> u64 {
         4
     }
+    /// Length of the instruction at `addr` (where a call there returns to); default
+    /// [`insn_size`](Self::insn_size).
+    fn insn_len(&self, _pid: u32, _addr: u64) -> Option<u64> {
+        Some(self.insn_size())
+    }
+    /// Whether a call instruction ends at `addr` (a return into a frame older than the
+    /// branch records must land there); `None` if the code is unknown.
+    fn after_call(&self, pid: u32, addr: u64) -> Option<bool> {
+        addr.checked_sub(self.insn_size().max(1)).and_then(|p| self.insn_kind(pid, p)).map(|k| k == InsnKind::Call)
+    }
     /// Whether `[from, to)` holds only instructions that do not always change the flow
     /// ([`InsnKind::Other`], [`InsnKind::CondBranch`], [`InsnKind::Exception`]), checked in
     /// order. Oracles with contiguous code override this to look the code up once instead of
@@ -901,7 +911,6 @@ fn validate(
         }
     }
     // Calls and returns, oldest first.
-    let step = oracle.insn_size().max(1);
     shadow.clear();
     for b in branches.iter().rev() {
         match oracle.insn_kind(pid, b.from) {
@@ -909,16 +918,22 @@ fn validate(
                 check.unverified = true;
                 return Ok(check);
             }
-            Some(InsnKind::Call) => shadow.push(b.from + step),
+            Some(InsnKind::Call) => match oracle.insn_len(pid, b.from) {
+                Some(n) => shadow.push(b.from + n),
+                None => {
+                    check.unverified = true;
+                    return Ok(check);
+                }
+            },
             Some(InsnKind::Return) => match shadow.pop() {
                 Some(ret) if ret != b.to => return Err(RejectReason::ReturnMismatch),
                 Some(_) => {}
                 None => {
                     // Returned into a frame older than the window: it must follow a call.
-                    match b.to.checked_sub(step).and_then(|p| oracle.insn_kind(pid, p)) {
-                        Some(InsnKind::Call) => {}
+                    match oracle.after_call(pid, b.to) {
+                        Some(true) => {}
                         None => check.unverified = true,
-                        Some(_) => return Err(RejectReason::ReturnNotAfterCall),
+                        Some(false) => return Err(RejectReason::ReturnNotAfterCall),
                     }
                 }
             },

@@ -15,7 +15,7 @@ use anyhow::{Context as _, bail};
 use etm_bpf_common::{FLAG_READ_BRANCHES, SampleRecord};
 use etm_perf::attr::{WindowMode, WindowParams};
 use etm_session::PipelineConfig;
-use etm_session::session::{BranchPair, PauseSample, SessionEvent, SessionMeta, SessionSource, TargetInfo};
+use etm_session::session::{BranchPair, CodeArch, PauseSample, SessionEvent, SessionMeta, SessionSource, TargetInfo};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -426,9 +426,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         let mut pc = PipelineConfig { trie_nodes: args.max_contexts, ..Default::default() };
         pc.join.depth = args.depth as usize;
-        // The join's code checks decode A64; LBR samples of other architectures are kept
-        // unvalidated.
-        pc.join.validate = cfg!(target_arch = "aarch64");
+        // The code checks decode the host's instructions (the recording says which, so a
+        // replay checks the same way).
+        pc.arch = CodeArch::host();
         let engine = Engine::new(pc, Some(loader));
         let recorder = match &args.record {
             Some(dir) => {
@@ -444,6 +444,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
                     branch_depth: args.depth,
                     window: etm_session::session::WindowParams { mode: "none".into(), ..Default::default() },
                     notes,
+                    arch: CodeArch::host(),
                     ..Default::default()
                 };
                 Some(Recorder::create(dir, meta, true)?)
