@@ -259,6 +259,11 @@ pub fn pipeline_json(p: &Pipeline) -> serde_json::Value {
             "rejected": st.join.rejected.total(), "rejected_by_reason": rejects(&st),
         },
         "samples": {"lbr": st.lbr_samples, "stack_only": st.stack_only_samples, "profiled": st.profiled},
+        "branch_records": {
+            "empty_stacks": st.lbr_empty, "wrong_path_dropped": st.lbr_wrong_path, "tx_aborts": st.lbr_tx_abort,
+            "partial_entries": st.lbr_partial_entries, "cut_entries": st.lbr_cut_entries,
+            "flags_mismatch": st.lbr_flags_mismatch, "warning": st.branch_warning(),
+        },
         "sideband": {
             "records": st.sideband, "lost_records": st.lost_records, "lost_events": st.lost_events,
             "switches": st.switches, "throttles": st.throttles, "window_ends": st.window_ends,

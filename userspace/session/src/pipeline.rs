@@ -209,8 +209,23 @@ pub struct PipelineStats {
     pub unknown_trace_id: u64,
     /// Samples pushed.
     pub samples: u64,
-    /// Samples that carried LBR/BRBE records.
+    /// Samples that carried LBR/BRBE records (a branch stack, maybe empty).
     pub lbr_samples: u64,
+    /// Of those, samples whose branch stack had no entry (`bpf_read_branch_records`
+    /// returned 0): stack-only in effect ([`PipelineStats::branch_warning`]).
+    pub lbr_empty: u64,
+    /// Entries dropped as taken on a wrong speculative path (AMD LBRv2,
+    /// `PERF_BR_SPEC_WRONG_PATH`).
+    pub lbr_wrong_path: u64,
+    /// Transaction-abort entries (Intel TSX, `abort`): the chain is cut there.
+    pub lbr_tx_abort: u64,
+    /// Entries with one end unknown (0: BRBE source-only or target-only records, a branch
+    /// from or to a filtered exception level): the chain is cut there.
+    pub lbr_partial_entries: u64,
+    /// Entries older than a cut (an abort or a partial entry), dropped.
+    pub lbr_cut_entries: u64,
+    /// Samples whose branch flags did not match their branches one to one (flags ignored).
+    pub lbr_flags_mismatch: u64,
     /// Stack-only samples (no branch source).
     pub stack_only_samples: u64,
     /// Sideband records pushed.
@@ -238,7 +253,23 @@ impl PipelineStats {
     pub fn rejected(&self) -> &RejectCounts {
         &self.join.rejected
     }
+
+    /// A warning when most branch samples (of at least [`EMPTY_WARN_MIN`]) had an empty
+    /// branch stack: the event was accepted but the unit records nothing (e.g. BRBE disabled
+    /// by firmware at EL3/EL2, or filtered out), so the "branch" profile is stack-only.
+    pub fn branch_warning(&self) -> Option<String> {
+        (self.lbr_samples >= EMPTY_WARN_MIN && 2 * self.lbr_empty > self.lbr_samples).then(|| {
+            format!(
+                "{} of {} branch samples had an empty branch stack: the branch unit recorded nothing \
+                 (BRBE disabled by firmware, or no user branches); the profile is stack-only in effect",
+                self.lbr_empty, self.lbr_samples
+            )
+        })
+    }
 }
+
+/// Branch samples needed before [`PipelineStats::branch_warning`] judges.
+pub const EMPTY_WARN_MIN: u64 = 20;
 
 /// A code image: path, bytes and its ELF description.
 #[derive(Debug)]
@@ -478,6 +509,53 @@ impl CodeMap {
     }
 }
 
+/// The entries of an LBR/BRBE branch stack (newest first) that are taken branches of the
+/// sampled thread's architectural path, with their unit-given kinds (`flags`: each entry's
+/// `perf_branch_entry` flag word, or empty):
+/// * wrong-path entries are dropped (`amd_pmu_lbr_read` keeps them with
+///   `spec = PERF_BR_SPEC_WRONG_PATH`); the path around them is unbroken;
+/// * a transaction abort (`abort`, Intel TSX: `from` is where the transaction aborted, not a
+///   branch) cuts the chain: it and every older entry are dropped;
+/// * an entry with one end 0 (`perf_entry_from_brbe_regset`: a source-only or target-only
+///   BRBE record, the other end at a filtered exception level) cuts the chain likewise.
+pub fn lbr_entries(
+    branches: &[BranchPair],
+    flags: &[u64],
+    kept: &mut Vec<BranchPair>,
+    types: &mut Vec<Option<InsnKind>>,
+    stats: &mut PipelineStats,
+) {
+    kept.clear();
+    types.clear();
+    let flags = if flags.len() == branches.len() {
+        flags
+    } else {
+        if !flags.is_empty() {
+            stats.lbr_flags_mismatch += 1;
+        }
+        &[]
+    };
+    for (i, b) in branches.iter().enumerate() {
+        let f = flags.get(i).map(|&f| isa::BranchFlags(f));
+        if f.is_some_and(|f| f.wrong_path()) {
+            stats.lbr_wrong_path += 1;
+            continue;
+        }
+        let abort = f.is_some_and(|f| f.abort());
+        if abort || b.from == 0 || b.to == 0 {
+            if abort {
+                stats.lbr_tx_abort += 1;
+            } else {
+                stats.lbr_partial_entries += 1;
+            }
+            stats.lbr_cut_entries += (branches.len() - i - 1) as u64;
+            break;
+        }
+        kept.push(*b);
+        types.push(f.and_then(|f| f.kind()));
+    }
+}
+
 /// Names frames for the context trie.
 pub trait FrameNamer {
     /// A frame for runtime address `addr`, resolved to `binary`/`link` if known.
@@ -574,6 +652,9 @@ pub struct Pipeline {
     scratch_frames: Vec<FrameId>,
     /// The CPUs an AUX record's windows touched (reused: no allocation per record).
     scratch_touched: Vec<i32>,
+    /// An LBR/BRBE sample's entries kept, and what the unit says each branch was.
+    scratch_lbr: Vec<BranchPair>,
+    scratch_types: Vec<Option<InsnKind>>,
     observer: Option<Observer>,
 }
 
@@ -603,6 +684,8 @@ impl Pipeline {
             scratch_branches: Vec::new(),
             scratch_frames: Vec::new(),
             scratch_touched: Vec::new(),
+            scratch_lbr: Vec::new(),
+            scratch_types: Vec::new(),
             observer: None,
         }
     }
@@ -966,6 +1049,8 @@ impl Pipeline {
             cfg,
             scratch_branches,
             scratch_frames,
+            scratch_lbr,
+            scratch_types,
             observer,
             ..
         } = self;
@@ -985,9 +1070,14 @@ impl Pipeline {
         match &s.branches {
             Some(b) => {
                 sink.stats.lbr_samples += 1;
-                let depth = cfg.join.depth.min(b.len());
-                let b = &b[..depth];
-                if joiner.validate_sample(s.pid, &s.stack, b, code).is_ok() {
+                if b.is_empty() {
+                    sink.stats.lbr_empty += 1;
+                }
+                let (kept, types) = (&mut *scratch_lbr, &mut *scratch_types);
+                lbr_entries(b, &s.branch_flags, kept, types, sink.stats);
+                let depth = cfg.join.depth.min(kept.len());
+                let (b, t) = (&kept[..depth], &types[..depth]);
+                if joiner.validate_sample(s.pid, &s.stack, b, t, code).is_ok() {
                     sink.accept(&Joined { cpu: s.cpu, pid: s.pid, tid: s.tid, time: s.time, stack: &s.stack, branches: b });
                 }
             }
@@ -1667,6 +1757,108 @@ mod tests {
         a64.push(SessionEvent::Sample(&good));
         a64.finish();
         assert_eq!(a64.stats().join.joined, 0, "A64 reads 48 89 c3 14 as B");
+    }
+
+    fn typed(ty: u8) -> u64 {
+        u64::from(ty) << 20
+    }
+
+    /// AMD wrong-path entries are dropped (the path around them is whole again); a TSX abort
+    /// and a BRBE half-record cut the chain there; flags that do not pair with the entries
+    /// are ignored, counted.
+    #[test]
+    fn speculative_abort_and_partial_entries() {
+        use crate::isa::br_type;
+        let (mut p, got) = x86_pipeline(Some(CodeArch::X86_64));
+        let ret_call = [(0x40_0020, 0x40_0005), (0x40_0030, 0x40_0038), (0x40_0000, 0x40_0010)];
+        let mut s = lbr_sample(0x40_0006, 0x40_1000, &ret_call);
+        s.branch_flags = vec![typed(br_type::RET), 1 << 24, typed(br_type::CALL)];
+        p.push(SessionEvent::Sample(&s));
+        // An abort inside the transaction at 0x400013, handler at 0x400018.
+        let mut a = lbr_sample(0x40_0006, 0x40_1000, &[(0x40_0020, 0x40_0005), (0x40_0013, 0x40_0018), (0x40_0000, 0x40_0010)]);
+        a.branch_flags = vec![typed(br_type::RET), (1 << 3) | (1 << 2), typed(br_type::CALL)];
+        p.push(SessionEvent::Sample(&a));
+        // A target-only record (from 0) in the middle.
+        let z = lbr_sample(0x40_0006, 0x40_1000, &[(0x40_0020, 0x40_0005), (0, 0x40_0018), (0x40_0000, 0x40_0010)]);
+        p.push(SessionEvent::Sample(&z));
+        let mut m = lbr_sample(0x40_0006, 0x40_1000, &ret_call[..1]);
+        m.branch_flags = vec![0, 0];
+        p.push(SessionEvent::Sample(&m));
+        p.finish();
+        let st = p.stats();
+        assert_eq!(st.join.joined, 4, "{st:?}");
+        assert_eq!((st.lbr_wrong_path, st.lbr_tx_abort, st.lbr_partial_entries, st.lbr_cut_entries), (1, 1, 1, 2));
+        assert_eq!(st.lbr_flags_mismatch, 1);
+        let got = got.borrow();
+        let pair = |f, t| BranchPair { from: f, to: t };
+        assert_eq!(got[0].2, vec![pair(0x40_0020, 0x40_0005), pair(0x40_0000, 0x40_0010)]);
+        assert_eq!(got[1].2, vec![pair(0x40_0020, 0x40_0005)]);
+        assert_eq!(got[2].2, vec![pair(0x40_0020, 0x40_0005)]);
+    }
+
+    /// Without the drop, the wrong-path entry breaks the chain: the model is not vacuous.
+    #[test]
+    fn wrong_path_entry_kept_breaks_the_chain() {
+        let (mut p, _) = x86_pipeline(Some(CodeArch::X86_64));
+        p.push(SessionEvent::Sample(&lbr_sample(
+            0x40_0006,
+            0x40_1000,
+            &[(0x40_0020, 0x40_0005), (0x40_0030, 0x40_0038), (0x40_0000, 0x40_0010)],
+        )));
+        p.finish();
+        assert_eq!(p.stats().join.rejected.get(RejectReason::BrokenChain), 1);
+    }
+
+    /// The branch type must agree with the code about calls and returns; where the code is
+    /// unknown (no image) it stands in for it, so calls and returns are still checked.
+    #[test]
+    fn branch_types_check_calls_and_returns() {
+        use crate::isa::br_type;
+        let (mut p, _) = x86_pipeline(Some(CodeArch::X86_64));
+        let mut s = lbr_sample(0x40_0015, 0x40_0005, &[(0x40_0000, 0x40_0010)]);
+        s.branch_flags = vec![typed(br_type::CALL)];
+        p.push(SessionEvent::Sample(&s));
+        s.branch_flags = vec![typed(br_type::RET)];
+        p.push(SessionEvent::Sample(&s));
+        s.branch_flags = vec![typed(br_type::COND)];
+        p.push(SessionEvent::Sample(&s));
+        p.finish();
+        let st = p.stats();
+        assert_eq!(st.join.joined, 1, "{st:?}");
+        assert_eq!(st.join.rejected.get(RejectReason::BranchTypeMismatch), 2);
+
+        // BRBE-typed A64 records without any code image: call at 0x1000, return to 0x1004.
+        let mut a = Pipeline::new(PipelineConfig { arch: Some(CodeArch::Aarch64), ..Default::default() });
+        let mut ok = lbr_sample(0x1008, 0x9000, &[(0x2000, 0x1004), (0x1000, 0x2000)]);
+        ok.branch_flags = vec![typed(br_type::RET), typed(br_type::CALL)];
+        a.push(SessionEvent::Sample(&ok));
+        let mut bad = lbr_sample(0x100c, 0x9000, &[(0x2000, 0x1008), (0x1000, 0x2000)]);
+        bad.branch_flags = ok.branch_flags.clone();
+        a.push(SessionEvent::Sample(&bad));
+        a.finish();
+        let st = a.stats();
+        assert_eq!((st.join.joined, st.join.rejected.get(RejectReason::ReturnMismatch)), (1, 1), "{st:?}");
+    }
+
+    /// Empty branch stacks are counted (not passed off as stack-only), and a warning says so
+    /// when most samples are empty.
+    #[test]
+    fn empty_branch_stacks_are_counted_and_warned() {
+        let (mut p, _) = x86_pipeline(Some(CodeArch::X86_64));
+        for i in 0..30u64 {
+            let mut s = lbr_sample(0x40_0015, 0x40_0005, &[]);
+            s.time = i;
+            p.push(SessionEvent::Sample(&s));
+        }
+        for _ in 0..5 {
+            p.push(SessionEvent::Sample(&lbr_sample(0x40_0015, 0x40_0005, &[(0x40_0000, 0x40_0010)])));
+        }
+        p.finish();
+        let st = p.stats();
+        assert_eq!((st.lbr_samples, st.lbr_empty, st.stack_only_samples, st.profiled), (35, 30, 0, 35));
+        assert!(st.branch_warning().is_some_and(|w| w.contains("30 of 35")), "{:?}", st.branch_warning());
+        let few = PipelineStats { lbr_samples: 35, lbr_empty: 10, ..Default::default() };
+        assert_eq!(few.branch_warning(), None);
     }
 
     /// A recording that does not say its architecture (and has no ETM) is not checked as

@@ -10,14 +10,20 @@ use etm_perf::attr::{PERF_COUNT_HW_CPU_CYCLES, PERF_TYPE_HARDWARE, PERF_TYPE_SOF
 use etm_live::sys;
 
 pub const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+#[cfg(test)]
 pub const PERF_SAMPLE_CALLCHAIN: u64 = 1 << 5;
 pub const PERF_SAMPLE_BRANCH_STACK: u64 = 1 << 11;
 pub const PERF_SAMPLE_BRANCH_USER: u64 = 1 << 0;
+#[cfg(test)]
 pub const PERF_SAMPLE_BRANCH_KERNEL: u64 = 1 << 1;
+#[cfg(test)]
 pub const PERF_SAMPLE_BRANCH_HV: u64 = 1 << 2;
 pub const PERF_SAMPLE_BRANCH_ANY: u64 = 1 << 3;
+#[cfg(test)]
 pub const PERF_SAMPLE_BRANCH_NO_FLAGS: u64 = 1 << 14;
+#[cfg(test)]
 pub const PERF_SAMPLE_BRANCH_NO_CYCLES: u64 = 1 << 15;
+pub const PERF_SAMPLE_BRANCH_TYPE_SAVE: u64 = 1 << 16;
 
 /// The sampling event to open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +55,12 @@ impl SampleEvent {
 /// syscall site as its leaf and weigh the 32 user branches before it. Stack-only events keep
 /// counting in the kernel: their user stack says on whose behalf that CPU time was spent.
 ///
+/// `PERF_SAMPLE_BRANCH_TYPE_SAVE` fills each entry's `type` (call, return, ...) where the
+/// hardware does not: legacy LBR and AMD classify in software (`intel_pmu_setup_sw_lbr_filter`,
+/// `amd_pmu_lbr_setup_filter` -> `X86_BR_TYPE_SAVE`); Arch LBR (`intel_pmu_setup_hw_lbr_filter`)
+/// and BRBE (`brbe_set_perf_entry_type`) fill it anyway. The join checks calls and returns
+/// with it.
+///
 /// Not set, on purpose (docs/lbr.md): `precise_ip` (`perf_event_set_bpf_handler` refuses a
 /// program calling `bpf_get_stack` with `-EPROTO` unless `PERF_SAMPLE_CALLCHAIN` is asked
 /// for, and the callchain copy would start with `PERF_CONTEXT_USER`),
@@ -69,7 +81,7 @@ pub fn sampling_attr(event: SampleEvent, freq: u64, branches: bool) -> PerfEvent
     if branches {
         attr.flags |= flag::EXCLUDE_KERNEL | flag::EXCLUDE_HV;
         attr.sample_type |= PERF_SAMPLE_BRANCH_STACK;
-        attr.branch_sample_type = PERF_SAMPLE_BRANCH_USER | PERF_SAMPLE_BRANCH_ANY;
+        attr.branch_sample_type = PERF_SAMPLE_BRANCH_USER | PERF_SAMPLE_BRANCH_ANY | PERF_SAMPLE_BRANCH_TYPE_SAVE;
     }
     attr
 }
@@ -207,10 +219,11 @@ mod tests {
         assert_eq!(u64_at(offset::FLAGS), (1 << 0) | (1 << 5) | (1 << 6) | (1 << 10) | (1 << 25));
         // PERF_SAMPLE_BRANCH_STACK only (no CALLCHAIN: bpf_get_stack walks the user stack).
         assert_eq!(u64_at(offset::SAMPLE_TYPE), 1 << 11);
-        // PERF_SAMPLE_BRANCH_USER | PERF_SAMPLE_BRANCH_ANY.
-        assert_eq!(u64_at(offset::BRANCH_SAMPLE_TYPE), (1 << 0) | (1 << 3));
+        // PERF_SAMPLE_BRANCH_USER | PERF_SAMPLE_BRANCH_ANY | PERF_SAMPLE_BRANCH_TYPE_SAVE.
+        let want = (1 << 0) | (1 << 3) | (1 << 16);
+        assert_eq!(u64_at(offset::BRANCH_SAMPLE_TYPE), want);
         for unit in [Unit::IntelLbr, Unit::ArchLbr, Unit::AmdLbrV2, Unit::Brbe] {
-            assert_eq!(kernel_model(unit, &a, true), Ok((1 << 0) | (1 << 3)), "{unit:?}");
+            assert_eq!(kernel_model(unit, &a, true), Ok(want), "{unit:?}");
         }
         assert!(!counts_kernel(&a), "cycles must stop in the kernel");
         // The stack-only events keep the kernel time (and have no branch filter).
@@ -225,7 +238,7 @@ mod tests {
         let good = sampling_attr(SampleEvent::Cycles, 999, true);
         let mut k = good;
         k.flags &= !(flag::EXCLUDE_KERNEL | flag::EXCLUDE_HV);
-        assert_eq!(kernel_model(Unit::IntelLbr, &k, true), Ok((1 << 0) | (1 << 3)), "USER named: no propagation");
+        assert_eq!(kernel_model(Unit::IntelLbr, &k, true), Ok(k.branch_sample_type), "USER named: no propagation");
         assert!(counts_kernel(&k));
         for extra in [PERF_SAMPLE_BRANCH_NO_FLAGS, PERF_SAMPLE_BRANCH_NO_CYCLES] {
             let mut a = good;
