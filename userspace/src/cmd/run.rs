@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
-use etm_bpf_common::{FLAG_READ_BRANCHES, SampleRecord};
+use etm_bpf_common::{FLAG_READ_BRANCHES, REC_HAS_BRANCHES, SampleRecord};
 use etm_perf::attr::{WindowMode, WindowParams};
 use etm_session::PipelineConfig;
 use etm_session::session::{BranchPair, CodeArch, PauseSample, SessionEvent, SessionMeta, SessionSource, TargetInfo};
@@ -303,13 +303,7 @@ impl Feed {
         s.time = rec.time_ns;
         s.stack.clear();
         s.stack.extend_from_slice(stack);
-        let br = rec.branches();
-        s.branches = (!br.is_empty()).then(|| {
-            let mut v = self.spare_branches.take().unwrap_or_default();
-            v.clear();
-            v.extend(br.iter().map(|b| BranchPair { from: b.from, to: b.to }));
-            v
-        });
+        fill_branches(&rec, &mut s, &mut self.spare_branches);
         self.event(SessionEvent::Sample(&s));
         if let Some(v) = s.branches.take() {
             self.spare_branches = Some(v);
@@ -325,6 +319,22 @@ impl Feed {
             etm.tick(Some(&mut self.engine));
         }
     }
+}
+
+/// The branch stack of a ring record into `s`: `None` when the program read none, else the
+/// entries (possibly none: an empty branch stack is kept as such, for the pipeline to count)
+/// with each entry's `perf_branch_entry` flag word (the pipeline drops wrong-path and abort
+/// entries and checks branch types with it).
+fn fill_branches(rec: &SampleRecord, s: &mut PauseSample, spare: &mut Option<Vec<BranchPair>>) {
+    s.branch_flags.clear();
+    s.branches = (rec.flags & REC_HAS_BRANCHES != 0).then(|| {
+        let br = rec.branches();
+        let mut v = spare.take().unwrap_or_default();
+        v.clear();
+        v.extend(br.iter().map(|b| BranchPair { from: b.from, to: b.to }));
+        s.branch_flags.extend(br.iter().map(|b| b.flags));
+        v
+    });
 }
 
 pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -789,6 +799,21 @@ fn print_summary(
             st.join.joined,
             st.join.rejected.total()
         );
+        if info.branches == "lbr" {
+            let _ = writeln!(
+                out,
+                "branch stacks: empty {} (kernel: {}), wrong-path entries dropped {}, tx aborts {}, read errors {}",
+                st.lbr_empty,
+                k.branch_empty,
+                st.lbr_wrong_path,
+                st.lbr_tx_abort,
+                k.branch_err + k.branch_enoent
+            );
+        }
+        if let Some(w) = st.branch_warning() {
+            log::warn!("{w}");
+            let _ = writeln!(out, "warning: {w}");
+        }
     }
     let rows = rows_from_trie(trie, frames, 10);
     let _ = writeln!(out, "top contexts by self samples (leaf <- callers):");
@@ -864,9 +889,11 @@ fn dump_job(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_dump
             "samples_in_profile": trie.total_samples(),
             "kernel_samples_written": k.samples,
             "dropped_ring_full": k.ring_full,
+            "dropped_ring_busy": k.ring_busy,
             "dropped_stack_error": k.stack_err,
             "branch_read_errors": k.branch_err,
             "branch_read_enoent": k.branch_enoent,
+            "branch_read_empty": k.branch_empty,
             "records_received": d.samples + feed.bad_records + feed.foreign + feed.empty,
             "bad_records": feed.bad_records + feed.empty,
             "foreign_records": feed.foreign,
@@ -905,6 +932,27 @@ mod tests {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         let t = UNIX_EPOCH + Duration::from_millis(1_709_210_096_123); // 2024-02-29T12:34:56.123Z
         assert_eq!(rfc3339(t), "2024-02-29T12:34:56.123Z");
+    }
+
+    /// A record whose branch read returned 0 entries stays a branch sample with an empty
+    /// stack (not a stack-only one); entries keep their flag words; no read means `None`.
+    #[test]
+    fn ring_records_keep_empty_branch_stacks_and_flags() {
+        let mut bytes = vec![0u8; etm_bpf_common::SAMPLE_RECORD_SIZE];
+        let mut rec = SampleRecord::from_bytes(&bytes).unwrap();
+        let mut s = PauseSample::default();
+        let mut spare = None;
+        fill_branches(&rec, &mut s, &mut spare);
+        assert_eq!(s.branches, None);
+        rec.flags = REC_HAS_BRANCHES;
+        fill_branches(&rec, &mut s, &mut spare);
+        assert_eq!(s.branches, Some(vec![]));
+        rec.branch_count = 1;
+        rec.branches[0] = etm_bpf_common::BranchEntry { from: 0x10, to: 0x20, flags: 1 << 24 };
+        fill_branches(&rec, &mut s, &mut spare);
+        assert_eq!(s.branches, Some(vec![BranchPair { from: 0x10, to: 0x20 }]));
+        assert_eq!(s.branch_flags, vec![1 << 24]);
+        bytes.clear();
     }
 
     /// Our own process is alive and a pid that cannot exist is not.

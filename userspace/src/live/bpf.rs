@@ -15,10 +15,10 @@ use aya::{
     programs::PerfEvent,
 };
 use etm_bpf_common::{
-    CONFIG_FLAGS, CONFIG_MAP, CONFIG_TGID, CONFIG_WINDOW_FLAGS, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR, COUNTER_ENTRIES,
-    COUNTER_FILTERED, COUNTER_FOREIGN_WINDOWS, COUNTER_OUTPUT_ERR, COUNTER_PAUSE_IDLE, COUNTER_RESUMES, COUNTER_RING_FULL,
-    COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTER_WINDOWS, COUNTERS_MAP, PAUSE_OUT_MAP, PAUSE_PROGRAM, PROGRAM_NAME,
-    RESUME_PROGRAM, SAMPLES_MAP,
+    CONFIG_FLAGS, CONFIG_MAP, CONFIG_TGID, CONFIG_WINDOW_FLAGS, COUNTER_BRANCH_EMPTY, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR,
+    COUNTER_ENTRIES, COUNTER_FILTERED, COUNTER_FOREIGN_WINDOWS, COUNTER_OUTPUT_ERR, COUNTER_PAUSE_IDLE, COUNTER_RESUMES,
+    COUNTER_RING_BUSY, COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTER_WINDOWS, COUNTERS_MAP, PAUSE_OUT_MAP,
+    PAUSE_PROGRAM, PROGRAM_NAME, RESUME_PROGRAM, SAMPLES_MAP,
 };
 use etm_perf::attr::EventRole;
 
@@ -34,12 +34,16 @@ pub struct BpfCounters {
     pub samples: u64,
     /// Samples dropped: ring buffer full.
     pub ring_full: u64,
+    /// Samples dropped: the reservation failed with room in the ring (contention).
+    pub ring_busy: u64,
     /// Samples dropped: `bpf_get_stack` failed.
     pub stack_err: u64,
     /// `bpf_read_branch_records` failed (sample kept).
     pub branch_err: u64,
     /// `bpf_read_branch_records` returned -ENOENT (no branch stack).
     pub branch_enoent: u64,
+    /// `bpf_read_branch_records` returned no entry (sample kept, empty branch stack).
+    pub branch_empty: u64,
     /// Samples of other processes skipped by the tgid filter.
     pub filtered: u64,
     /// ETM windows closed by a pause (records written or attempted).
@@ -57,7 +61,7 @@ pub struct BpfCounters {
 impl BpfCounters {
     /// Samples the kernel side had to drop.
     pub fn dropped(&self) -> u64 {
-        self.ring_full + self.stack_err
+        self.ring_full + self.ring_busy + self.stack_err
     }
 }
 
@@ -166,6 +170,8 @@ impl SampleBpf {
         Ok(BpfCounters {
             samples: v[COUNTER_SAMPLES as usize],
             ring_full: v[COUNTER_RING_FULL as usize],
+            ring_busy: v[COUNTER_RING_BUSY as usize],
+            branch_empty: v[COUNTER_BRANCH_EMPTY as usize],
             stack_err: v[COUNTER_STACK_ERR as usize],
             branch_err: v[COUNTER_BRANCH_ERR as usize],
             branch_enoent: v[COUNTER_BRANCH_ENOENT as usize],
@@ -366,6 +372,31 @@ mod tests {
         chain.sample_type |= crate::live::perf_event::PERF_SAMPLE_CALLCHAIN;
         bpf.attach_perf_fd(perf_event_open(&chain, 0, -1).unwrap()).expect("with CALLCHAIN it attaches");
         bpf.attach_perf_fd(perf_event_open(&base, 0, -1).unwrap()).expect("the pinned attr attaches");
+    }
+
+    /// On the real kernel: with nobody draining, the ring takes as many records as
+    /// `bpf_ringbuf_has_space` allows ((size - 1) / 1824), and every later reservation counts
+    /// as ring full, none as contention (one thread, no other producer).
+    #[test]
+    fn full_ring_counts_full_not_busy() {
+        if !can_bpf() {
+            return;
+        }
+        let mut bpf = SampleBpf::load(std::process::id(), 0).expect("load");
+        let attr = sampling_attr(SampleEvent::CpuClock, 5000, false);
+        let fd = perf_event_open(&attr, 0, -1).expect("cpu-clock on this thread");
+        bpf.attach_perf_fd(fd).expect("attach");
+        let rec = etm_bpf_common::SAMPLE_RECORD_SIZE as u64;
+        let fits = (u64::from(etm_bpf_common::RING_BYTES) - 1) / ((rec + 8 + 7) & !7);
+        let t = std::time::Instant::now();
+        while bpf.counters().unwrap().ring_full < 50 && t.elapsed().as_secs() < 30 {
+            busy_loop(100);
+        }
+        bpf.disable_all();
+        let c = bpf.counters().unwrap();
+        assert_eq!(c.samples, fits, "{c:?}");
+        assert!(c.ring_full >= 50, "{c:?}");
+        assert_eq!(c.ring_busy, 0, "{c:?}");
     }
 
     /// The program attached to our own perf fd (cpu-clock on this thread) records samples of
