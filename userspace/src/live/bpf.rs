@@ -399,6 +399,38 @@ mod tests {
         assert_eq!(c.ring_busy, 0, "{c:?}");
     }
 
+    /// On the real kernel: a per-thread event opened with `inherit` (what
+    /// `open_per_thread` opens, here on cpu-clock) follows threads created after it was
+    /// opened, and they run the BPF program too (`inherit_event` copies the program): the
+    /// new thread's samples reach the ring with its tid.
+    #[test]
+    fn inherited_per_thread_events_carry_the_program() {
+        if !can_bpf() {
+            return;
+        }
+        let mut attr = cpu_clock_stand_in(sampling_attr(SampleEvent::Cycles, 999, true));
+        attr.flags |= flag::INHERIT;
+        let mut bpf = SampleBpf::load(std::process::id(), 0).expect("load");
+        let fd = perf_event_open(&attr, 0, -1).expect("cpu-clock on this thread, inherited");
+        bpf.attach_perf_fd(fd).expect("attach");
+        let child = std::thread::spawn(|| {
+            busy_loop(300);
+            // SAFETY: gettid has no arguments.
+            unsafe { libc::gettid() as u32 }
+        })
+        .join()
+        .unwrap();
+        bpf.disable_all();
+        let mut ring = bpf.take_ring().unwrap();
+        let mut of_child = 0;
+        while let Some(item) = ring.next() {
+            if SampleRecord::from_bytes(&item).is_some_and(|r| r.tid == child) {
+                of_child += 1;
+            }
+        }
+        assert!(of_child >= 100, "only {of_child} samples of the thread created after the event");
+    }
+
     /// The program attached to our own perf fd (cpu-clock on this thread) records samples of
     /// this process with a user stack, and with branch reading on but no branch stack on the
     /// event (this VM, or any cpu-clock event) it counts the failure and still keeps samples.

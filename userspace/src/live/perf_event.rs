@@ -108,6 +108,27 @@ pub fn open_per_cpu(event: SampleEvent, freq: u64, branches: bool, cpus: &[u32])
     cpus.iter().map(|&cpu| perf_event_open(&attr, -1, cpu as i32)).collect()
 }
 
+/// Opens `event` on every thread of process `pid` (`pid = tid, cpu = -1`) with `inherit`, so
+/// threads those threads create later get the event (and its BPF program: `inherit_event`
+/// copies `parent_event->prog`). Threads that exit meanwhile are skipped. Returns the fds.
+pub fn open_per_thread(event: SampleEvent, freq: u64, branches: bool, pid: u32) -> io::Result<Vec<OwnedFd>> {
+    let mut attr = sampling_attr(event, freq, branches);
+    attr.flags |= flag::INHERIT;
+    let mut fds = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
+        let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        match perf_event_open(&attr, tid, -1) {
+            Ok(fd) => fds.push(fd),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if fds.is_empty() {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    Ok(fds)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
