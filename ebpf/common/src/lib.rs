@@ -16,7 +16,7 @@
 pub const MAX_STACK_DEPTH: usize = 127;
 /// Maximum number of branch records (LBR/BRBE via `bpf_read_branch_records`) per sample: as
 /// many as the deepest unit gives (BRBE implements 8, 16, 32 or 64 records,
-/// `brbe_num_branch_records`; Intel LBR and Arch LBR at most 32, AMD LBRv2 16).
+/// `brbe_num_branch_records`; Intel LBR and Arch LBR at most 32).
 pub const MAX_BRANCHES: usize = 64;
 
 /// Name of the eBPF program (a `perf_event` program) in the object.
