@@ -962,6 +962,7 @@ mod tests {
         SessionMeta {
             source: SessionSource::Synthetic,
             target: TargetInfo { pid: 42, command: vec!["prog".into(), "10".into()] },
+            arch: Some(CodeArch::Aarch64),
             cpus: vec![CpuTraceConfig {
                 cpu: 0,
                 arch: TraceArch::Ete,
@@ -994,7 +995,7 @@ mod tests {
             time: 1000,
             stack: vec![u64::MAX - 3, 0x40_0000],
             branches: Some(vec![BranchPair { from: 1, to: 2 }]),
-            branch_flags: Vec::new(),
+            branch_flags: vec![(6 << 20) | (1 << 24)],
             window_ns: Some(812),
         };
         let sbs = vec![
