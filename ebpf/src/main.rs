@@ -24,7 +24,9 @@ mod prog {
 
     use aya_ebpf::{
         EbpfContext,
-        bindings::{BPF_F_CURRENT_CPU, BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+        bindings::{
+            BPF_F_CURRENT_CPU, BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
+        },
         helpers::{
             bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
             generated::{bpf_get_stack, bpf_perf_event_output, bpf_read_branch_records},
@@ -34,11 +36,12 @@ mod prog {
         programs::PerfEventContext,
     };
     use etm_bpf_common::{
-        BranchEntry, CONFIG_ENTRIES, CONFIG_FLAGS, CONFIG_TGID, CONFIG_WINDOW_FLAGS, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR,
-        COUNTER_ENTRIES, COUNTER_FILTERED, COUNTER_FOREIGN_WINDOWS, COUNTER_OUTPUT_ERR, COUNTER_PAUSE_IDLE, COUNTER_RESUMES,
-        COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTER_WINDOWS, FLAG_READ_BRANCHES, MAX_BRANCHES, MAX_SLOTS,
-        MAX_STACK_DEPTH, PAUSE_HEADER, PAUSE_MAGIC, PAUSE_STACK_ERR, PAUSE_TARGET, PauseRecord, REC_HAS_BRANCHES, RING_BYTES,
-        RING_WAKEUP_BYTES, SampleRecord, WINDOW_PER_THREAD, WINDOW_UNGATED, WindowState,
+        BranchEntry, CONFIG_ENTRIES, CONFIG_FLAGS, CONFIG_TGID, CONFIG_WINDOW_FLAGS, COUNTER_BRANCH_EMPTY, COUNTER_BRANCH_ENOENT,
+        COUNTER_BRANCH_ERR, COUNTER_ENTRIES, COUNTER_FILTERED, COUNTER_FOREIGN_WINDOWS, COUNTER_OUTPUT_ERR, COUNTER_PAUSE_IDLE,
+        COUNTER_RESUMES, COUNTER_RING_BUSY, COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTER_WINDOWS,
+        FLAG_READ_BRANCHES, MAX_BRANCHES, MAX_SLOTS, MAX_STACK_DEPTH, PAUSE_HEADER, PAUSE_MAGIC, PAUSE_STACK_ERR, PAUSE_TARGET,
+        PauseRecord, REC_HAS_BRANCHES, RING_BYTES, RING_WAKEUP_BYTES, SAMPLE_RECORD_SIZE, SampleRecord, WINDOW_PER_THREAD,
+        WINDOW_UNGATED, WindowState, reserve_failed_full,
     };
 
     #[map]
@@ -85,7 +88,13 @@ mod prog {
         let flags = config(CONFIG_FLAGS);
 
         let Some(mut entry) = SAMPLES.reserve::<SampleRecord>(0) else {
-            count(COUNTER_RING_FULL);
+            let avail = SAMPLES.query(BPF_RB_AVAIL_DATA as u64);
+            let size = SAMPLES.query(BPF_RB_RING_SIZE as u64);
+            count(if reserve_failed_full(avail, size, SAMPLE_RECORD_SIZE as u64) {
+                COUNTER_RING_FULL
+            } else {
+                COUNTER_RING_BUSY
+            });
             return Err(());
         };
         let rec = entry.as_mut_ptr();
@@ -118,6 +127,9 @@ mod prog {
                 if r >= 0 {
                     rec_flags |= REC_HAS_BRANCHES;
                     nbranch = (r as u32) / core::mem::size_of::<BranchEntry>() as u32;
+                    if nbranch == 0 {
+                        count(COUNTER_BRANCH_EMPTY);
+                    }
                 } else if r == -ENOENT {
                     count(COUNTER_BRANCH_ENOENT);
                 } else {

@@ -171,3 +171,40 @@ fn this_machine() {
         assert_eq!(v["run_branches"], "etm");
     }
 }
+
+/// An x86 tree (the N1 tree without cs_etm, with an Alder Lake-like hybrid PMU pair showing
+/// `caps/branches` and `arch_lbr` in cpuinfo): doctor names the unit and its depth, says
+/// `--branches auto` takes LBR and why, and that branch events are per-thread because no
+/// kernel is known to have the sched_task fixes.
+#[test]
+fn x86_arch_lbr_tree() {
+    let dir = variant("n1-etr", "lbr");
+    let root = dir.path();
+    let devices = root.join("bus/event_source/devices");
+    std::fs::remove_file(devices.join("cs_etm")).or_else(|_| std::fs::remove_dir_all(devices.join("cs_etm"))).unwrap();
+    for e in std::fs::read_dir(&devices).unwrap().flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n.starts_with("armv8_") || n.starts_with("armv9_") {
+            let p = e.path();
+            std::fs::remove_file(&p).or_else(|_| std::fs::remove_dir_all(&p)).unwrap();
+        }
+    }
+    for (pmu, name) in [("cpu_core", Some("alderlake_hybrid")), ("cpu_atom", None)] {
+        let caps = devices.join(pmu).join("caps");
+        std::fs::create_dir_all(&caps).unwrap();
+        std::fs::write(caps.join("branches"), "32\n").unwrap();
+        if let Some(n) = name {
+            std::fs::write(caps.join("pmu_name"), n).unwrap();
+        }
+    }
+    std::fs::write(root.join("proc/cpuinfo"), "processor\t: 0\nflags\t\t: fpu pdcm arch_lbr\n").unwrap();
+    let (_, v) = doctor(root, true);
+    assert_eq!(v["branch_unit"], serde_json::json!({"kind": "Intel Arch LBR, depth 32 (CPUID 0x1C)", "records": 32}));
+    assert_eq!((v["run_event"].as_str(), v["run_branches"].as_str()), (Some("cycles"), Some("lbr")), "{v}");
+    assert!(v["run_branches_reason"].as_str().unwrap().contains("Arch LBR"), "{v}");
+    assert_eq!(v["branch_events"]["scope"], "PerThread");
+    assert_eq!(v["branch_events"]["null_pmu_ctx_risk"], false, "no arm64 PMU in the tree");
+    let (text, _) = doctor(root, false);
+    assert!(text.lines().any(|l| l.starts_with("branch-record unit: Intel Arch LBR, depth 32")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("branch events (--branch-events auto): per-thread")), "{text}");
+}

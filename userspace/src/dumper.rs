@@ -141,7 +141,16 @@ mod tests {
     fn writes_the_snapshot_off_the_loop() {
         let out = tempfile::tempdir().unwrap();
         let mut e = Engine::new(PipelineConfig::default(), None);
-        let s = PauseSample { cpu: 0, pid: 9, tid: 9, time: 1, stack: vec![0x1000, 0x2000], branches: None, window_ns: None };
+        let s = PauseSample {
+            cpu: 0,
+            pid: 9,
+            tid: 9,
+            time: 1,
+            stack: vec![0x1000, 0x2000],
+            branches: None,
+            branch_flags: Vec::new(),
+            window_ns: None,
+        };
         e.push(SessionEvent::Sample(&s));
         let mut d = Dumper::start().unwrap();
         assert!(d.submit(job(out.path(), &e, 1)).unwrap());

@@ -259,6 +259,11 @@ pub fn pipeline_json(p: &Pipeline) -> serde_json::Value {
             "rejected": st.join.rejected.total(), "rejected_by_reason": rejects(&st),
         },
         "samples": {"lbr": st.lbr_samples, "stack_only": st.stack_only_samples, "profiled": st.profiled, "stacks_truncated": st.stacks_truncated},
+        "branch_records": {
+            "empty_stacks": st.lbr_empty, "wrong_path_dropped": st.lbr_wrong_path, "tx_aborts": st.lbr_tx_abort,
+            "partial_entries": st.lbr_partial_entries, "cut_entries": st.lbr_cut_entries,
+            "flags_mismatch": st.lbr_flags_mismatch, "warning": st.branch_warning(),
+        },
         "sideband": {
             "records": st.sideband, "lost_records": st.lost_records, "lost_events": st.lost_events,
             "switches": st.switches, "throttles": st.throttles, "window_ends": st.window_ends,
@@ -508,7 +513,16 @@ mod tests {
         assert!(e.resolves(&stack));
         // Placed at the PIE base, the image is not also at its link-time addresses.
         assert!(!e.resolves(&[x]), "{x:#x} resolves in a placed PIE");
-        let s = PauseSample { cpu: 0, pid: 9, tid: 9, time: 1, stack: stack.clone(), branches: None, window_ns: None };
+        let s = PauseSample {
+            cpu: 0,
+            pid: 9,
+            tid: 9,
+            time: 1,
+            stack: stack.clone(),
+            branches: None,
+            branch_flags: Vec::new(),
+            window_ns: None,
+        };
         e.push(SessionEvent::Sample(&s));
         let (trie, frames) = e.pipeline().trie();
         let folded = etm_stacks::folded::folded_lines(trie, frames);

@@ -14,8 +14,10 @@
 
 /// Maximum number of user stack frames captured per sample (leaf first).
 pub const MAX_STACK_DEPTH: usize = 127;
-/// Maximum number of branch records (LBR/BRBE via `bpf_read_branch_records`) per sample.
-pub const MAX_BRANCHES: usize = 32;
+/// Maximum number of branch records (LBR/BRBE via `bpf_read_branch_records`) per sample: as
+/// many as the deepest unit gives (BRBE implements 8, 16, 32 or 64 records,
+/// `brbe_num_branch_records`; Intel LBR and Arch LBR at most 32).
+pub const MAX_BRANCHES: usize = 64;
 
 /// Name of the eBPF program (a `perf_event` program) in the object.
 pub const PROGRAM_NAME: &str = "etm_bpf_sample";
@@ -44,7 +46,7 @@ pub const FLAG_READ_BRANCHES: u32 = 1;
 
 /// Counter: samples of the target that were written to the ring buffer.
 pub const COUNTER_SAMPLES: u32 = 0;
-/// Counter: samples dropped because the ring buffer was full.
+/// Counter: samples dropped because the ring buffer was full ([`reserve_failed_full`]).
 pub const COUNTER_RING_FULL: u32 = 1;
 /// Counter: samples dropped because `bpf_get_stack` failed (or returned no frame).
 pub const COUNTER_STACK_ERR: u32 = 2;
@@ -55,7 +57,32 @@ pub const COUNTER_BRANCH_ENOENT: u32 = 4;
 /// Counter: samples of other processes that the tgid filter skipped.
 pub const COUNTER_FILTERED: u32 = 5;
 /// Number of counters in the counter map.
-pub const COUNTER_ENTRIES: u32 = 12;
+pub const COUNTER_ENTRIES: u32 = 16;
+
+/// `BPF_RINGBUF_HDR_SZ`: the header before each ring-buffer record.
+pub const RINGBUF_HDR_SZ: u64 = 8;
+
+/// Why a `bpf_ringbuf_reserve` of `record` bytes failed, judged from what
+/// `bpf_ringbuf_query` says just after (`avail` = `BPF_RB_AVAIL_DATA`, producer minus consumer
+/// position; `ring_size` = `BPF_RB_RING_SIZE`): `true` if the ring is full, i.e. the new
+/// record would put the producer more than `ring_size - 1` ahead of the consumer, the test
+/// `bpf_ringbuf_has_space` makes (kernel/bpf/ringbuf.c). Otherwise the reservation failed for
+/// another reason of `__bpf_ringbuf_reserve`: the ring's spin lock was not taken
+/// (`raw_res_spin_lock_irqsave` fails on contention timeout or re-entry, e.g. an NMI on a CPU
+/// inside a reservation) or an older uncommitted record of another CPU spans the ring
+/// (`new_prod_pos - pend_pos > mask`): contention, not a slow consumer. The query races with
+/// the consumer, so a ring drained in between counts as contended.
+pub const fn reserve_failed_full(avail: u64, ring_size: u64, record: u64) -> bool {
+    let len = (record + RINGBUF_HDR_SZ + 7) & !7;
+    avail.saturating_add(len) > ring_size.saturating_sub(1)
+}
+
+/// Counter: `bpf_read_branch_records` returned 0 bytes (the event has a branch stack, but no
+/// entry): kept as a branch sample with an empty stack.
+pub const COUNTER_BRANCH_EMPTY: u32 = 11;
+/// Counter: samples dropped because `bpf_ringbuf_reserve` failed with room in the ring
+/// (lock contention or another CPU's record in flight: [`reserve_failed_full`]).
+pub const COUNTER_RING_BUSY: u32 = 12;
 
 // ---------------------------------------------------------------------------------------
 // The ETM pause/resume programs (`etm_bpf_resume`, `etm_bpf_pause`).
@@ -313,6 +340,18 @@ mod tests {
     }
 
     use core::mem::offset_of;
+
+    /// The full/contended split follows `bpf_ringbuf_has_space`: a record of 1816 bytes takes
+    /// 1824 with its header, and fits while producer - consumer + 1824 <= size - 1.
+    #[test]
+    fn reservation_failures_split_as_the_kernel_tests_space() {
+        let size = 4096u64;
+        assert!(!reserve_failed_full(0, size, 1816));
+        assert!(!reserve_failed_full(size - 1 - 1824, size, 1816));
+        assert!(reserve_failed_full(size - 1824, size, 1816));
+        assert!(reserve_failed_full(u64::MAX, size, 1816));
+        assert_eq!((1816 + RINGBUF_HDR_SZ + 7) & !7, 1824);
+    }
 
     /// A pause record's header and stack read back from the bytes the program writes, with
     /// the kernel's raw padding after them; other payloads and short stacks are refused.

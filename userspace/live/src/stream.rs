@@ -232,8 +232,16 @@ impl CpuStream {
             sink.event(SessionEvent::Sideband(&sb));
             return;
         }
-        let p =
-            PauseSample { cpu, pid: h.pid, tid: h.tid, time, stack: std::mem::take(&mut self.stack), branches: None, window_ns };
+        let p = PauseSample {
+            cpu,
+            pid: h.pid,
+            tid: h.tid,
+            time,
+            stack: std::mem::take(&mut self.stack),
+            branches: None,
+            branch_flags: Vec::new(),
+            window_ns,
+        };
         sink.event(SessionEvent::Sample(&p));
         self.stack = p.stack;
     }
@@ -478,6 +486,7 @@ mod tests {
                 time: 11,
                 stack: vec![0x400100, 0x400abc],
                 branches: None,
+                branch_flags: Vec::new(),
                 window_ns: Some(700)
             })
         );

@@ -64,6 +64,16 @@ pub trait CodeOracle {
     fn insn_size(&self) -> u64 {
         4
     }
+    /// Length of the instruction at `addr` (where a call there returns to); default
+    /// [`insn_size`](Self::insn_size).
+    fn insn_len(&self, _pid: u32, _addr: u64) -> Option<u64> {
+        Some(self.insn_size())
+    }
+    /// Whether a call instruction ends at `addr` (a return into a frame older than the
+    /// branch records must land there); `None` if the code is unknown.
+    fn after_call(&self, pid: u32, addr: u64) -> Option<bool> {
+        addr.checked_sub(self.insn_size().max(1)).and_then(|p| self.insn_kind(pid, p)).map(|k| k == InsnKind::Call)
+    }
     /// Whether `[from, to)` holds only instructions that do not always change the flow
     /// ([`InsnKind::Other`], [`InsnKind::CondBranch`], [`InsnKind::Exception`]), checked in
     /// order. Oracles with contiguous code override this to look the code up once instead of
@@ -145,11 +155,14 @@ pub enum RejectReason {
     /// The newest trace before the pause belongs to another thread (a context switch the
     /// trace or the switch records show): no branch of the sample's thread is left.
     ForeignContext,
+    /// The branch unit says a branch was a call or a return (the entry's `type`) and the code
+    /// at its source says otherwise (or the reverse): the code is not what ran.
+    BranchTypeMismatch,
 }
 
 impl RejectReason {
     /// All reasons, in display order.
-    pub const ALL: [RejectReason; 14] = [
+    pub const ALL: [RejectReason; 15] = [
         RejectReason::EmptyStack,
         RejectReason::NoWindow,
         RejectReason::StaleWindow,
@@ -164,6 +177,7 @@ impl RejectReason {
         RejectReason::OutOfOrder,
         RejectReason::Throttled,
         RejectReason::ForeignContext,
+        RejectReason::BranchTypeMismatch,
     ];
 
     /// Short name for summaries.
@@ -183,6 +197,7 @@ impl RejectReason {
             RejectReason::OutOfOrder => "out-of-order",
             RejectReason::Throttled => "throttled",
             RejectReason::ForeignContext => "foreign-context",
+            RejectReason::BranchTypeMismatch => "branch-type-mismatch",
         }
     }
 }
@@ -737,7 +752,7 @@ impl Joiner {
         }
         let verdict = verdict.and_then(|()| {
             if self.cfg.validate {
-                validate(&s.stack, &self.scratch, s.pid, oracle, &self.cfg, &mut self.shadow)
+                validate(&s.stack, &self.scratch, &[], s.pid, oracle, &self.cfg, &mut self.shadow)
             } else {
                 Ok(Check::default())
             }
@@ -755,11 +770,15 @@ impl Joiner {
     }
 
     /// Validate a sample that carried its own branch records (LBR/BRBE), with the same rules.
+    /// `types` (empty, or one per branch) is what the branch unit says each branch was (the
+    /// entry's `type`): a call or return must be one in the code too, and where the code is
+    /// unknown the type stands in for it.
     pub fn validate_sample(
         &mut self,
         pid: u32,
         stack: &[u64],
         branches: &[BranchPair],
+        types: &[Option<InsnKind>],
         oracle: &dyn CodeOracle,
     ) -> Result<(), RejectReason> {
         self.stats.samples += 1;
@@ -768,7 +787,7 @@ impl Joiner {
         } else if branches.is_empty() || !self.cfg.validate {
             Ok(Check::default())
         } else {
-            validate(stack, branches, pid, oracle, &self.cfg, &mut self.shadow)
+            validate(stack, branches, types, pid, oracle, &self.cfg, &mut self.shadow)
         };
         match r {
             Ok(c) => {
@@ -871,10 +890,11 @@ fn straight_line(pid: u32, from: u64, to: u64, oracle: &dyn CodeOracle, max: u64
     }
 }
 
-/// Validate a hybrid sample; `branches` newest first.
+/// Validate a hybrid sample; `branches` newest first, `types` empty or one per branch.
 fn validate(
     stack: &[u64],
     branches: &[BranchPair],
+    types: &[Option<InsnKind>],
     pid: u32,
     oracle: &dyn CodeOracle,
     cfg: &JoinConfig,
@@ -901,24 +921,45 @@ fn validate(
         }
     }
     // Calls and returns, oldest first.
-    let step = oracle.insn_size().max(1);
     shadow.clear();
-    for b in branches.iter().rev() {
-        match oracle.insn_kind(pid, b.from) {
+    for (i, b) in branches.iter().enumerate().rev() {
+        let code = oracle.insn_kind(pid, b.from);
+        let ty = types.get(i).copied().flatten();
+        let kind = match (code, ty) {
+            (Some(c), Some(t)) => {
+                let class = |k: InsnKind| (k == InsnKind::Call, k == InsnKind::Return);
+                if class(c) != class(t) {
+                    return Err(RejectReason::BranchTypeMismatch);
+                }
+                Some(c)
+            }
+            (Some(c), None) => Some(c),
+            (None, t) => {
+                check.unverified = true;
+                t
+            }
+        };
+        match kind {
             None => {
                 check.unverified = true;
                 return Ok(check);
             }
-            Some(InsnKind::Call) => shadow.push(b.from + step),
+            Some(InsnKind::Call) => match oracle.insn_len(pid, b.from) {
+                Some(n) => shadow.push(b.from + n),
+                None => {
+                    check.unverified = true;
+                    return Ok(check);
+                }
+            },
             Some(InsnKind::Return) => match shadow.pop() {
                 Some(ret) if ret != b.to => return Err(RejectReason::ReturnMismatch),
                 Some(_) => {}
                 None => {
                     // Returned into a frame older than the window: it must follow a call.
-                    match b.to.checked_sub(step).and_then(|p| oracle.insn_kind(pid, p)) {
-                        Some(InsnKind::Call) => {}
+                    match oracle.after_call(pid, b.to) {
+                        Some(true) => {}
                         None => check.unverified = true,
-                        Some(_) => return Err(RejectReason::ReturnNotAfterCall),
+                        Some(false) => return Err(RejectReason::ReturnNotAfterCall),
                     }
                 }
             },

@@ -6,6 +6,8 @@
 //!   pause closed, validate the hybrid sample against the code, count rejects by reason.
 //! * [`pipeline`] — AUX bytes -> per-buffer trace decoder -> windows of branch records -> join
 //!   -> `etm_profile::HybridProfile` + `etm_stacks::ContextTrie`, with per-stage stats.
+//! * [`isa`] — per-architecture code facts for the checks (A64, x86-64) and the kernel's
+//!   branch-entry flags.
 //! * [`decoder`] — the `etm_decode` adapter behind the pipeline's [`pipeline::WindowDecoder`]
 //!   trait, and a toy test double.
 //!
@@ -33,7 +35,7 @@
 //! let rec = AuxRecord { cpu: 0, flags: 0x100, time: 150, aux_offset: 0, size: w.0.len() as u64, source_cpu: None };
 //! p.push(SessionEvent::Aux { record: rec, data: &w.0 });
 //! // The pause sample that closed it (leaf just after the newest target).
-//! let s = PauseSample { cpu: 0, pid: 1, tid: 1, time: 160, stack: vec![0x3008, 0x100c], branches: None, window_ns: None };
+//! let s = PauseSample { cpu: 0, pid: 1, tid: 1, time: 160, stack: vec![0x3008, 0x100c], branches: None, branch_flags: Vec::new(), window_ns: None };
 //! p.push(SessionEvent::Sample(&s));
 //! p.finish();
 //! assert_eq!(p.stats().join.joined, 1);
@@ -41,6 +43,7 @@
 //! ```
 
 pub mod decoder;
+pub mod isa;
 pub mod join;
 pub mod pipeline;
 pub mod session;

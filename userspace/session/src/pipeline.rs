@@ -23,9 +23,10 @@ use std::sync::Arc;
 use etm_profile::{AddressResolver, BinaryId, BinaryInfo, Branch, HybridProfile, HybridSample, ProfileLimits};
 use etm_stacks::{ContextTrie, Frame, FrameId, FrameTable};
 
+use crate::isa;
 use crate::join::{CodeOracle, CpuMap, InsnKind, JoinConfig, JoinStats, Joined, Joiner, RejectCounts, Straight};
 use crate::session::{
-    AuxRecord, BranchPair, ClockParams, CpuTraceConfig, PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW,
+    AuxRecord, BranchPair, ClockParams, CodeArch, CpuTraceConfig, PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW,
     PERF_AUX_FLAG_OVERWRITE, PERF_AUX_FLAG_PARTIAL, PERF_AUX_FLAG_TRUNCATED, PauseSample, SessionEvent, SessionMeta, Sideband,
 };
 
@@ -128,6 +129,10 @@ pub struct PipelineConfig {
     pub trie_nodes: usize,
     /// The trace decoder; `None` uses `etm_decode`.
     pub decoder: Option<Arc<dyn DecoderFactory>>,
+    /// The instruction set of the code the checks decode; `None` with ETM CPUs means
+    /// AArch64 (ETM exists on Arm only), otherwise branch records go unchecked (counted
+    /// [`JoinStats::unverified`](crate::join::JoinStats::unverified)).
+    pub arch: Option<CodeArch>,
 }
 
 impl Default for PipelineConfig {
@@ -140,6 +145,7 @@ impl Default for PipelineConfig {
             profile: ProfileLimits::default(),
             trie_nodes: 1 << 20,
             decoder: None,
+            arch: None,
         }
     }
 }
@@ -147,7 +153,7 @@ impl Default for PipelineConfig {
 impl PipelineConfig {
     /// The configuration a session's metadata implies (depth from `branch_depth`).
     pub fn from_meta(meta: &SessionMeta) -> Self {
-        let mut c = PipelineConfig { cpus: meta.cpus.clone(), clock: meta.clock, ..Default::default() };
+        let mut c = PipelineConfig { cpus: meta.cpus.clone(), clock: meta.clock, arch: meta.arch, ..Default::default() };
         c.trace_timestamps = meta.notes.get(TRACE_TIMESTAMPS_NOTE).is_none_or(|v| v != "false");
         if meta.branch_depth > 0 {
             c.join.depth = meta.branch_depth as usize;
@@ -203,8 +209,23 @@ pub struct PipelineStats {
     pub unknown_trace_id: u64,
     /// Samples pushed.
     pub samples: u64,
-    /// Samples that carried LBR/BRBE records.
+    /// Samples that carried LBR/BRBE records (a branch stack, maybe empty).
     pub lbr_samples: u64,
+    /// Of those, samples whose branch stack had no entry (`bpf_read_branch_records`
+    /// returned 0): stack-only in effect ([`PipelineStats::branch_warning`]).
+    pub lbr_empty: u64,
+    /// Entries dropped as taken on a wrong speculative path (AMD LBRv2,
+    /// `PERF_BR_SPEC_WRONG_PATH`).
+    pub lbr_wrong_path: u64,
+    /// Transaction-abort entries (Intel TSX, `abort`): the chain is cut there.
+    pub lbr_tx_abort: u64,
+    /// Entries with one end unknown (0: BRBE source-only or target-only records, a branch
+    /// from or to a filtered exception level): the chain is cut there.
+    pub lbr_partial_entries: u64,
+    /// Entries older than a cut (an abort or a partial entry), dropped.
+    pub lbr_cut_entries: u64,
+    /// Samples whose branch flags did not match their branches one to one (flags ignored).
+    pub lbr_flags_mismatch: u64,
     /// Stack-only samples (no branch source).
     pub stack_only_samples: u64,
     /// Sideband records pushed.
@@ -235,7 +256,23 @@ impl PipelineStats {
     pub fn rejected(&self) -> &RejectCounts {
         &self.join.rejected
     }
+
+    /// A warning when most branch samples (of at least [`EMPTY_WARN_MIN`]) had an empty
+    /// branch stack: the event was accepted but the unit records nothing (e.g. BRBE disabled
+    /// by firmware at EL3/EL2, or filtered out), so the "branch" profile is stack-only.
+    pub fn branch_warning(&self) -> Option<String> {
+        (self.lbr_samples >= EMPTY_WARN_MIN && 2 * self.lbr_empty > self.lbr_samples).then(|| {
+            format!(
+                "{} of {} branch samples had an empty branch stack: the branch unit recorded nothing \
+                 (BRBE disabled by firmware, or no user branches); the profile is stack-only in effect",
+                self.lbr_empty, self.lbr_samples
+            )
+        })
+    }
 }
+
+/// Branch samples needed before [`PipelineStats::branch_warning`] judges.
+pub const EMPTY_WARN_MIN: u64 = 20;
 
 /// A code image: path, bytes and its ELF description.
 #[derive(Debug)]
@@ -286,6 +323,8 @@ pub struct CodeMap {
     /// Bumped whenever which code a context sees may have changed (mappings, threads): the
     /// decoders' block-cache tags ([`MemoryAccess::code_id`](etm_decode::image::MemoryAccess::code_id)) are recomputed then.
     generation: u64,
+    /// The instruction set of the code ([`PipelineConfig::arch`]).
+    arch: Option<CodeArch>,
 }
 
 impl CodeMap {
@@ -414,68 +453,142 @@ impl CodeMap {
     }
 }
 
-/// A64 instruction kind for validation (Arm ARM C4.1.3 "Branches, exception generating and
-/// system instructions"; PAuth forms included).
-pub fn a64_kind(inst: u32) -> InsnKind {
-    if (inst >> 26) & 0x7 != 0b101 {
-        return InsnKind::Other;
-    }
-    if inst & 0x7C00_0000 == 0x1400_0000 {
-        return if inst & 0x8000_0000 != 0 { InsnKind::Call } else { InsnKind::Jump };
-    }
-    if inst & 0x7E00_0000 == 0x3400_0000 || inst & 0x7E00_0000 == 0x3600_0000 || inst & 0xFF00_0000 == 0x5400_0000 {
-        return InsnKind::CondBranch;
-    }
-    if inst & 0xFE00_0000 == 0xD600_0000 {
-        // Unconditional branch (register): opc in bits 24:21.
-        let opc = (inst >> 21) & 0xF;
-        let op2 = (inst >> 16) & 0x1F;
-        if op2 != 0x1F {
-            return InsnKind::Other;
-        }
-        return match opc {
-            0b0000 | 0b1000 => InsnKind::Jump, // BR, BRAA/BRAB
-            0b0001 | 0b1001 => InsnKind::Call, // BLR, BLRAA/BLRAB
-            0b0010 => InsnKind::Return,        // RET, RETAA/RETAB
-            _ => InsnKind::Flow,               // ERET, DRPS, ...
-        };
-    }
-    if inst & 0xFF00_0000 == 0xD400_0000 {
-        // SVC/HVC/SMC (opc 000) return after themselves; BRK/HLT/DCPS do not.
-        return if (inst >> 21) & 7 == 0 { InsnKind::Exception } else { InsnKind::Flow };
-    }
-    InsnKind::Other
-}
+pub use crate::isa::a64_kind;
 
 impl CodeOracle for CodeMap {
     fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind> {
-        self.read_u32(Some(pid), addr).map(a64_kind)
+        match self.arch? {
+            CodeArch::Aarch64 => self.read_u32(Some(pid), addr).map(a64_kind),
+            // Bytes that are no instruction always break the flow (they fault).
+            CodeArch::X86_64 => Some(self.x86_at(pid, addr)?.map_or(InsnKind::Flow, |(k, _)| k)),
+        }
+    }
+
+    fn insn_len(&self, pid: u32, addr: u64) -> Option<u64> {
+        match self.arch? {
+            CodeArch::Aarch64 => Some(4),
+            CodeArch::X86_64 => self.x86_at(pid, addr)?.map(|(_, n)| n),
+        }
+    }
+
+    fn after_call(&self, pid: u32, addr: u64) -> Option<bool> {
+        match self.arch? {
+            CodeArch::Aarch64 => addr.checked_sub(4).and_then(|p| self.insn_kind(pid, p)).map(|k| k == InsnKind::Call),
+            CodeArch::X86_64 => {
+                // The longest run of known code that ends at `addr` (up to 15 bytes).
+                let k = (2..=isa::X86_MAX_INSN as u64)
+                    .rev()
+                    .find(|&k| addr.checked_sub(k).and_then(|a| self.slice(Some(pid), a)).is_some_and(|s| s.len() as u64 >= k))?;
+                let before = self.read(Some(pid), addr - k, k as usize)?;
+                Some(isa::x86_after_call(before, addr))
+            }
+        }
     }
 
     /// One mapping lookup for the whole range (the per-instruction default looks each up);
     /// past the end of that mapping, the default's per-instruction lookups.
     fn straight_code(&self, pid: u32, from: u64, to: u64) -> Straight {
-        let mut a = from;
-        if let Some(code) = self.slice(Some(pid), from) {
-            for w in code.chunks_exact(4) {
-                if a >= to {
-                    return Straight::Yes;
+        match self.arch {
+            None => Straight::Unknown,
+            Some(CodeArch::Aarch64) => {
+                let mut a = from;
+                if let Some(code) = self.slice(Some(pid), from) {
+                    for w in code.chunks_exact(4) {
+                        if a >= to {
+                            return Straight::Yes;
+                        }
+                        if !a64_kind(u32::from_le_bytes([w[0], w[1], w[2], w[3]])).is_straight() {
+                            return Straight::Flow;
+                        }
+                        a += 4;
+                    }
                 }
-                if !a64_kind(u32::from_le_bytes([w[0], w[1], w[2], w[3]])).is_straight() {
-                    return Straight::Flow;
+                while a < to {
+                    match self.insn_kind(pid, a) {
+                        None => return Straight::Unknown,
+                        Some(k) if k.is_straight() => {}
+                        Some(_) => return Straight::Flow,
+                    }
+                    a += 4;
                 }
-                a += 4;
+                Straight::Yes
+            }
+            Some(CodeArch::X86_64) => {
+                // Decoded forwards from `from` (a branch target: an instruction start); `to`
+                // must be where an instruction starts, not inside one.
+                let mut a = from;
+                while a < to {
+                    match self.x86_at(pid, a) {
+                        None => return Straight::Unknown,
+                        Some(None) => return Straight::Flow,
+                        Some(Some((k, _))) if !k.is_straight() => return Straight::Flow,
+                        Some(Some((_, n))) => a += n,
+                    }
+                }
+                if a == to { Straight::Yes } else { Straight::Flow }
             }
         }
-        while a < to {
-            match self.insn_kind(pid, a) {
-                None => return Straight::Unknown,
-                Some(k) if k.is_straight() => {}
-                Some(_) => return Straight::Flow,
-            }
-            a += 4;
+    }
+}
+
+impl CodeMap {
+    /// The x86-64 instruction at `addr`: `None` if no code is known there, `Some(None)` if
+    /// the bytes are no instruction.
+    fn x86_at(&self, pid: u32, addr: u64) -> Option<Option<(InsnKind, u64)>> {
+        let code = self.slice(Some(pid), addr)?;
+        Some(isa::x86_decode(code, addr))
+    }
+
+    /// The instruction set the code checks decode (`None`: unknown, no checks).
+    pub fn arch(&self) -> Option<CodeArch> {
+        self.arch
+    }
+}
+
+/// The entries of an LBR/BRBE branch stack (newest first) that are taken branches of the
+/// sampled thread's architectural path, with their unit-given kinds (`flags`: each entry's
+/// `perf_branch_entry` flag word, or empty):
+/// * wrong-path entries are dropped (`amd_pmu_lbr_read` keeps them with
+///   `spec = PERF_BR_SPEC_WRONG_PATH`); the path around them is unbroken;
+/// * a transaction abort (`abort`, Intel TSX: `from` is where the transaction aborted, not a
+///   branch) cuts the chain: it and every older entry are dropped;
+/// * an entry with one end 0 (`perf_entry_from_brbe_regset`: a source-only or target-only
+///   BRBE record, the other end at a filtered exception level) cuts the chain likewise.
+pub fn lbr_entries(
+    branches: &[BranchPair],
+    flags: &[u64],
+    kept: &mut Vec<BranchPair>,
+    types: &mut Vec<Option<InsnKind>>,
+    stats: &mut PipelineStats,
+) {
+    kept.clear();
+    types.clear();
+    let flags = if flags.len() == branches.len() {
+        flags
+    } else {
+        if !flags.is_empty() {
+            stats.lbr_flags_mismatch += 1;
         }
-        Straight::Yes
+        &[]
+    };
+    for (i, b) in branches.iter().enumerate() {
+        let f = flags.get(i).map(|&f| isa::BranchFlags(f));
+        if f.is_some_and(|f| f.wrong_path()) {
+            stats.lbr_wrong_path += 1;
+            continue;
+        }
+        let abort = f.is_some_and(|f| f.abort());
+        if abort || b.from == 0 || b.to == 0 {
+            if abort {
+                stats.lbr_tx_abort += 1;
+            } else {
+                stats.lbr_partial_entries += 1;
+            }
+            stats.lbr_cut_entries += (branches.len() - i - 1) as u64;
+            break;
+        }
+        kept.push(*b);
+        types.push(f.and_then(|f| f.kind()));
     }
 }
 
@@ -583,6 +696,9 @@ pub struct Pipeline {
     scratch_frames: Vec<FrameId>,
     /// The CPUs an AUX record's windows touched (reused: no allocation per record).
     scratch_touched: Vec<i32>,
+    /// An LBR/BRBE sample's entries kept, and what the unit says each branch was.
+    scratch_lbr: Vec<BranchPair>,
+    scratch_types: Vec<Option<InsnKind>>,
     observer: Option<Observer>,
 }
 
@@ -591,6 +707,7 @@ impl Pipeline {
     pub fn new(cfg: PipelineConfig) -> Self {
         let trace_cpu = cfg.cpus.iter().map(|c| (c.trace_id, c.cpu)).collect();
         let factory = cfg.decoder.clone().or_else(crate::decoder::default_factory);
+        let arch = cfg.arch.or((!cfg.cpus.is_empty()).then_some(CodeArch::Aarch64));
         Pipeline {
             joiner: Joiner::new(cfg.join),
             profile: HybridProfile::new(cfg.profile),
@@ -600,7 +717,7 @@ impl Pipeline {
             cfg,
             aux: HashMap::new(),
             trace_cpu,
-            code: CodeMap::default(),
+            code: CodeMap { arch, ..Default::default() },
             resolver: Resolver::default(),
             frames: FrameTable::new(),
             frame_cache: HashMap::new(),
@@ -611,6 +728,8 @@ impl Pipeline {
             scratch_branches: Vec::new(),
             scratch_frames: Vec::new(),
             scratch_touched: Vec::new(),
+            scratch_lbr: Vec::new(),
+            scratch_types: Vec::new(),
             observer: None,
         }
     }
@@ -975,6 +1094,8 @@ impl Pipeline {
             cfg,
             scratch_branches,
             scratch_frames,
+            scratch_lbr,
+            scratch_types,
             observer,
             ..
         } = self;
@@ -994,9 +1115,14 @@ impl Pipeline {
         match &s.branches {
             Some(b) => {
                 sink.stats.lbr_samples += 1;
-                let depth = cfg.join.depth.min(b.len());
-                let b = &b[..depth];
-                if joiner.validate_sample(s.pid, &s.stack, b, code).is_ok() {
+                if b.is_empty() {
+                    sink.stats.lbr_empty += 1;
+                }
+                let (kept, types) = (&mut *scratch_lbr, &mut *scratch_types);
+                lbr_entries(b, &s.branch_flags, kept, types, sink.stats);
+                let depth = cfg.join.depth.min(kept.len());
+                let (b, t) = (&kept[..depth], &types[..depth]);
+                if joiner.validate_sample(s.pid, &s.stack, b, t, code).is_ok() {
                     sink.accept(&Joined { cpu: s.cpu, pid: s.pid, tid: s.tid, time: s.time, stack: &s.stack, branches: b });
                 }
             }
@@ -1460,7 +1586,16 @@ mod tests {
     /// target (no code images: the code checks are skipped, counted as unverified).
     fn sample(cpu: i32, time: u64) -> PauseSample {
         let leaf = base(cpu, time / 1000) + 0x54;
-        PauseSample { cpu, pid: 1, tid: 1, time, stack: vec![leaf, 0x1234], branches: None, window_ns: None }
+        PauseSample {
+            cpu,
+            pid: 1,
+            tid: 1,
+            time,
+            stack: vec![leaf, 0x1234],
+            branches: None,
+            branch_flags: Vec::new(),
+            window_ns: None,
+        }
     }
 
     enum E {
@@ -1620,6 +1755,205 @@ mod tests {
         assert_eq!((st.lbr_samples, st.stack_only_samples, st.profiled), (1, 1, 2));
     }
 
+    /// x86-64 code at 0x40_0000 of process 1: `call 0x400010` (5 bytes), nops; at 0x400010
+    /// `mov rbx, rax; adc al, 0; nop`, at 0x400020 `ret; nop`. As A64 words the bytes at
+    /// 0x400010 (48 89 c3 14) read as `B`.
+    fn x86_pipeline(arch: Option<CodeArch>) -> (Pipeline, Got) {
+        let mut code = vec![0x90u8; 0x40];
+        code[0..5].copy_from_slice(&[0xe8, 0x0b, 0, 0, 0]);
+        code[0x10..0x16].copy_from_slice(&[0x48, 0x89, 0xc3, 0x14, 0x00, 0x90]);
+        code[0x20..0x22].copy_from_slice(&[0xc3, 0x90]);
+        let meta = SessionMeta { arch, ..Default::default() };
+        let mut p = Pipeline::new(PipelineConfig::from_meta(&meta));
+        p.add_image("/bin/x86prog", Arc::new(code));
+        p.push(SessionEvent::Sideband(&Sideband::Mmap2 {
+            pid: 1,
+            tid: 1,
+            addr: 0x40_0000,
+            len: 0x40,
+            pgoff: 0,
+            prot: 5,
+            flags: 2,
+            filename: "/bin/x86prog".into(),
+            build_id: None,
+            time: 0,
+            cpu: None,
+        }));
+        let got: Got = Rc::default();
+        let g = got.clone();
+        p.set_observer(Box::new(move |j| g.borrow_mut().push((j.cpu, j.time, j.branches.to_vec()))));
+        (p, got)
+    }
+
+    fn lbr_sample(leaf: u64, caller: u64, branches: &[(u64, u64)]) -> PauseSample {
+        PauseSample {
+            stack: vec![leaf, caller],
+            branches: Some(branches.iter().map(|&(from, to)| BranchPair { from, to }).collect()),
+            pid: 1,
+            tid: 1,
+            ..Default::default()
+        }
+    }
+
+    /// A recording of x86 code is checked as x86 (the replay path: the pipeline configured
+    /// from `session.json`): the call's return address is 5 bytes on, straight code is
+    /// decoded by instruction, and a `ret` or a leaf inside an instruction breaks it. Read as
+    /// A64 the same good sample is rejected.
+    #[test]
+    fn x86_recordings_are_checked_as_x86() {
+        let good = lbr_sample(0x40_0015, 0x40_0005, &[(0x40_0000, 0x40_0010)]);
+        let (mut p, got) = x86_pipeline(Some(CodeArch::X86_64));
+        p.push(SessionEvent::Sample(&good));
+        // Leaf after the `ret` at 0x400020; leaf inside `mov rbx, rax`.
+        p.push(SessionEvent::Sample(&lbr_sample(0x40_0021, 0x40_0005, &[(0x40_0000, 0x40_0020)])));
+        p.push(SessionEvent::Sample(&lbr_sample(0x40_0011, 0x40_0005, &[(0x40_0000, 0x40_0010)])));
+        // Call, straight code to the `ret`, return to the call's end (from + 5) and on.
+        p.push(SessionEvent::Sample(&lbr_sample(0x40_0006, 0x40_1000, &[(0x40_0020, 0x40_0005), (0x40_0000, 0x40_0010)])));
+        // The same return landing at A64's from + 4.
+        p.push(SessionEvent::Sample(&lbr_sample(0x40_0004, 0x40_1000, &[(0x40_0020, 0x40_0004), (0x40_0000, 0x40_0010)])));
+        p.finish();
+        let st = p.stats();
+        assert_eq!((st.join.joined, st.join.unverified), (2, 0), "{st:?}");
+        assert_eq!(got.borrow().len(), 2);
+        assert_eq!(st.join.rejected.get(RejectReason::LeafNotReachable), 2, "{st:?}");
+        assert_eq!(st.join.rejected.get(RejectReason::ReturnMismatch), 1, "{st:?}");
+
+        let (mut a64, _) = x86_pipeline(Some(CodeArch::Aarch64));
+        a64.push(SessionEvent::Sample(&good));
+        a64.finish();
+        assert_eq!(a64.stats().join.joined, 0, "A64 reads 48 89 c3 14 as B");
+    }
+
+    fn typed(ty: u8) -> u64 {
+        u64::from(ty) << 20
+    }
+
+    /// AMD wrong-path entries are dropped (the path around them is whole again); a TSX abort
+    /// and a BRBE half-record cut the chain there; flags that do not pair with the entries
+    /// are ignored, counted.
+    #[test]
+    fn speculative_abort_and_partial_entries() {
+        use crate::isa::br_type;
+        let (mut p, got) = x86_pipeline(Some(CodeArch::X86_64));
+        let ret_call = [(0x40_0020, 0x40_0005), (0x40_0030, 0x40_0038), (0x40_0000, 0x40_0010)];
+        let mut s = lbr_sample(0x40_0006, 0x40_1000, &ret_call);
+        s.branch_flags = vec![typed(br_type::RET), 1 << 24, typed(br_type::CALL)];
+        p.push(SessionEvent::Sample(&s));
+        // An abort inside the transaction at 0x400013, handler at 0x400018.
+        let mut a = lbr_sample(0x40_0006, 0x40_1000, &[(0x40_0020, 0x40_0005), (0x40_0013, 0x40_0018), (0x40_0000, 0x40_0010)]);
+        a.branch_flags = vec![typed(br_type::RET), (1 << 3) | (1 << 2), typed(br_type::CALL)];
+        p.push(SessionEvent::Sample(&a));
+        // A target-only record (from 0) in the middle.
+        let z = lbr_sample(0x40_0006, 0x40_1000, &[(0x40_0020, 0x40_0005), (0, 0x40_0018), (0x40_0000, 0x40_0010)]);
+        p.push(SessionEvent::Sample(&z));
+        let mut m = lbr_sample(0x40_0006, 0x40_1000, &ret_call[..1]);
+        m.branch_flags = vec![0, 0];
+        p.push(SessionEvent::Sample(&m));
+        p.finish();
+        let st = p.stats();
+        assert_eq!(st.join.joined, 4, "{st:?}");
+        assert_eq!((st.lbr_wrong_path, st.lbr_tx_abort, st.lbr_partial_entries, st.lbr_cut_entries), (1, 1, 1, 2));
+        assert_eq!(st.lbr_flags_mismatch, 1);
+        let got = got.borrow();
+        let pair = |f, t| BranchPair { from: f, to: t };
+        assert_eq!(got[0].2, vec![pair(0x40_0020, 0x40_0005), pair(0x40_0000, 0x40_0010)]);
+        assert_eq!(got[1].2, vec![pair(0x40_0020, 0x40_0005)]);
+        assert_eq!(got[2].2, vec![pair(0x40_0020, 0x40_0005)]);
+    }
+
+    /// Without the drop, the wrong-path entry breaks the chain: the model is not vacuous.
+    #[test]
+    fn wrong_path_entry_kept_breaks_the_chain() {
+        let (mut p, _) = x86_pipeline(Some(CodeArch::X86_64));
+        p.push(SessionEvent::Sample(&lbr_sample(
+            0x40_0006,
+            0x40_1000,
+            &[(0x40_0020, 0x40_0005), (0x40_0030, 0x40_0038), (0x40_0000, 0x40_0010)],
+        )));
+        p.finish();
+        assert_eq!(p.stats().join.rejected.get(RejectReason::BrokenChain), 1);
+    }
+
+    /// The branch type must agree with the code about calls and returns; where the code is
+    /// unknown (no image) it stands in for it, so calls and returns are still checked.
+    #[test]
+    fn branch_types_check_calls_and_returns() {
+        use crate::isa::br_type;
+        let (mut p, _) = x86_pipeline(Some(CodeArch::X86_64));
+        let mut s = lbr_sample(0x40_0015, 0x40_0005, &[(0x40_0000, 0x40_0010)]);
+        s.branch_flags = vec![typed(br_type::CALL)];
+        p.push(SessionEvent::Sample(&s));
+        s.branch_flags = vec![typed(br_type::RET)];
+        p.push(SessionEvent::Sample(&s));
+        s.branch_flags = vec![typed(br_type::COND)];
+        p.push(SessionEvent::Sample(&s));
+        p.finish();
+        let st = p.stats();
+        assert_eq!(st.join.joined, 1, "{st:?}");
+        assert_eq!(st.join.rejected.get(RejectReason::BranchTypeMismatch), 2);
+
+        // BRBE-typed A64 records without any code image: call at 0x1000, return to 0x1004.
+        let mut a = Pipeline::new(PipelineConfig { arch: Some(CodeArch::Aarch64), ..Default::default() });
+        let mut ok = lbr_sample(0x1008, 0x9000, &[(0x2000, 0x1004), (0x1000, 0x2000)]);
+        ok.branch_flags = vec![typed(br_type::RET), typed(br_type::CALL)];
+        a.push(SessionEvent::Sample(&ok));
+        let mut bad = lbr_sample(0x100c, 0x9000, &[(0x2000, 0x1008), (0x1000, 0x2000)]);
+        bad.branch_flags = ok.branch_flags.clone();
+        a.push(SessionEvent::Sample(&bad));
+        a.finish();
+        let st = a.stats();
+        assert_eq!((st.join.joined, st.join.rejected.get(RejectReason::ReturnMismatch)), (1, 1), "{st:?}");
+    }
+
+    /// Empty branch stacks are counted (not passed off as stack-only), and a warning says so
+    /// when most samples are empty.
+    #[test]
+    fn empty_branch_stacks_are_counted_and_warned() {
+        let (mut p, _) = x86_pipeline(Some(CodeArch::X86_64));
+        for i in 0..30u64 {
+            let mut s = lbr_sample(0x40_0015, 0x40_0005, &[]);
+            s.time = i;
+            p.push(SessionEvent::Sample(&s));
+        }
+        for _ in 0..5 {
+            p.push(SessionEvent::Sample(&lbr_sample(0x40_0015, 0x40_0005, &[(0x40_0000, 0x40_0010)])));
+        }
+        p.finish();
+        let st = p.stats();
+        assert_eq!((st.lbr_samples, st.lbr_empty, st.stack_only_samples, st.profiled), (35, 30, 0, 35));
+        assert!(st.branch_warning().is_some_and(|w| w.contains("30 of 35")), "{:?}", st.branch_warning());
+        let few = PipelineStats { lbr_samples: 35, lbr_empty: 10, ..Default::default() };
+        assert_eq!(few.branch_warning(), None);
+    }
+
+    /// A recording that does not say its architecture (and has no ETM) is not checked as
+    /// A64: its branch samples are kept, counted unverified.
+    #[test]
+    fn recordings_without_arch_are_unverified() {
+        let (mut p, _) = x86_pipeline(None);
+        p.push(SessionEvent::Sample(&lbr_sample(0x40_0015, 0x40_0005, &[(0x40_0000, 0x40_0010)])));
+        p.finish();
+        let st = p.stats();
+        assert_eq!((st.join.joined, st.join.unverified), (1, 1), "{st:?}");
+        assert_eq!(p.code().arch(), None);
+        let etm = Pipeline::new(PipelineConfig::from_meta(&SessionMeta {
+            cpus: vec![CpuTraceConfig::default()],
+            ..Default::default()
+        }));
+        assert_eq!(etm.code().arch(), Some(CodeArch::Aarch64));
+    }
+
+    /// `session.json` carries the architecture; older files without it read as `None`.
+    #[test]
+    fn meta_carries_arch() {
+        let m = SessionMeta { arch: Some(CodeArch::X86_64), ..Default::default() };
+        let j = serde_json::to_string(&m).unwrap();
+        assert!(j.contains("\"arch\":\"x86_64\""), "{j}");
+        assert_eq!(serde_json::from_str::<SessionMeta>(&j).unwrap().arch, Some(CodeArch::X86_64));
+        let old = j.replace(",\"arch\":\"x86_64\"", "");
+        assert_eq!(serde_json::from_str::<SessionMeta>(&old).unwrap().arch, None);
+    }
+
     /// Random bytes, random records and hostile sideband through the real decoder never panic,
     /// and every sample is accounted for (joined or rejected by reason) after `finish`.
     #[test]
@@ -1682,6 +2016,7 @@ mod tests {
                             time: i * 100 + rnd() % 200,
                             stack,
                             branches: None,
+                            branch_flags: Vec::new(),
                             window_ns: None,
                         };
                         p.push(SessionEvent::Sample(&s));
@@ -1718,24 +2053,6 @@ mod tests {
         }
     }
 
-    /// The A64 classifier recognises the branch classes the validation relies on.
-    #[test]
-    fn a64_classes() {
-        // Encodings from the Arm ARM (checked against `aarch64-linux-gnu-objdump`).
-        assert_eq!(a64_kind(0x9400_0010), InsnKind::Call); // bl
-        assert_eq!(a64_kind(0x1400_0010), InsnKind::Jump); // b
-        assert_eq!(a64_kind(0xD63F_0020), InsnKind::Call); // blr x1
-        assert_eq!(a64_kind(0xD61F_0020), InsnKind::Jump); // br x1
-        assert_eq!(a64_kind(0xD65F_03C0), InsnKind::Return); // ret
-        assert_eq!(a64_kind(0x5400_0040), InsnKind::CondBranch); // b.eq
-        assert_eq!(a64_kind(0xB400_0040), InsnKind::CondBranch); // cbz x0
-        assert_eq!(a64_kind(0x3600_0040), InsnKind::CondBranch); // tbz w0
-        assert_eq!(a64_kind(0xD400_0001), InsnKind::Exception); // svc #0
-        assert_eq!(a64_kind(0xD420_0000), InsnKind::Flow); // brk #0
-        assert_eq!(a64_kind(0x8B02_0020), InsnKind::Other); // add x0, x1, x2
-        assert_eq!(a64_kind(0xD503_201F), InsnKind::Other); // nop
-    }
-
     /// The code map's one-lookup straight-line scan gives the per-instruction default's answer
     /// for every range over two adjacent mappings, a gap and a partial word at an image end.
     #[test]
@@ -1754,7 +2071,7 @@ mod tests {
             v.extend(std::iter::repeat_n(0u8, tail));
             Arc::new(v)
         };
-        let mut code = CodeMap::default();
+        let mut code = CodeMap { arch: Some(CodeArch::Aarch64), ..Default::default() };
         for (i, data) in
             [words(&[NOP, BEQ, NOP, NOP], 0), words(&[NOP, NOP, B, NOP], 0), words(&[NOP], 2)].into_iter().enumerate()
         {
@@ -1800,7 +2117,7 @@ mod tests {
     }
 
     fn tid_sample(cpu: i32, tid: u32, time: u64) -> PauseSample {
-        PauseSample { cpu, pid: 1, tid, time, stack: vec![0x9000], branches: None, window_ns: None }
+        PauseSample { cpu, pid: 1, tid, time, stack: vec![0x9000], branches: None, branch_flags: Vec::new(), window_ns: None }
     }
 
     fn joined(got: &Got) -> Vec<(u64, Vec<BranchPair>)> {

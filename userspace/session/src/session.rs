@@ -44,7 +44,10 @@
 //!   there (0 = not provided, no check).
 //! * `sample.stack` is leaf first (`[0]` = sampled IP, then return addresses), runtime virtual
 //!   addresses; `sample.branches` is `null` (no branch unit: ETM or stack-only) or the
-//!   LBR/BRBE records carried by the sample, newest first.
+//!   LBR/BRBE records carried by the sample, newest first (`[]`: the kernel gave none);
+//!   `sample.branch_flags` (optional) is each record's `perf_branch_entry` flag word.
+//! * `session.json`'s `arch` (`aarch64`, `x86_64`) is the instruction set the code checks
+//!   decode; absent in older recordings (ETM sessions: AArch64).
 //! * Times are perf-clock nanoseconds. ETM timestamps in the AUX data are converted with
 //!   `session.json`'s `clock` (perf's `tsc_to_perf_time` formula); `clock: null` means the
 //!   trace timestamps are already perf-clock nanoseconds (synthetic sessions).
@@ -243,6 +246,40 @@ pub struct CodeImage {
     pub copy: Option<String>,
 }
 
+/// The instruction set of the profiled code: what the join's code checks decode (A64 words
+/// or x86-64 instructions). Recorded by the live driver from the host it ran on, so a replay
+/// validates a recording the same way the live run did, on any machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CodeArch {
+    /// AArch64 (A64 instructions; ETM/ETE, BRBE).
+    #[serde(rename = "aarch64")]
+    Aarch64,
+    /// x86-64 (Intel LBR, Arch LBR, AMD LBRv2).
+    #[serde(rename = "x86_64")]
+    X86_64,
+}
+
+impl CodeArch {
+    /// The architecture this program was built for, if it is one the checks know.
+    pub fn host() -> Option<CodeArch> {
+        if cfg!(target_arch = "aarch64") {
+            Some(CodeArch::Aarch64)
+        } else if cfg!(target_arch = "x86_64") {
+            Some(CodeArch::X86_64)
+        } else {
+            None
+        }
+    }
+
+    /// The name used in `session.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CodeArch::Aarch64 => "aarch64",
+            CodeArch::X86_64 => "x86_64",
+        }
+    }
+}
+
 /// `session.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct SessionMeta {
@@ -267,6 +304,11 @@ pub struct SessionMeta {
     /// Free-form notes (generator version, host, ...).
     #[serde(default)]
     pub notes: HashMap<String, String>,
+    /// The instruction set of the recorded code. Absent in recordings made before it was
+    /// recorded: sessions with ETM data are AArch64; others are replayed without code checks
+    /// of branch records (counted unverified).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<CodeArch>,
 }
 
 /// A branch record `{from, to}` (runtime addresses).
@@ -291,9 +333,15 @@ pub struct PauseSample {
     pub time: u64,
     /// User stack, leaf first.
     pub stack: Vec<u64>,
-    /// LBR/BRBE records carried by the sample (newest first), or `None`.
+    /// LBR/BRBE records carried by the sample (newest first), or `None`. `Some` and empty:
+    /// the event had a branch stack and the kernel gave no entry.
     #[serde(default)]
     pub branches: Option<Vec<BranchPair>>,
+    /// The flag word of each of `branches` (the third u64 of the kernel's `struct
+    /// perf_branch_entry`: mispred, predicted, in_tx, abort, cycles, type, spec, new_type,
+    /// priv), same order; empty when the source gives none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub branch_flags: Vec<u64>,
     /// Length of the trace window this pause closed (ns, measured by the eBPF programs
     /// between the resume and the pause), if known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -914,6 +962,7 @@ mod tests {
         SessionMeta {
             source: SessionSource::Synthetic,
             target: TargetInfo { pid: 42, command: vec!["prog".into(), "10".into()] },
+            arch: Some(CodeArch::Aarch64),
             cpus: vec![CpuTraceConfig {
                 cpu: 0,
                 arch: TraceArch::Ete,
@@ -946,6 +995,7 @@ mod tests {
             time: 1000,
             stack: vec![u64::MAX - 3, 0x40_0000],
             branches: Some(vec![BranchPair { from: 1, to: 2 }]),
+            branch_flags: vec![(6 << 20) | (1 << 24)],
             window_ns: Some(812),
         };
         let sbs = vec![

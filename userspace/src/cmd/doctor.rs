@@ -62,14 +62,68 @@ pub fn main(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     }
     json["kernel"] = host.release.clone().into();
     f.push(finding("bpf_read_branch_records: available (5.7+, for LBR/BRBE samples)".to_string(), ""));
-    let brbe = if host.brbe.is_empty() {
-        "BRBE: none (no PMU shows caps/branches)".to_string()
-    } else {
-        format!("BRBE: {}", host.brbe.iter().map(|(p, n)| format!("{p} with {n} records")).collect::<Vec<_>>().join(", "))
-    };
-    f.push(finding(brbe, ""));
+    let unit = host.branch_unit();
+    let pmus = host
+        .brbe
+        .iter()
+        .map(|(p, n)| format!("{p} {n}"))
+        .chain(host.lbr.iter().map(|(p, n, name)| match name {
+            Some(m) => format!("{p} ({m}) {n}"),
+            None => format!("{p} {n}"),
+        }))
+        .collect::<Vec<_>>()
+        .join(", ");
+    match &unit {
+        Some(u) => f.push(finding(
+            format!(
+                "branch-record unit: {} (caps/branches: {pmus}); all {} records are kept per sample",
+                u.describe(),
+                u.depth()
+            ),
+            "",
+        )),
+        None => f.push(finding(
+            "branch-record unit: none (no core PMU shows caps/branches: no LBR/BRBE, or the kernel or firmware disabled it)",
+            "",
+        )),
+    }
     json["brbe"] =
         serde_json::json!(host.brbe.iter().map(|(p, n)| serde_json::json!({"pmu": p, "records": n})).collect::<Vec<_>>());
+    json["lbr"] = serde_json::json!(
+        host.lbr.iter().map(|(p, n, m)| serde_json::json!({"pmu": p, "records": n, "pmu_name": m})).collect::<Vec<_>>()
+    );
+    json["branch_unit"] = match &unit {
+        Some(u) => serde_json::json!({"kind": u.describe(), "records": u.depth()}),
+        None => serde_json::Value::Null,
+    };
+    // Which kernel fixes the branch events' scope depends on (docs/lbr.md).
+    let arm64 = if live {
+        cfg!(target_arch = "aarch64")
+    } else {
+        !host.brbe.is_empty() || host.lbr.is_empty() && cs_etm_present(&cfg.sysfs_root)
+    };
+    let scope = etm_perf::host::branch_event_scope(kernel, arm64, None);
+    f.push(finding(
+        format!(
+            "branch events (--branch-events auto): {}: {}",
+            match scope.scope {
+                etm_perf::host::BranchScope::PerThread => "per-thread",
+                etm_perf::host::BranchScope::CpuWide => "CPU-wide",
+            },
+            scope.reason
+        ),
+        if scope.null_pmu_ctx_risk {
+            "do not use --branch-events cpu on this kernel (NULL pmu_ctx in armv8pmu_sched_task)"
+        } else {
+            ""
+        },
+    ));
+    json["branch_events"] = serde_json::json!({
+        "scope": format!("{:?}", scope.scope),
+        "reason": scope.reason,
+        "null_pmu_ctx_risk": scope.null_pmu_ctx_risk,
+        "stale_branch_risk": scope.stale_branch_risk,
+    });
     let has_etm = cs_etm_present(&cfg.sysfs_root);
     json["cs_etm"] = has_etm.into();
     let mut warnings: Vec<String> = Vec::new();
@@ -168,12 +222,22 @@ pub fn main(args: DoctorArgs) -> anyhow::Result<ExitCode> {
             .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
         let core = pmus.iter().any(|p| p.starts_with("armv8_") || p.starts_with("armv9_") || p == "cpu" || p.starts_with("cpu_"));
-        (if core { "cycles" } else { "cpu-clock" }, if host.brbe.is_empty() { "none" } else { "lbr" })
+        (if core { "cycles" } else { "cpu-clock" }, if unit.is_none() { "none" } else { "lbr" })
     };
     let branches = if etm_usable { "etm" } else { branches };
+    let why = match branches {
+        "etm" => "a usable cs_etm PMU comes first".to_string(),
+        "lbr" => format!(
+            "no usable cs_etm; the cycles event accepted a branch stack{}",
+            unit.as_ref().map_or(String::new(), |u| format!(" ({})", u.describe()))
+        ),
+        _ if has_etm => "cs_etm has no usable window mode and no branch stack was accepted".to_string(),
+        _ => "no cs_etm PMU and no event accepted a branch stack".to_string(),
+    };
+    json["run_branches_reason"] = why.clone().into();
     f.push(finding(
         format!(
-            "run would sample: {event} with branches {}",
+            "run would sample: {event} with branches {} ({why})",
             match branches {
                 "etm" => "etm (CoreSight trace windows)",
                 "lbr" => "lbr (LBR/BRBE records)",

@@ -255,6 +255,16 @@ fn print_summary(
         "  samples:  lbr {} stack-only {} profiled {} (stacks cut at a return address after no call {}); lost records {} (events {})",
         st.lbr_samples, st.stack_only_samples, st.profiled, st.stacks_truncated, st.lost_records, st.lost_events
     );
+    if st.lbr_samples > 0 {
+        println!(
+            "  branch records: empty stacks {} wrong-path dropped {} tx aborts {} partial {} cut {} flags mismatch {}",
+            st.lbr_empty, st.lbr_wrong_path, st.lbr_tx_abort, st.lbr_partial_entries, st.lbr_cut_entries, st.lbr_flags_mismatch
+        );
+    }
+    if let Some(w) = st.branch_warning() {
+        log::warn!("{w}");
+        println!("  warning: {w}");
+    }
     let ps = p.profile().stats();
     println!(
         "  profile:  samples {} distinct {} contexts {} folded {} dropped {} unresolved addresses {}",

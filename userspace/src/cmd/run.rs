@@ -12,10 +12,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
-use etm_bpf_common::{FLAG_READ_BRANCHES, SampleRecord};
+use etm_bpf_common::{FLAG_READ_BRANCHES, REC_HAS_BRANCHES, SampleRecord};
 use etm_perf::attr::{WindowMode, WindowParams};
 use etm_session::PipelineConfig;
-use etm_session::session::{BranchPair, PauseSample, SessionEvent, SessionMeta, SessionSource, TargetInfo};
+use etm_session::session::{BranchPair, CodeArch, PauseSample, SessionEvent, SessionMeta, SessionSource, TargetInfo};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -25,8 +25,9 @@ use crate::engine::{DumpMeta, Engine, pipeline_json};
 use crate::live::bpf::{BpfCounters, SampleBpf};
 use crate::live::etm::{EtmConfig, EtmLive, Recorder, cs_etm_present};
 use crate::live::maps::{MapsTracker, load_image};
-use crate::live::perf_event::{SampleEvent, open_per_cpu};
+use crate::live::perf_event::{SampleEvent, open_per_cpu, open_per_thread};
 use crate::tui::app::{App, Key, Snapshot, Status, rows_from_trie};
+use etm_perf::host::BranchScope;
 
 /// Where branch records come from.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +40,17 @@ pub enum Branches {
     Lbr,
     /// CoreSight ETM/ETE windows closed by a pause event (fails without a cs_etm PMU).
     Etm,
+}
+
+/// Where LBR/BRBE branch events are opened.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BranchEvents {
+    /// Per-thread unless the kernel is known to have the sched_task fixes (docs/lbr.md).
+    Auto,
+    /// One event per target thread, inherited by threads created later.
+    Thread,
+    /// One event per CPU for every task (the BPF program keeps the target's samples).
+    Cpu,
 }
 
 /// ETM window mode (`--branches etm`).
@@ -80,11 +92,15 @@ pub struct RunArgs {
     /// Branch-history source joined to each stack.
     #[arg(long, value_enum, default_value_t = Branches::Auto)]
     pub branches: Branches,
+    /// Where LBR/BRBE branch events are opened: per target thread or per CPU.
+    #[arg(long, value_enum, default_value_t = BranchEvents::Auto)]
+    pub branch_events: BranchEvents,
     #[command(flatten)]
     pub etm: EtmArgs,
-    /// Branch records kept per hybrid sample.
-    #[arg(long, default_value_t = 32)]
-    pub depth: u32,
+    /// Branch records kept per hybrid sample [default: ETM 32; LBR/BRBE every record the
+    /// hardware gives, up to 64].
+    #[arg(long)]
+    pub depth: Option<u32>,
     /// Save everything the live path consumed (samples, sideband, AUX data, code images) as
     /// a session directory that `etm-bpf replay` reads.
     #[arg(long)]
@@ -197,6 +213,9 @@ fn cmdline(pid: u32) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Branch records kept per ETM sample unless `--depth` says otherwise.
+const ETM_DEPTH: u32 = 32;
+
 /// Session note with the context trie's node bound, so a replay bounds it the same way.
 pub const TRIE_NODES_NOTE: &str = "trie_nodes";
 
@@ -303,13 +322,7 @@ impl Feed {
         s.time = rec.time_ns;
         s.stack.clear();
         s.stack.extend_from_slice(stack);
-        let br = rec.branches();
-        s.branches = (!br.is_empty()).then(|| {
-            let mut v = self.spare_branches.take().unwrap_or_default();
-            v.clear();
-            v.extend(br.iter().map(|b| BranchPair { from: b.from, to: b.to }));
-            v
-        });
+        fill_branches(&rec, &mut s, &mut self.spare_branches);
         self.event(SessionEvent::Sample(&s));
         if let Some(v) = s.branches.take() {
             self.spare_branches = Some(v);
@@ -327,6 +340,22 @@ impl Feed {
     }
 }
 
+/// The branch stack of a ring record into `s`: `None` when the program read none, else the
+/// entries (possibly none: an empty branch stack is kept as such, for the pipeline to count)
+/// with each entry's `perf_branch_entry` flag word (the pipeline drops wrong-path and abort
+/// entries and checks branch types with it).
+fn fill_branches(rec: &SampleRecord, s: &mut PauseSample, spare: &mut Option<Vec<BranchPair>>) {
+    s.branch_flags.clear();
+    s.branches = (rec.flags & REC_HAS_BRANCHES != 0).then(|| {
+        let br = rec.branches();
+        let mut v = spare.take().unwrap_or_default();
+        v.clear();
+        v.extend(br.iter().map(|b| BranchPair { from: b.from, to: b.to }));
+        s.branch_flags.extend(br.iter().map(|b| b.flags));
+        v
+    });
+}
+
 pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.freq == 0 || args.freq > 100_000 {
         bail!("--freq must be between 1 and 100000 Hz (got {})", args.freq);
@@ -339,7 +368,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     {
         bail!("--duration must be a positive number of seconds");
     }
-    if args.depth == 0 || args.depth > 1024 {
+    if args.depth.is_some_and(|d| d == 0 || d > 1024) {
         bail!("--depth must be between 1 and 1024");
     }
     if !args.headless && !std::io::stdout().is_terminal() {
@@ -395,7 +424,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let cfg = EtmConfig {
             pid: Some(pid as i32),
             record: args.record.clone(),
-            branch_depth: args.depth,
+            branch_depth: args.depth.unwrap_or(ETM_DEPTH),
             command: command.clone(),
             ..args.etm.config()
         };
@@ -403,7 +432,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         bpf.set_window_flags(etm.window_flags()).context("configuring the window programs")?;
         etm.note(TRIE_NODES_NOTE, args.max_contexts.to_string());
         let mode = etm.mode_line().to_string();
-        let mut pc = etm.pipeline_config(args.depth as usize);
+        let mut pc = etm.pipeline_config(args.depth.unwrap_or(ETM_DEPTH) as usize);
         pc.trie_nodes = args.max_contexts;
         let engine = Engine::new(pc, Some(loader));
         let info = RunInfo {
@@ -417,7 +446,14 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         };
         (bpf, info, Feed::new(pid, engine, maps, Some(etm), None))
     } else {
-        let (event, fds, branches) = open_events(args.freq, args.branches, &cpus)?;
+        let host = etm_perf::host::HostFacts::read(std::path::Path::new("/proc"), std::path::Path::new("/sys"));
+        let requested = match args.branch_events {
+            BranchEvents::Auto => None,
+            BranchEvents::Thread => Some(BranchScope::PerThread),
+            BranchEvents::Cpu => Some(BranchScope::CpuWide),
+        };
+        let scope = etm_perf::host::branch_event_scope(host.kernel, cfg!(target_arch = "aarch64"), requested);
+        let (event, fds, branches, scope_line) = open_events(args.freq, args.branches, &cpus, pid, &scope)?;
         let flags = if branches == "lbr" { FLAG_READ_BRANCHES } else { 0 };
         let mut bpf =
             SampleBpf::load(pid, flags).context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
@@ -425,10 +461,12 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             bpf.attach_perf_fd(fd).context("cannot attach the eBPF program to the perf event")?;
         }
         let mut pc = PipelineConfig { trie_nodes: args.max_contexts, ..Default::default() };
-        pc.join.depth = args.depth as usize;
-        // The join's code checks decode A64; LBR samples of other architectures are kept
-        // unvalidated.
-        pc.join.validate = cfg!(target_arch = "aarch64");
+        // LBR/BRBE: every record the kernel copied, unless --depth says fewer.
+        let depth = args.depth.unwrap_or(etm_bpf_common::MAX_BRANCHES as u32);
+        pc.join.depth = depth as usize;
+        // The code checks decode the host's instructions (the recording says which, so a
+        // replay checks the same way).
+        pc.arch = CodeArch::host();
         let engine = Engine::new(pc, Some(loader));
         let recorder = match &args.record {
             Some(dir) => {
@@ -436,14 +474,18 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
                 notes.insert("event".to_string(), event.name().to_string());
                 notes.insert("frequency_hz".to_string(), args.freq.to_string());
                 notes.insert("branch_source".to_string(), branches.to_string());
+                if let Some(l) = &scope_line {
+                    notes.insert("branch_events".to_string(), l.clone());
+                }
                 notes.insert("clock".to_string(), "CLOCK_MONOTONIC".to_string());
                 notes.insert(TRIE_NODES_NOTE.to_string(), args.max_contexts.to_string());
                 let meta = SessionMeta {
                     source: SessionSource::Live,
                     target: TargetInfo { pid: i64::from(pid), command: command.clone() },
-                    branch_depth: args.depth,
+                    branch_depth: depth,
                     window: etm_session::session::WindowParams { mode: "none".into(), ..Default::default() },
                     notes,
+                    arch: CodeArch::host(),
                     ..Default::default()
                 };
                 Some(Recorder::create(dir, meta, true)?)
@@ -457,7 +499,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             branches,
             freq: args.freq,
             start: SystemTime::now(),
-            window_line: None,
+            window_line: scope_line,
         };
         (bpf, info, Feed::new(pid, engine, maps, None, recorder))
     };
@@ -474,10 +516,12 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(line) = &info.window_line {
         log::info!("{line}");
         if args.headless {
-            // The one line saying which window mode was chosen and why.
-            let _ = writeln!(std::io::stdout(), "etm-bpf: ETM window: {line}");
+            // The one line saying which window mode (or branch event scope) was chosen and why.
+            let what = if info.branches == "etm" { "ETM window" } else { "branch events" };
+            let _ = writeln!(std::io::stdout(), "etm-bpf: {what}: {line}");
         }
     }
+    let switches_at_start = etm_perf::host::context_switches(std::path::Path::new("/proc"), pid);
     log::info!(
         "profiling pid {pid} ({}) with {} at {} Hz on {} CPUs, branches {}",
         info.command.join(" "),
@@ -502,6 +546,19 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         dumper.write_now(job)?;
     }
     print_summary(reason, &info, &feed, &counters, args.dump_dir.as_deref(), args.record.as_deref());
+    if info.branches == "lbr" {
+        // The cost of the scope, measured: each switch of a task with branch events wipes
+        // the branch buffer (on legacy LBR, rewrites every LBR MSR).
+        let end = etm_perf::host::context_switches(std::path::Path::new("/proc"), pid);
+        if let ((Some(s0), Some(t0)), (Some(s1), Some(t1))) = (switches_at_start, end) {
+            let _ = writeln!(
+                std::io::stdout(),
+                "branch-buffer wipes: per-thread events pay the target's {} context switches, CPU-wide events the system's {}",
+                t1.saturating_sub(t0),
+                s1.saturating_sub(s0)
+            );
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -558,15 +615,46 @@ pub(crate) fn probe_events() -> (SampleEvent, &'static str) {
     }
 }
 
-/// Opens the sampling event on all CPUs: cycles if the PMU has them, else cpu-clock.
+/// Opens the sampling events: cycles with branch records (per target thread or per CPU, as
+/// `scope` says) when asked for and possible, else cycles, else cpu-clock, on all CPUs.
+/// Returns the event, the fds, the branch source and, for branch events, the line saying the
+/// scope, why, and what it costs.
+#[allow(clippy::type_complexity)]
 fn open_events(
     freq: u64,
     want: Branches,
     cpus: &[u32],
-) -> anyhow::Result<(SampleEvent, Vec<std::os::fd::OwnedFd>, &'static str)> {
+    pid: u32,
+    scope: &etm_perf::host::ScopeChoice,
+) -> anyhow::Result<(SampleEvent, Vec<std::os::fd::OwnedFd>, &'static str, Option<String>)> {
     if want != Branches::None {
-        match open_per_cpu(SampleEvent::Cycles, freq, true, cpus) {
-            Ok(fds) => return Ok((SampleEvent::Cycles, fds, "lbr")),
+        let opened = match scope.scope {
+            BranchScope::PerThread => open_per_thread(SampleEvent::Cycles, freq, true, pid),
+            BranchScope::CpuWide => open_per_cpu(SampleEvent::Cycles, freq, true, cpus),
+        };
+        match opened {
+            Ok(fds) => {
+                let line = match scope.scope {
+                    BranchScope::PerThread => format!(
+                        "per-thread on {} threads of pid {pid} (inherited by new threads; only they record branches and pay the wipe at their switches): {}",
+                        fds.len(),
+                        scope.reason
+                    ),
+                    BranchScope::CpuWide => format!(
+                        "CPU-wide on {} CPUs (every task records branches and pays the wipe at every switch){}: {}",
+                        cpus.len(),
+                        if scope.null_pmu_ctx_risk {
+                            "; this kernel can fault in armv8pmu_sched_task"
+                        } else if scope.stale_branch_risk {
+                            "; first samples after a switch may carry another task's branches"
+                        } else {
+                            ""
+                        },
+                        scope.reason
+                    ),
+                };
+                return Ok((SampleEvent::Cycles, fds, "lbr", Some(line)));
+            }
             Err(e) if want == Branches::Lbr => {
                 bail!("--branches lbr: branch sampling (LBR/BRBE) is unavailable here: {e}")
             }
@@ -574,14 +662,14 @@ fn open_events(
         }
     }
     match open_per_cpu(SampleEvent::Cycles, freq, false, cpus) {
-        Ok(fds) => return Ok((SampleEvent::Cycles, fds, "none")),
+        Ok(fds) => return Ok((SampleEvent::Cycles, fds, "none", None)),
         Err(e) => log::info!("no hardware cycles event ({e}); using cpu-clock"),
     }
     let fds = open_per_cpu(SampleEvent::CpuClock, freq, false, cpus).context(
         "perf events are unavailable: cannot open the cpu-clock sampling event \
          (check /proc/sys/kernel/perf_event_paranoid and that the kernel has perf events)",
     )?;
-    Ok((SampleEvent::CpuClock, fds, "none"))
+    Ok((SampleEvent::CpuClock, fds, "none", None))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -789,6 +877,21 @@ fn print_summary(
             st.join.joined,
             st.join.rejected.total()
         );
+        if info.branches == "lbr" {
+            let _ = writeln!(
+                out,
+                "branch stacks: empty {} (kernel: {}), wrong-path entries dropped {}, tx aborts {}, read errors {}",
+                st.lbr_empty,
+                k.branch_empty,
+                st.lbr_wrong_path,
+                st.lbr_tx_abort,
+                k.branch_err + k.branch_enoent
+            );
+        }
+        if let Some(w) = st.branch_warning() {
+            log::warn!("{w}");
+            let _ = writeln!(out, "warning: {w}");
+        }
     }
     let rows = rows_from_trie(trie, frames, 10);
     let _ = writeln!(out, "top contexts by self samples (leaf <- callers):");
@@ -864,9 +967,11 @@ fn dump_job(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_dump
             "samples_in_profile": trie.total_samples(),
             "kernel_samples_written": k.samples,
             "dropped_ring_full": k.ring_full,
+            "dropped_ring_busy": k.ring_busy,
             "dropped_stack_error": k.stack_err,
             "branch_read_errors": k.branch_err,
             "branch_read_enoent": k.branch_enoent,
+            "branch_read_empty": k.branch_empty,
             "records_received": d.samples + feed.bad_records + feed.foreign + feed.empty,
             "bad_records": feed.bad_records + feed.empty,
             "foreign_records": feed.foreign,
@@ -890,7 +995,8 @@ fn dump_job(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_dump
         "clock": "CLOCK_MONOTONIC (bpf_ktime_get_ns)",
     });
     if let Some(w) = &info.window_line {
-        manifest["etm_window"] = serde_json::json!(w);
+        let key = if info.branches == "etm" { "etm_window" } else { "branch_events" };
+        manifest[key] = serde_json::json!(w);
     }
     DumpJob { dir: dir.to_path_buf(), snapshot, meta, manifest }
 }
@@ -905,6 +1011,27 @@ mod tests {
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         let t = UNIX_EPOCH + Duration::from_millis(1_709_210_096_123); // 2024-02-29T12:34:56.123Z
         assert_eq!(rfc3339(t), "2024-02-29T12:34:56.123Z");
+    }
+
+    /// A record whose branch read returned 0 entries stays a branch sample with an empty
+    /// stack (not a stack-only one); entries keep their flag words; no read means `None`.
+    #[test]
+    fn ring_records_keep_empty_branch_stacks_and_flags() {
+        let mut bytes = vec![0u8; etm_bpf_common::SAMPLE_RECORD_SIZE];
+        let mut rec = SampleRecord::from_bytes(&bytes).unwrap();
+        let mut s = PauseSample::default();
+        let mut spare = None;
+        fill_branches(&rec, &mut s, &mut spare);
+        assert_eq!(s.branches, None);
+        rec.flags = REC_HAS_BRANCHES;
+        fill_branches(&rec, &mut s, &mut spare);
+        assert_eq!(s.branches, Some(vec![]));
+        rec.branch_count = 1;
+        rec.branches[0] = etm_bpf_common::BranchEntry { from: 0x10, to: 0x20, flags: 1 << 24 };
+        fill_branches(&rec, &mut s, &mut spare);
+        assert_eq!(s.branches, Some(vec![BranchPair { from: 0x10, to: 0x20 }]));
+        assert_eq!(s.branch_flags, vec![1 << 24]);
+        bytes.clear();
     }
 
     /// Our own process is alive and a pid that cannot exist is not.

@@ -15,10 +15,10 @@ use aya::{
     programs::PerfEvent,
 };
 use etm_bpf_common::{
-    CONFIG_FLAGS, CONFIG_MAP, CONFIG_TGID, CONFIG_WINDOW_FLAGS, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR, COUNTER_ENTRIES,
-    COUNTER_FILTERED, COUNTER_FOREIGN_WINDOWS, COUNTER_OUTPUT_ERR, COUNTER_PAUSE_IDLE, COUNTER_RESUMES, COUNTER_RING_FULL,
-    COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTER_WINDOWS, COUNTERS_MAP, PAUSE_OUT_MAP, PAUSE_PROGRAM, PROGRAM_NAME,
-    RESUME_PROGRAM, SAMPLES_MAP,
+    CONFIG_FLAGS, CONFIG_MAP, CONFIG_TGID, CONFIG_WINDOW_FLAGS, COUNTER_BRANCH_EMPTY, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR,
+    COUNTER_ENTRIES, COUNTER_FILTERED, COUNTER_FOREIGN_WINDOWS, COUNTER_OUTPUT_ERR, COUNTER_PAUSE_IDLE, COUNTER_RESUMES,
+    COUNTER_RING_BUSY, COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTER_WINDOWS, COUNTERS_MAP, PAUSE_OUT_MAP,
+    PAUSE_PROGRAM, PROGRAM_NAME, RESUME_PROGRAM, SAMPLES_MAP,
 };
 use etm_perf::attr::EventRole;
 
@@ -34,12 +34,16 @@ pub struct BpfCounters {
     pub samples: u64,
     /// Samples dropped: ring buffer full.
     pub ring_full: u64,
+    /// Samples dropped: the reservation failed with room in the ring (contention).
+    pub ring_busy: u64,
     /// Samples dropped: `bpf_get_stack` failed.
     pub stack_err: u64,
     /// `bpf_read_branch_records` failed (sample kept).
     pub branch_err: u64,
     /// `bpf_read_branch_records` returned -ENOENT (no branch stack).
     pub branch_enoent: u64,
+    /// `bpf_read_branch_records` returned no entry (sample kept, empty branch stack).
+    pub branch_empty: u64,
     /// Samples of other processes skipped by the tgid filter.
     pub filtered: u64,
     /// ETM windows closed by a pause (records written or attempted).
@@ -57,7 +61,7 @@ pub struct BpfCounters {
 impl BpfCounters {
     /// Samples the kernel side had to drop.
     pub fn dropped(&self) -> u64 {
-        self.ring_full + self.stack_err
+        self.ring_full + self.ring_busy + self.stack_err
     }
 }
 
@@ -166,6 +170,8 @@ impl SampleBpf {
         Ok(BpfCounters {
             samples: v[COUNTER_SAMPLES as usize],
             ring_full: v[COUNTER_RING_FULL as usize],
+            ring_busy: v[COUNTER_RING_BUSY as usize],
+            branch_empty: v[COUNTER_BRANCH_EMPTY as usize],
             stack_err: v[COUNTER_STACK_ERR as usize],
             branch_err: v[COUNTER_BRANCH_ERR as usize],
             branch_enoent: v[COUNTER_BRANCH_ENOENT as usize],
@@ -252,6 +258,7 @@ mod tests {
     use super::*;
     use crate::live::perf_event::{SampleEvent, perf_event_open, sampling_attr};
     use etm_bpf_common::{FLAG_READ_BRANCHES, SampleRecord};
+    use etm_perf::attr::flag;
 
     fn can_bpf() -> bool {
         let ok = crate::cmd::run::check_privileges().is_ok();
@@ -279,6 +286,149 @@ mod tests {
             }
         }
         x
+    }
+
+    /// The branch event's attr on a software event: same flag word (exclude bits, precise_ip),
+    /// cpu-clock instead of cycles and no branch stack (`cpu_clock_event_init` refuses one).
+    fn cpu_clock_stand_in(mut a: etm_perf::attr::PerfEventAttr) -> etm_perf::attr::PerfEventAttr {
+        a.ty = etm_perf::attr::PERF_TYPE_SOFTWARE;
+        a.config = crate::live::perf_event::PERF_COUNT_SW_CPU_CLOCK;
+        a.sample_type &= !crate::live::perf_event::PERF_SAMPLE_BRANCH_STACK;
+        a.branch_sample_type = 0;
+        a
+    }
+
+    /// Spins in the kernel (reads of /dev/zero: `clear_user`) until `ms` of CPU passed; returns
+    /// (user, system) microseconds this thread used meanwhile.
+    fn kernel_loop(ms: u64) -> (u64, u64) {
+        use std::io::Read as _;
+        let ru = || {
+            // SAFETY: valid out-pointer.
+            let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+            unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut r) };
+            let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+            (us(r.ru_utime), us(r.ru_stime))
+        };
+        let mut f = std::fs::File::open("/dev/zero").unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let (u0, s0) = ru();
+        let (t, c0) = (std::time::Instant::now(), thread_cpu_ms());
+        while thread_cpu_ms() - c0 < ms && t.elapsed().as_secs() < 30 {
+            let _ = f.read(&mut buf);
+        }
+        let (u1, s1) = ru();
+        (u1 - u0, s1 - s0)
+    }
+
+    /// Samples the program sees on this thread with `attr` during a kernel-heavy loop, and the
+    /// loop's (user, system) time.
+    fn samples_during_kernel_loop(attr: &etm_perf::attr::PerfEventAttr) -> (u64, (u64, u64)) {
+        let mut bpf = SampleBpf::load(std::process::id(), 0).expect("load");
+        let fd = perf_event_open(attr, 0, -1).expect("cpu-clock on this thread");
+        bpf.attach_perf_fd(fd).expect("attach");
+        let times = kernel_loop(400);
+        bpf.disable_all();
+        (bpf.counters().unwrap().samples, times)
+    }
+
+    /// On the real kernel: the branch event's exclude bits stop sampling in the kernel
+    /// (`perf_swevent_hrtimer` -> `perf_exclude_event`, the same test the PMU drivers make in
+    /// hardware). A loop spending most of its time in `read(/dev/zero)` gets its samples
+    /// without the bits, and only its user share with them.
+    #[test]
+    fn branch_event_flags_exclude_kernel_samples_on_the_kernel() {
+        if !can_bpf() {
+            return;
+        }
+        let branch = sampling_attr(SampleEvent::Cycles, 999, true);
+        let with = cpu_clock_stand_in(branch);
+        let mut without = with;
+        without.flags &= !(flag::EXCLUDE_KERNEL | flag::EXCLUDE_HV);
+        let (n_all, (u, s)) = samples_during_kernel_loop(&without);
+        let (n_user, (u2, s2)) = samples_during_kernel_loop(&with);
+        let kernel_share = |u: u64, s: u64| s as f64 / (u + s).max(1) as f64;
+        assert!(kernel_share(u, s) > 0.7 && kernel_share(u2, s2) > 0.7, "loop not kernel-bound: {u}/{s} {u2}/{s2} us");
+        assert!(n_all >= 100, "only {n_all} samples without exclusion");
+        assert!((n_user as f64) < 0.5 * n_all as f64, "exclude_kernel kept {n_user} of {n_all} samples");
+    }
+
+    /// On the real kernel: a sampling event with precise_ip refuses our program (it calls
+    /// `bpf_get_stack`) with EPROTO unless the callchain is sampled
+    /// (`perf_event_set_bpf_handler`); the pinned attr has no precise_ip and attaches.
+    #[test]
+    fn precise_ip_refuses_the_program_on_the_kernel() {
+        if !can_bpf() {
+            return;
+        }
+        let base = cpu_clock_stand_in(sampling_attr(SampleEvent::Cycles, 999, true));
+        let mut bpf = SampleBpf::load(std::process::id(), 0).expect("load");
+        let mut precise = base;
+        precise.flags |= 2 << flag::PRECISE_IP_SHIFT;
+        let fd = perf_event_open(&precise, 0, -1).expect("cpu-clock with precise_ip opens");
+        let err = bpf.attach_perf_fd(fd).expect_err("precise_ip without callchain must refuse the program");
+        let io = err.downcast_ref::<std::io::Error>().expect("an io error");
+        assert_eq!(io.raw_os_error(), Some(libc::EPROTO), "{err:#}");
+        let mut chain = precise;
+        chain.sample_type |= crate::live::perf_event::PERF_SAMPLE_CALLCHAIN;
+        bpf.attach_perf_fd(perf_event_open(&chain, 0, -1).unwrap()).expect("with CALLCHAIN it attaches");
+        bpf.attach_perf_fd(perf_event_open(&base, 0, -1).unwrap()).expect("the pinned attr attaches");
+    }
+
+    /// On the real kernel: with nobody draining, the ring takes as many records as
+    /// `bpf_ringbuf_has_space` allows ((size - 1) / 1824), and every later reservation counts
+    /// as ring full, none as contention (one thread, no other producer).
+    #[test]
+    fn full_ring_counts_full_not_busy() {
+        if !can_bpf() {
+            return;
+        }
+        let mut bpf = SampleBpf::load(std::process::id(), 0).expect("load");
+        let attr = sampling_attr(SampleEvent::CpuClock, 5000, false);
+        let fd = perf_event_open(&attr, 0, -1).expect("cpu-clock on this thread");
+        bpf.attach_perf_fd(fd).expect("attach");
+        let rec = etm_bpf_common::SAMPLE_RECORD_SIZE as u64;
+        let fits = (u64::from(etm_bpf_common::RING_BYTES) - 1) / ((rec + 8 + 7) & !7);
+        let t = std::time::Instant::now();
+        while bpf.counters().unwrap().ring_full < 50 && t.elapsed().as_secs() < 30 {
+            busy_loop(100);
+        }
+        bpf.disable_all();
+        let c = bpf.counters().unwrap();
+        assert_eq!(c.samples, fits, "{c:?}");
+        assert!(c.ring_full >= 50, "{c:?}");
+        assert_eq!(c.ring_busy, 0, "{c:?}");
+    }
+
+    /// On the real kernel: a per-thread event opened with `inherit` (what
+    /// `open_per_thread` opens, here on cpu-clock) follows threads created after it was
+    /// opened, and they run the BPF program too (`inherit_event` copies the program): the
+    /// new thread's samples reach the ring with its tid.
+    #[test]
+    fn inherited_per_thread_events_carry_the_program() {
+        if !can_bpf() {
+            return;
+        }
+        let mut attr = cpu_clock_stand_in(sampling_attr(SampleEvent::Cycles, 999, true));
+        attr.flags |= flag::INHERIT;
+        let mut bpf = SampleBpf::load(std::process::id(), 0).expect("load");
+        let fd = perf_event_open(&attr, 0, -1).expect("cpu-clock on this thread, inherited");
+        bpf.attach_perf_fd(fd).expect("attach");
+        let child = std::thread::spawn(|| {
+            busy_loop(300);
+            // SAFETY: gettid has no arguments.
+            unsafe { libc::gettid() as u32 }
+        })
+        .join()
+        .unwrap();
+        bpf.disable_all();
+        let mut ring = bpf.take_ring().unwrap();
+        let mut of_child = 0;
+        while let Some(item) = ring.next() {
+            if SampleRecord::from_bytes(&item).is_some_and(|r| r.tid == child) {
+                of_child += 1;
+            }
+        }
+        assert!(of_child >= 100, "only {of_child} samples of the thread created after the event");
     }
 
     /// The program attached to our own perf fd (cpu-clock on this thread) records samples of

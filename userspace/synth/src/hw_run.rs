@@ -149,6 +149,7 @@ pub fn run(progs: &[Built], cfg: ModelConfig, opts: &RunOptions) -> Result<Outco
                 branch_depth: depth as u32,
                 window: WindowParams { mode: "free".into(), unit: "cycles".into(), window, period },
                 notes,
+                arch: Some(etm_session::session::CodeArch::Aarch64),
                 ..Default::default()
             };
             let mut w = SessionWriter::create(dir, meta)?;

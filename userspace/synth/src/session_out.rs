@@ -89,6 +89,7 @@ pub fn write_session(
         },
         images: Vec::new(),
         notes,
+        arch: Some(etm_session::session::CodeArch::Aarch64),
     };
     let sess = |e: etm_session::session::SessionError| SynthError::Session(e);
     let mut w = SessionWriter::create(dir, meta).map_err(sess)?;
@@ -162,6 +163,7 @@ pub fn write_session(
                 time: win.sample_time,
                 stack: win.stack.clone(),
                 branches: None,
+                branch_flags: Vec::new(),
                 window_ns: None,
             };
             w.write_sample(&sample).map_err(sess)?;

@@ -565,6 +565,7 @@ impl EtmLive {
                     period: live.setup.plan.resume_period,
                 },
                 notes,
+                arch: Some(etm_session::session::CodeArch::Aarch64),
                 ..Default::default()
             };
             live.recorder = Some(Recorder::create(dir, meta, cfg.copy_images)?);
