@@ -1,4 +1,4 @@
-//! The callers check (`etm_stacks::calls`) against binutils' disassembler: on real libraries
+//! The callers check (`CodeMap::call_before`: `etm_session::isa`) against binutils' disassembler: on real libraries
 //! of both architectures, the address after every instruction `objdump -d` calls a call is
 //! accepted as a return address, and the addresses after other instructions are rejected —
 //! all of them on A64 (one fixed-width word decides), nearly all on x86-64 (where a suffix of
@@ -7,7 +7,27 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use etm_stacks::calls::{CodeArch, call_ends_at};
+use etm_session::isa::{InsnKind, X86_MAX_INSN, a64_kind, x86_after_call};
+
+/// The architectures of the test binaries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CodeArch {
+    A64,
+    X86_64,
+}
+
+/// The rule under test on the bytes before `ret`.
+fn call_ends_at(arch: CodeArch, before: &[u8], ret: u64) -> bool {
+    match arch {
+        CodeArch::A64 => {
+            before.len() >= 4 && {
+                let w = &before[before.len() - 4..];
+                a64_kind(u32::from_le_bytes([w[0], w[1], w[2], w[3]])) == InsnKind::Call
+            }
+        }
+        CodeArch::X86_64 => x86_after_call(&before[before.len().saturating_sub(X86_MAX_INSN)..], ret),
+    }
+}
 
 /// `addr -> (bytes, mnemonic)` of every instruction objdump prints.
 fn disassemble(objdump: &str, file: &str, arch: CodeArch) -> Option<BTreeMap<u64, (Vec<u8>, String)>> {

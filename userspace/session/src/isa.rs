@@ -7,7 +7,7 @@
 //! * [`BranchFlags`]: the flag word of the kernel's `struct perf_branch_entry`
 //!   (`include/uapi/linux/perf_event.h`), as `bpf_read_branch_records` copies it.
 
-use crate::join::InsnKind;
+pub use crate::join::InsnKind;
 
 /// A64 instruction kind for validation (Arm ARM C4.1.3 "Branches, exception generating and
 /// system instructions"; PAuth forms included).
@@ -205,5 +205,54 @@ mod tests {
         assert_eq!(BranchFlags(3 << 24).spec(), 3);
         assert!(!BranchFlags(3 << 24).wrong_path());
         assert_eq!(BranchFlags(0).kind(), None);
+    }
+
+    fn x86(bytes: &[u8]) -> bool {
+        // Some unrelated code before the instruction, as in a real function.
+        let mut v = vec![0x48, 0x89, 0xe5, 0x31, 0xc0, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90];
+        v.extend_from_slice(bytes);
+        x86_after_call(&v[v.len().saturating_sub(X86_MAX_INSN)..], 0x40_1000)
+    }
+
+    /// The call encodings (Intel SDM Vol. 2A "CALL"), with and without prefixes.
+    #[test]
+    fn x86_call_encodings() {
+        assert!(x86(&[0xe8, 0x10, 0x20, 0x00, 0x00])); // call rel32
+        assert!(x86(&[0xff, 0xd0])); // call *%rax
+        assert!(x86(&[0x41, 0xff, 0xd3])); // call *%r11
+        assert!(x86(&[0xff, 0x15, 0x00, 0x10, 0x00, 0x00])); // call *disp32(%rip)
+        assert!(x86(&[0xff, 0x54, 0x24, 0x08])); // call *0x8(%rsp)
+        assert!(x86(&[0xff, 0x50, 0x10])); // call *0x10(%rax)
+        assert!(x86(&[0x41, 0xff, 0x94, 0xc4, 0x00, 0x01, 0x00, 0x00])); // call *0x100(%r12,%rax,8)
+        assert!(x86(&[0x3e, 0xff, 0xd0])); // notrack call *%rax
+        assert!(x86(&[0xff, 0x1c, 0x24])); // lcall *(%rsp)
+        // Not calls: ret, jmp rel32, jmp *%rax, mov, nop, push.
+        assert!(!x86(&[0xc3]));
+        assert!(!x86(&[0xe9, 0x10, 0x20, 0x00, 0x00]));
+        assert!(!x86(&[0xff, 0xe0]));
+        assert!(!x86(&[0x48, 0x89, 0xc7]));
+        assert!(!x86(&[0x0f, 0x1f, 0x44, 0x00, 0x00]));
+        assert!(!x86(&[0x55]));
+        assert!(!x86_after_call(&[], 0x1000));
+        assert!(!x86_after_call(&[0xd0], 0x1000));
+        assert!(!x86(&[0x0f, 0x05])); // syscall: user code resumes after it, but it is no call
+    }
+
+    /// BL, BLR and the PAuth forms (Arm ARM C6.2.34-C6.2.38); B, BR, RET, BRAA are not.
+    #[test]
+    fn a64_branch_with_link_forms() {
+        let w = |i: u32| a64_kind(i) == InsnKind::Call;
+        assert!(w(0x9400_0010)); // bl +0x40
+        assert!(w(0x97ff_fff0)); // bl -0x40
+        assert!(w(0xd63f_0100)); // blr x8
+        assert!(w(0xd63f_091f)); // blraaz x8
+        assert!(w(0xd63f_0d1f)); // blrabz x8
+        assert!(w(0xd73f_0910)); // blraa x8, x16
+        assert!(w(0xd73f_0d10)); // blrab x8, x16
+        assert!(!w(0x1400_0010)); // b
+        assert!(!w(0xd61f_0100)); // br x8
+        assert!(!w(0xd65f_03c0)); // ret
+        assert!(!w(0xd71f_0910)); // braa x8, x16
+        assert!(!w(0xd503_201f)); // nop
     }
 }

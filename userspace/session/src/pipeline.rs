@@ -247,7 +247,7 @@ pub struct PipelineStats {
     /// Samples added to the profile.
     pub profiled: u64,
     /// Profiled stacks cut at a return address not preceded by a call
-    /// ([`etm_stacks::calls`]): the frames beyond it were not real callers.
+    /// ([`CodeMap::checked_depth`]): the frames beyond it were not real callers.
     pub stacks_truncated: u64,
 }
 
@@ -282,7 +282,7 @@ struct Image {
     /// Function symbols (start, end, name), sorted by start.
     symbols: etm_stacks::symtab::SymbolTable,
     /// The architecture of its code (ELF `e_machine`), for the callers check.
-    arch: Option<etm_stacks::calls::CodeArch>,
+    arch: Option<CodeArch>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -404,19 +404,33 @@ impl CodeMap {
     }
 
     /// Whether the instruction before return address `ret` of `pid` is a call (`None`: the
-    /// code there is unknown, or of an architecture without the check).
+    /// code there is unknown, or of an architecture without the check), by the architecture
+    /// of the image that holds it (its ELF header): A64 `BL`/`BLR` and the PAuth forms
+    /// ([`a64_kind`]), x86-64 any call encoding ending exactly there ([`isa::x86_after_call`]).
+    /// The one rule for the join's validation ([`CodeOracle::after_call`]) and the callers
+    /// check ([`checked_depth`](Self::checked_depth)).
     pub fn call_before(&self, pid: u32, ret: u64) -> Option<bool> {
         let maps = self.mappings(pid);
         let last = ret.checked_sub(1)?;
         let i = maps.partition_point(|m| m.end <= last);
         let m = maps.get(i).filter(|m| m.start <= last)?;
         let img = &self.images[m.image];
-        let arch = img.arch?;
-        let from = ret.saturating_sub(arch.max_call_len() as u64).max(m.start);
+        let arch = img.arch.or(self.arch)?;
+        let max = match arch {
+            CodeArch::Aarch64 => 4,
+            CodeArch::X86_64 => isa::X86_MAX_INSN as u64,
+        };
+        let from = ret.saturating_sub(max).max(m.start);
         let lo = (from - m.start).checked_add(m.pgoff)? as usize;
         let hi = (ret - m.start).checked_add(m.pgoff)? as usize;
         let before = img.data.get(lo..hi)?;
-        Some(etm_stacks::calls::call_ends_at(arch, before, ret))
+        Some(match arch {
+            CodeArch::Aarch64 => {
+                let w = before.get(before.len().checked_sub(4)?..)?;
+                a64_kind(u32::from_le_bytes([w[0], w[1], w[2], w[3]])) == InsnKind::Call
+            }
+            CodeArch::X86_64 => isa::x86_after_call(before, ret),
+        })
     }
 
     /// How many frames of `stack` (leaf first) to keep: up to, not including, the first
@@ -472,17 +486,8 @@ impl CodeOracle for CodeMap {
     }
 
     fn after_call(&self, pid: u32, addr: u64) -> Option<bool> {
-        match self.arch? {
-            CodeArch::Aarch64 => addr.checked_sub(4).and_then(|p| self.insn_kind(pid, p)).map(|k| k == InsnKind::Call),
-            CodeArch::X86_64 => {
-                // The longest run of known code that ends at `addr` (up to 15 bytes).
-                let k = (2..=isa::X86_MAX_INSN as u64)
-                    .rev()
-                    .find(|&k| addr.checked_sub(k).and_then(|a| self.slice(Some(pid), a)).is_some_and(|s| s.len() as u64 >= k))?;
-                let before = self.read(Some(pid), addr - k, k as usize)?;
-                Some(isa::x86_after_call(before, addr))
-            }
-        }
+        self.arch?;
+        self.call_before(pid, addr)
     }
 
     /// One mapping lookup for the whole range (the per-instruction default looks each up);
@@ -761,7 +766,7 @@ impl Pipeline {
             }
             self.resolver.binaries.push((idx, info.clone()));
         }
-        let arch = etm_stacks::calls::CodeArch::of_elf(&data);
+        let arch = CodeArch::of_elf(&data);
         self.code.images.push(Image { path: path.to_string(), data, symbols, arch });
         self.code.generation += 1;
     }

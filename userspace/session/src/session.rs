@@ -260,6 +260,16 @@ pub enum CodeArch {
 }
 
 impl CodeArch {
+    /// From an ELF file's `e_machine` (`None`: another architecture, or not ELF).
+    pub fn of_elf(data: &[u8]) -> Option<CodeArch> {
+        use object::Object;
+        match object::File::parse(data).ok()?.architecture() {
+            object::Architecture::Aarch64 => Some(CodeArch::Aarch64),
+            object::Architecture::X86_64 => Some(CodeArch::X86_64),
+            _ => None,
+        }
+    }
+
     /// The architecture this program was built for, if it is one the checks know.
     pub fn host() -> Option<CodeArch> {
         if cfg!(target_arch = "aarch64") {

@@ -28,7 +28,6 @@
 //! ```
 
 pub mod addrspace;
-pub mod calls;
 pub mod diff;
 pub mod flame;
 pub mod folded;
