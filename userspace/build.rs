@@ -33,11 +33,8 @@ fn run() -> anyhow::Result<()> {
         return Ok(());
     }
     let meta = cargo_metadata::MetadataCommand::new().no_deps().exec().context("cargo metadata")?;
-    let pkg = meta
-        .packages
-        .into_iter()
-        .find(|p| p.name.as_str() == PACKAGE)
-        .ok_or_else(|| anyhow!("{PACKAGE} package not found"))?;
+    let pkg =
+        meta.packages.into_iter().find(|p| p.name.as_str() == PACKAGE).ok_or_else(|| anyhow!("{PACKAGE} package not found"))?;
     let root_dir = pkg.manifest_path.parent().ok_or_else(|| anyhow!("no parent for {}", pkg.manifest_path))?.as_str().to_owned();
     // The eBPF sources and the common crate (a path dependency of the eBPF crate).
     println!("cargo:rerun-if-changed={root_dir}");
