@@ -191,3 +191,37 @@ fn pid_and_command_are_exclusive() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
     assert!(text(&o.stderr).contains("--pid"), "{}", text(&o.stderr));
 }
+
+/// `--record` with a command records the start-up too: the replay of the session has the
+/// boot path's samples (~200 in 200 ms of CPU at 999 Hz).
+#[test]
+fn run_command_record_replays_start_up() {
+    if skip_unless_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = workload(dir.path()) else { return };
+    let (rec, dump) = (dir.path().join("rec"), dir.path().join("replayed"));
+    let o = etm_bpf(
+        &[
+            "run",
+            "--headless",
+            "--branches",
+            "none",
+            "--record",
+            rec.to_str().unwrap(),
+            "--",
+            exe.to_str().unwrap(),
+            "200",
+            "100",
+            "0",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}\nstderr:\n{}", o.status, text(&o.stderr));
+    let o = etm_bpf(&["replay", rec.to_str().unwrap(), "--headless", "--dump-dir", dump.to_str().unwrap()], &[]);
+    assert!(o.status.success(), "replay: {}\nstderr:\n{}", o.status, text(&o.stderr));
+    let folded = parse_folded(&std::fs::read_to_string(dump.join("profile.folded")).unwrap());
+    let boot = ending_with(&folded, &["main", "boot", "boot_hot", "spin"]);
+    assert!(boot >= 100, "start-up missing from the recording: {boot} boot samples\n{folded:#?}");
+}
