@@ -5,8 +5,10 @@
 #   scripts/run.sh --pid N [options]    `etm-bpf run --pid N [options]` on your process
 #   scripts/run.sh --headless --duration 10 --dump-dir out    (demo, no terminal UI)
 #
-# Without --pid the demo is built with frame pointers, started, profiled and killed at exit.
-# Without a terminal on stdout the demo run falls back to --headless --duration 10.
+# Without --pid the demo is built with frame pointers and started by `etm-bpf run [options] --
+# demo`, so it is profiled from its first instruction (under sudo it runs as you); it stops
+# when the view quits or --duration ends. Without a terminal on stdout the demo runs
+# headless for 10 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -29,16 +31,16 @@ demo_dir="${CARGO_TARGET_DIR:-target}/demo"
 mkdir -p "$demo_dir"
 "$cc" -O1 -g -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer -fno-optimize-sibling-calls \
   -pthread -o "$demo_dir/demo" demo/demo.c
-"$demo_dir/demo" >/dev/null &
-demo_pid=$!
-trap 'kill "$demo_pid" 2>/dev/null || true; wait "$demo_pid" 2>/dev/null || true' EXIT INT TERM
-
 extra=()
+demo_args=()
 if [ ! -t 1 ]; then
   case " $* " in *" --headless "*) ;; *) extra=(--headless) ;; esac
-  case " $* " in *" --duration "*) ;; *) extra+=(--duration 10) ;; esac
+  # The demo stops by itself after 10 s unless --duration says otherwise.
+  case " $* " in *" --duration "*) ;; *) demo_args=(10) ;; esac
 fi
-echo "run.sh: profiling the demo (pid $demo_pid)" >&2
+echo "run.sh: profiling the demo" >&2
 status=0
-"$bin" run --pid "$demo_pid" "${extra[@]}" "$@" || status=$?
+"$bin" run "${extra[@]}" "$@" -- "$demo_dir/demo" "${demo_args[@]}" || status=$?
+# The demo serves until it is stopped: SIGTERM (143) at the end of the view or --duration.
+[ "$status" -eq 143 ] && status=0
 exit "$status"

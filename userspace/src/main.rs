@@ -6,6 +6,7 @@ mod cmd;
 mod dump;
 mod dumper;
 mod engine;
+mod launch;
 mod live;
 mod logging;
 mod symbolize;
@@ -23,7 +24,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Profile a running process live (eBPF call stacks + branch history).
+    /// Profile a running process (--pid) or a command (-- CMD) live (eBPF call stacks + branch history).
     Run(cmd::run::RunArgs),
     /// Decode a CoreSight ETMv4/ETE trace snapshot.
     Decode(cmd::decode::DecodeArgs),

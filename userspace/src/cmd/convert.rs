@@ -35,8 +35,15 @@ pub struct ConvertArgs {
 
 pub fn main(args: ConvertArgs) -> anyhow::Result<ExitCode> {
     let mut texts = Vec::new();
+    let mut non_utf8 = 0u64;
     for p in &args.perfscript {
-        texts.push(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?);
+        let bytes = std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?;
+        let (text, bad) = lossy_lines(bytes);
+        if bad > 0 {
+            log::warn!("{}: {bad} lines are not valid UTF-8 and were read with replacement characters", p.display());
+        }
+        non_utf8 += bad;
+        texts.push(text);
     }
     let mut paths = args.binary.clone();
     if paths.is_empty() {
@@ -69,9 +76,15 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<ExitCode> {
         let mut resolver = MmapResolver::new(infos.clone());
         let mut one = HybridProfile::new(limits); // fresh id cache for this file's resolver
         let s = perfscript::read_perfscript(text, &mut resolver, &mut one);
-        log::info!("{}: {s:?}; profile: {:?}", path.display(), one.stats());
+        log::info!("{}: {}", path.display(), describe(&s));
         if s.hybrid_samples + s.branch_only_samples == 0 {
-            bail!("no samples read from {} ({s:?})", path.display());
+            bail!(
+                "no samples read from {} ({}; expected `perf script -F ip,brstack` output, with or \
+                 without call stacks): {}",
+                path.display(),
+                plural(s.lines, "line"),
+                describe(&s)
+            );
         }
         profile.merge(&one);
         st.lines += s.lines;
@@ -85,11 +98,73 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<ExitCode> {
     }
     let image = |b: &BinaryInfo| infos.iter().position(|i| i.path == b.path).map(|k| &images[k][..]);
     let files = write_profile_dumps_from_images(&profile, &args.dump_dir, &image, true)?;
-    write_manifest(&args.dump_dir, &files, &profile, &st)?;
+    write_manifest(&args.dump_dir, &files, &profile, &st, non_utf8)?;
     for f in &files {
         println!("{}", f.display());
     }
+    let mut summary = format!(
+        "etm-bpf: converted {} ({} read{})",
+        describe(&st),
+        plural(st.lines, "line"),
+        match non_utf8 {
+            0 => String::new(),
+            1 => ", 1 line not valid UTF-8, read with replacement characters".to_string(),
+            n => format!(", {n} lines not valid UTF-8, read with replacement characters"),
+        }
+    );
+    summary.push('.');
+    eprintln!("{summary}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The text of a perf script: valid UTF-8 as is; otherwise every line that is not valid UTF-8
+/// is read lossily (invalid bytes become U+FFFD, so a symbol or comm with a stray byte does
+/// not lose its sample's addresses). Returns the text and the number of such lines.
+pub fn lossy_lines(bytes: Vec<u8>) -> (String, u64) {
+    match String::from_utf8(bytes) {
+        Ok(s) => (s, 0),
+        Err(e) => {
+            let bytes = e.into_bytes();
+            let mut out = String::with_capacity(bytes.len() + 64);
+            let mut bad = 0;
+            for line in bytes.split_inclusive(|&b| b == b'\n') {
+                match std::str::from_utf8(line) {
+                    Ok(l) => out.push_str(l),
+                    Err(_) => {
+                        bad += 1;
+                        out.push_str(&String::from_utf8_lossy(line));
+                    }
+                }
+            }
+            (out, bad)
+        }
+    }
+}
+
+/// `1 line`, `2 lines`.
+fn plural(n: u64, what: &str) -> String {
+    if n == 1 { format!("1 {what}") } else { format!("{n} {what}s") }
+}
+
+/// What a perf script yielded, as a sentence fragment for the user.
+fn describe(s: &perfscript::PerfScriptStats) -> String {
+    let mut parts = vec![format!(
+        "{} samples ({} with call stacks, {} branch-only)",
+        s.hybrid_samples + s.branch_only_samples,
+        s.hybrid_samples,
+        s.branch_only_samples
+    )];
+    if s.rejected_samples > 0 {
+        parts.push(format!("{} samples rejected as malformed", s.rejected_samples));
+    }
+    if s.broken_branch_entries > 0 {
+        parts.push(format!("{} branch entries unparsable", s.broken_branch_entries));
+    }
+    parts.push(format!("{} of {} MMAP lines matched a binary", s.mmap_matched, s.mmap_events));
+    if s.mmap_unparsed > 0 {
+        parts.push(format!("{} MMAP lines unparsable", s.mmap_unparsed));
+    }
+    parts.join(", ")
 }
 
 /// [`write_profile_dumps_with`] for binaries whose ELF bytes `image` gives: code facts from
@@ -205,6 +280,7 @@ fn write_manifest(
     files: &[PathBuf],
     profile: &HybridProfile,
     st: &perfscript::PerfScriptStats,
+    non_utf8_lines: u64,
 ) -> anyhow::Result<()> {
     let names: Vec<String> = files.iter().filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
     let binaries: Vec<serde_json::Value> =
@@ -225,6 +301,7 @@ fn write_manifest(
             "hybrid_samples": st.hybrid_samples, "branch_only_samples": st.branch_only_samples,
             "rejected_samples": st.rejected_samples, "mmap_events": st.mmap_events,
             "mmap_matched": st.mmap_matched,
+            "lines": st.lines, "non_utf8_lines": non_utf8_lines,
         },
     });
     write_atomic(&dir.join("manifest.json"), |w| {

@@ -1,4 +1,5 @@
-//! `etm-bpf run`: live call-stack profiling of one process.
+//! `etm-bpf run`: live call-stack profiling of one process, running (`--pid`) or started
+//! by us (`-- CMD [ARGS...]`, held before its exec until the events are in place).
 //!
 //! Opens a sampling perf event on every CPU (hardware cycles if the PMU has them, else the
 //! `cpu-clock` software event), attaches the eBPF sampler (which keeps samples of the target's
@@ -22,6 +23,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::dump::check_writable_dir;
 use crate::dumper::DumpJob;
 use crate::engine::{DumpMeta, Engine, pipeline_json};
+use crate::launch::{Held, RunAs, Stdio};
 use crate::live::bpf::{BpfCounters, SampleBpf};
 use crate::live::etm::{EtmConfig, EtmLive, Recorder, cs_etm_present};
 use crate::live::maps::{MapsTracker, load_image};
@@ -65,15 +67,30 @@ pub enum Window {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "command"])))]
 #[command(after_help = "Examples:\n  \
     sudo etm-bpf run --pid 1234\n  \
-    sudo etm-bpf run --pid 1234 --headless --duration 5 --dump-dir out\n\n\
+    sudo etm-bpf run --pid 1234 --headless --duration 5 --dump-dir out\n  \
+    sudo etm-bpf run --headless --dump-dir out -- ./bench --iterations 10\n\n\
+    With -- CMD, etm-bpf starts CMD itself (profiled from its first instruction), stops when\n\
+    it exits and exits with its status (128+N if signal N killed it). Under sudo CMD runs as\n\
+    the invoking user (SUDO_UID/SUDO_GID; --as-root keeps root). Its standard streams are the\n\
+    terminal's, except with the live view: then stdin is /dev/null and its output goes to\n\
+    DUMP_DIR/command.out (else /tmp/etm-bpf-<etm-bpf pid>-command.out), named in the status\n\
+    line; etm-bpf's own lines go to stderr. SIGINT/SIGTERM are passed on to CMD (a second one\n\
+    stops profiling at once); when --duration ends or the live view quits, CMD gets SIGTERM.\n\n\
     Needs root (CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN). The target should be built with\n\
     frame pointers (-fno-omit-frame-pointer -mno-omit-leaf-frame-pointer).")]
 pub struct RunArgs {
     /// Process to profile (all its threads, including ones created later).
-    #[arg(long)]
-    pub pid: u32,
+    #[arg(long, conflicts_with = "command")]
+    pub pid: Option<u32>,
+    /// Command to start and profile (after `--`), with its arguments.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<std::ffi::OsString>,
+    /// With `-- CMD` under sudo: run CMD as root instead of the invoking user.
+    #[arg(long, requires = "command")]
+    pub as_root: bool,
     /// Sampling frequency in Hz.
     #[arg(long, default_value_t = 999)]
     pub freq: u64,
@@ -229,6 +246,17 @@ struct RunInfo {
     freq: u64,
     start: SystemTime,
     window_line: Option<String>,
+    /// `-- CMD`: the file its output goes to (live view).
+    output: Option<PathBuf>,
+    /// `-- CMD`: etm-bpf's own lines go to stderr, the command's stdout stays its own.
+    launched: bool,
+}
+
+impl RunInfo {
+    /// Where etm-bpf's status lines and summary go: stdout, or stderr with `-- CMD`.
+    fn out(&self) -> Box<dyn std::io::Write> {
+        if self.launched { Box::new(std::io::stderr()) } else { Box::new(std::io::stdout()) }
+    }
 }
 
 /// CLOCK_MONOTONIC now, in ns (the clock of eBPF sample times).
@@ -309,7 +337,7 @@ impl Feed {
             return;
         }
         if !self.engine.resolves(stack)
-            && self.maps.reload_due()
+            && self.maps.reload_due(rec.time_ns)
             && let Err(e) = self.reload_maps()
         {
             log::debug!("re-reading maps of {}: {e}", self.pid);
@@ -374,8 +402,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     if !args.headless && !std::io::stdout().is_terminal() {
         bail!("the live view needs a terminal on stdout; use --headless");
     }
-    let pid = args.pid;
-    if pid == 0 || !alive(pid) {
+    if let Some(pid) = args.pid
+        && (pid == 0 || !alive(pid))
+    {
         bail!("no such process: {pid}");
     }
     if let Some(d) = &args.dump_dir {
@@ -395,6 +424,28 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         bail!("--window applies to --branches etm only");
     }
     check_privileges()?;
+    // `-- CMD`: forked now, held before its exec until the events are in place.
+    let mut held = None;
+    let mut command_output = None;
+    if args.pid.is_none() {
+        let run_as = if args.as_root { None } else { RunAs::from_sudo_env()? };
+        let stdio = if args.headless {
+            Stdio::Inherit
+        } else {
+            let path = match &args.dump_dir {
+                Some(d) => d.join("command.out"),
+                None => PathBuf::from(format!("/tmp/etm-bpf-{}-command.out", std::process::id())),
+            };
+            command_output = Some(path.clone());
+            Stdio::File(path)
+        };
+        held = Some(Held::spawn(&args.command, run_as.as_ref(), &stdio)?);
+    }
+    let pid = match (&held, args.pid) {
+        (Some(h), _) => h.pid(),
+        (None, Some(pid)) => pid,
+        (None, None) => bail!("give --pid PID or a command after --"),
+    };
     if args.headless {
         crate::logging::init_stderr();
     } else {
@@ -405,10 +456,16 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         crate::logging::init_file(&path)?;
     }
 
-    let command = cmdline(pid);
+    let command = match &held {
+        Some(_) => args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+        None => cmdline(pid),
+    };
     let mut maps = MapsTracker::new(pid);
     let mut initial = Vec::new();
-    if let Err(e) = maps.reload(monotonic_ns(), &mut initial) {
+    // A held command's maps are read once it has exec'd.
+    if held.is_none()
+        && let Err(e) = maps.reload(monotonic_ns(), &mut initial)
+    {
         if !alive(pid) {
             bail!("process {pid} exited during start-up");
         }
@@ -443,6 +500,8 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             freq: args.freq,
             start: SystemTime::now(),
             window_line: Some(mode),
+            output: None,
+            launched: false,
         };
         (bpf, info, Feed::new(pid, engine, maps, Some(etm), None))
     } else {
@@ -500,6 +559,8 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             freq: args.freq,
             start: SystemTime::now(),
             window_line: scope_line,
+            output: None,
+            launched: false,
         };
         (bpf, info, Feed::new(pid, engine, maps, None, recorder))
     };
@@ -510,15 +571,24 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(etm) = feed.etm.as_mut() {
         etm.enable().context("enabling the cs_etm events")?;
     }
-    if !alive(pid) {
+    if let Some(h) = held.as_mut() {
+        // Everything is in place: let the command exec, then read its first mappings.
+        h.release()?;
+        if let Err(e) = feed.reload_maps() {
+            log::debug!("maps of {pid} right after exec: {e}");
+        }
+    } else if !alive(pid) {
         bail!("process {pid} exited during start-up");
     }
+    let mut info = info;
+    info.output = command_output;
+    info.launched = held.is_some();
     if let Some(line) = &info.window_line {
         log::info!("{line}");
         if args.headless {
             // The one line saying which window mode (or branch event scope) was chosen and why.
             let what = if info.branches == "etm" { "ETM window" } else { "branch events" };
-            let _ = writeln!(std::io::stdout(), "etm-bpf: {what}: {line}");
+            let _ = writeln!(info.out(), "etm-bpf: {what}: {line}");
         }
     }
     let switches_at_start = etm_perf::host::context_switches(std::path::Path::new("/proc"), pid);
@@ -532,7 +602,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     );
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the tokio runtime")?;
-    rt.block_on(run_loop(&args, &info, &mut bpf, &mut feed))?;
+    rt.block_on(run_loop(&args, &info, &mut bpf, &mut feed, held.as_mut()))?;
     // Stop sampling, then drain what is left in the ring (done in run_loop); finish the
     // collection, the recording and the pipeline.
     let reason = feed_finish(&mut feed)?;
@@ -552,14 +622,38 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let end = etm_perf::host::context_switches(std::path::Path::new("/proc"), pid);
         if let ((Some(s0), Some(t0)), (Some(s1), Some(t1))) = (switches_at_start, end) {
             let _ = writeln!(
-                std::io::stdout(),
+                info.out(),
                 "branch-buffer wipes: per-thread events pay the target's {} context switches, CPU-wide events the system's {}",
                 t1.saturating_sub(t0),
                 s1.saturating_sub(s0)
             );
         }
     }
-    Ok(ExitCode::SUCCESS)
+    let Some(mut h) = held else { return Ok(ExitCode::SUCCESS) };
+    let status = finish_command(&mut h, reason)?;
+    let _ = writeln!(info.out(), "etm-bpf: {} ({}) {}", info.command.join(" "), pid, crate::launch::describe_status(status));
+    Ok(ExitCode::from(crate::launch::exit_code(status)))
+}
+
+/// After profiling stopped: a command still running after `--duration` or a quit gets
+/// SIGTERM (SIGKILL 5 s later); returns its wait status.
+fn finish_command(h: &mut Held, reason: StopReason) -> anyhow::Result<i32> {
+    if h.try_wait().is_none() && matches!(reason, StopReason::Duration | StopReason::UserQuit | StopReason::Signal) {
+        h.signal(if reason == StopReason::Signal { libc::SIGKILL } else { libc::SIGTERM });
+        let t = Instant::now();
+        while h.try_wait().is_none() && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        h.signal(libc::SIGKILL);
+    }
+    h.wait().context("waiting for the command to exit")
+}
+
+/// Whether this process is in the terminal's foreground process group (so a Ctrl-C from
+/// the terminal reached the command too).
+fn terminal_foreground() -> bool {
+    // SAFETY: tcgetpgrp and getpgrp have no memory preconditions.
+    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
 }
 
 impl Feed {
@@ -691,7 +785,13 @@ impl StopReason {
     }
 }
 
-async fn run_loop(args: &RunArgs, info: &RunInfo, bpf: &mut SampleBpf, feed: &mut Feed) -> anyhow::Result<()> {
+async fn run_loop(
+    args: &RunArgs,
+    info: &RunInfo,
+    bpf: &mut SampleBpf,
+    feed: &mut Feed,
+    mut held: Option<&mut Held>,
+) -> anyhow::Result<()> {
     let ring = bpf.take_ring()?;
     // SAFETY: the RingBuf owns its map fd, which stays open and unchanged for as long as the
     // AsyncFd owns the RingBuf.
@@ -735,6 +835,7 @@ async fn run_loop(args: &RunArgs, info: &RunInfo, bpf: &mut SampleBpf, feed: &mu
     let mut counters = BpfCounters::default();
     let mut dump_error: Option<anyhow::Error> = None;
     let mut dumper = crate::dumper::Dumper::start()?;
+    let mut signalled = false;
 
     let reason = loop {
         tokio::select! {
@@ -746,10 +847,18 @@ async fn run_loop(args: &RunArgs, info: &RunInfo, bpf: &mut SampleBpf, feed: &mu
             _ = drain_tick.tick() => {
                 drain(ring.get_mut(), feed);
                 feed.drain_etm();
+                if let Some(h) = held.as_deref_mut()
+                    && h.try_wait().is_some()
+                {
+                    break StopReason::TargetExited;
+                }
             }
             _ = tick.tick() => {
                 counters = bpf.counters().unwrap_or(counters);
-                let target_alive = alive(info.pid);
+                let target_alive = match held.as_deref_mut() {
+                    Some(h) => h.try_wait().is_none(),
+                    None => alive(info.pid),
+                };
                 if target_alive && let Err(e) = feed.reload_maps() {
                     log::debug!("maps: {e}");
                 }
@@ -766,7 +875,7 @@ async fn run_loop(args: &RunArgs, info: &RunInfo, bpf: &mut SampleBpf, feed: &mu
                     let d = feed.engine.depth;
                     // writeln, not println: a closed stdout must not panic.
                     let _ = writeln!(
-                        std::io::stdout(),
+                        info.out(),
                         "etm-bpf: {:>4.0}s samples {} ({:.0}/s) dropped {} contexts {} depth mean {:.1} shallow {:.0}% target {state}",
                         started.elapsed().as_secs_f64(), samples, rate, counters.dropped(),
                         trie.len() - 1, d.mean(), 100.0 * d.shallow_fraction(),
@@ -795,8 +904,26 @@ async fn run_loop(args: &RunArgs, info: &RunInfo, bpf: &mut SampleBpf, feed: &mu
                     t.draw(&app)?;
                 }
             }
-            _ = sigint.recv() => break StopReason::Signal,
-            _ = sigterm.recv() => break StopReason::Signal,
+            _ = sigint.recv() => {
+                // A launched command gets the signal and is profiled until it exits; a
+                // second signal stops at once. (Ctrl-C from the terminal reached it already.)
+                match held.as_deref_mut() {
+                    Some(h) if !signalled => {
+                        signalled = true;
+                        if !terminal_foreground() {
+                            h.signal(libc::SIGINT);
+                        }
+                    }
+                    _ => break StopReason::Signal,
+                }
+            }
+            _ = sigterm.recv() => match held.as_deref_mut() {
+                Some(h) if !signalled => {
+                    signalled = true;
+                    h.signal(libc::SIGTERM);
+                }
+                _ => break StopReason::Signal,
+            },
             _ = &mut deadline, if args.duration.is_some() => break StopReason::Duration,
         }
     };
@@ -830,7 +957,10 @@ fn snapshot(info: &RunInfo, feed: &Feed, k: &BpfCounters, rate: f64, state: &str
         total: trie.total_samples(),
         rows: rows_from_trie(trie, frames, 200),
         status: Status {
-            target: format!("pid {} ({})", info.pid, info.command.join(" ")),
+            target: match &info.output {
+                Some(o) => format!("pid {} ({}) output: {}", info.pid, info.command.join(" "), o.display()),
+                None => format!("pid {} ({})", info.pid, info.command.join(" ")),
+            },
             target_state: state.to_owned(),
             samples_per_s: rate,
             samples: trie.total_samples(),
@@ -856,7 +986,7 @@ fn print_summary(
 ) {
     let (trie, frames) = feed.engine.pipeline().trie();
     let total = trie.total_samples();
-    let mut out = std::io::stdout().lock();
+    let mut out = info.out();
     let _ = writeln!(
         out,
         "etm-bpf: stopped ({}): {} samples of pid {}, dropped {} (ring full {}, stack errors {})",

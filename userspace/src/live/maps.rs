@@ -13,7 +13,11 @@ use etm_session::session::Sideband;
 use etm_stacks::addrspace::parse_maps;
 
 /// Minimum time between two re-reads of `/proc/PID/maps` triggered by unknown addresses.
-pub const RELOAD_MIN_INTERVAL: Duration = Duration::from_millis(250);
+pub const RELOAD_MIN_INTERVAL: Duration = Duration::from_millis(50);
+/// The same while the mappings are still changing (the last re-read found new ones, as
+/// during a program's start-up, when the dynamic loader maps its libraries): none, as only
+/// samples taken after the last re-read may trigger one, at most one per drained batch.
+pub const RELOAD_SETTLING_INTERVAL: Duration = Duration::ZERO;
 
 /// Tracks the executable mappings of one process.
 pub struct MapsTracker {
@@ -21,6 +25,10 @@ pub struct MapsTracker {
     last_text: String,
     known: HashSet<(u64, u64, u64, String)>,
     last_reload: Option<Instant>,
+    /// The sample clock's time of the last re-read.
+    last_reload_time: u64,
+    /// Whether the last re-read found changed mappings.
+    last_changed: bool,
     /// Re-reads that found changed mappings.
     pub changes: u64,
     /// Malformed maps lines skipped.
@@ -30,12 +38,25 @@ pub struct MapsTracker {
 impl MapsTracker {
     /// A tracker of process `pid` (nothing read yet).
     pub fn new(pid: u32) -> MapsTracker {
-        MapsTracker { pid, last_text: String::new(), known: HashSet::new(), last_reload: None, changes: 0, bad_lines: 0 }
+        MapsTracker {
+            pid,
+            last_text: String::new(),
+            known: HashSet::new(),
+            last_reload: None,
+            last_reload_time: 0,
+            last_changed: false,
+            changes: 0,
+            bad_lines: 0,
+        }
     }
 
-    /// Whether an unknown address may trigger a re-read now (rate limit).
-    pub fn reload_due(&self) -> bool {
-        self.last_reload.is_none_or(|t| t.elapsed() >= RELOAD_MIN_INTERVAL)
+    /// Whether an unknown address of a sample taken at `sample_time` may trigger a re-read
+    /// now: never for a sample older than the last re-read (the maps read then already showed
+    /// everything mapped at the sample's time), and at most once per [`RELOAD_MIN_INTERVAL`]
+    /// ([`RELOAD_SETTLING_INTERVAL`] while the mappings keep changing).
+    pub fn reload_due(&self, sample_time: u64) -> bool {
+        let min = if self.last_changed { RELOAD_SETTLING_INTERVAL } else { RELOAD_MIN_INTERVAL };
+        self.last_reload.is_none_or(|t| sample_time > self.last_reload_time && t.elapsed() >= min)
     }
 
     /// Re-reads the maps; appends an MMAP2 record (time `time`) for every executable mapping
@@ -43,7 +64,9 @@ impl MapsTracker {
     pub fn reload(&mut self, time: u64, out: &mut Vec<Sideband>) -> std::io::Result<bool> {
         let text = std::fs::read_to_string(format!("/proc/{}/maps", self.pid))?;
         self.last_reload = Some(Instant::now());
-        if text == self.last_text {
+        self.last_reload_time = time;
+        self.last_changed = text != self.last_text;
+        if !self.last_changed {
             return Ok(false);
         }
         self.changes += 1;
