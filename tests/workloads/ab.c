@@ -2,7 +2,9 @@
  * UB units and fc() one unit, so fa : fb : fc = UA : UB : 1 of the CPU time. Build A with
  * -DUA=2 -DUB=1, build B with -DUA=1 -DUB=2 (and -DPAD to move the code): fa's share drops
  * from 1/2 to 1/4, fb's rises from 1/4 to 1/2, fc's stays 1/4.
- * `ab SECONDS`: prints "ready PID", runs for SECONDS.
+ * `ab SECONDS`: prints "ready PID", runs for SECONDS. A unit is long (~10 ms) next to the
+ * sampling period (~1 ms), so periodic samples do not alias with the loop's period (short
+ * units gave shares several binomial deviations off between runs).
  * Build: cc -O1 -g -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer -DUA=.. -DUB=.. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +17,7 @@
 #ifndef UB
 #define UB 1
 #endif
-#define UNIT 100000UL
+#define UNIT 3000000UL
 volatile unsigned long sink;
 
 #ifdef PAD
