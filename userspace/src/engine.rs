@@ -259,6 +259,7 @@ pub fn pipeline_json(p: &Pipeline) -> serde_json::Value {
             "rejected": st.join.rejected.total(), "rejected_by_reason": rejects(&st),
         },
         "samples": {"lbr": st.lbr_samples, "stack_only": st.stack_only_samples, "profiled": st.profiled, "stacks_truncated": st.stacks_truncated},
+        "exact": exact_json(p),
         "branch_records": {
             "empty_stacks": st.lbr_empty, "wrong_path_dropped": st.lbr_wrong_path, "tx_aborts": st.lbr_tx_abort,
             "partial_entries": st.lbr_partial_entries, "cut_entries": st.lbr_cut_entries,
@@ -298,6 +299,10 @@ pub struct DumpSnapshot {
     pub pgo: bool,
     /// Per binary path: the local file to symbolize from and the build-id.
     pub files: Vec<(String, PathBuf, Option<Vec<u8>>)>,
+    /// Exact instruction counts per function from the trace (empty without ETM), with the
+    /// number of segments and instructions they come from.
+    pub functions: Vec<etm_session::pipeline::ExactFunction>,
+    pub exact_totals: (u64, u64),
 }
 
 impl Engine {
@@ -315,6 +320,11 @@ impl Engine {
             files: {
                 let n = self.names.borrow();
                 n.bins.iter().zip(&n.files).map(|(b, f)| (b.path.clone(), f.clone(), b.build_id.clone())).collect()
+            },
+            functions: p.exact_functions().0,
+            exact_totals: {
+                let c = p.exact_functions().1;
+                (c.segments(), c.instructions())
             },
         }
     }
@@ -354,10 +364,52 @@ pub fn write_snapshot_files(
     };
     let profile = pprof_of(s, &pmeta, &mut facts.symbols);
     write_atomic(&dir.join("profile.pb.gz"), |w| etm_stacks::pprof::write_pprof_gz(&profile, w))?;
+    if s.exact_totals.0 > 0 {
+        write_atomic(&dir.join("functions.csv"), |w| write_functions_csv(s, w))?;
+        files.push("functions.csv".into());
+    }
     files.push("profile.folded".into());
     files.push("profile.svg".into());
     files.push("profile.pb.gz".into());
     Ok(files)
+}
+
+/// The summary of the exact per-function counts (`functions.csv`).
+fn exact_json(p: &Pipeline) -> serde_json::Value {
+    let (fs, c) = p.exact_functions();
+    serde_json::json!({
+        "segments": c.segments(),
+        "instructions": c.instructions(),
+        "functions": fs.len(),
+        "instructions_beyond_function_bound": c.overflow_instructions,
+    })
+}
+
+/// A CSV field (RFC 4180: quoted when it holds a comma, quote or line break).
+fn csv_field(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains([',', '"', '\n', '\r']) { format!("\"{}\"", s.replace('"', "\"\"")).into() } else { s.into() }
+}
+
+/// `functions.csv`: the exact instruction counts per function from the decoded trace, most
+/// first, with the share of all traced instructions and its 95% interval (segments as the
+/// sampling unit: `etm_profile::exact`).
+fn write_functions_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+    writeln!(w, "function,binary,instructions,share,ci95_low,ci95_high,segments")?;
+    for f in &s.functions {
+        let c = &f.count;
+        writeln!(
+            w,
+            "{},{},{},{:.6},{:.6},{:.6},{}",
+            csv_field(&f.function),
+            csv_field(&f.binary),
+            c.instructions,
+            c.share,
+            c.ci.0,
+            c.ci.1,
+            c.segments
+        )?;
+    }
+    Ok(())
 }
 
 /// The address-level pprof profile of a snapshot ([`etm_stacks::pprof::build_address_profile`]),

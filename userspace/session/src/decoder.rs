@@ -92,6 +92,8 @@ struct Adapter {
     /// Branches not yet handed to the sink, of trace ID `batch_id` (oldest first): handed
     /// over in one call before any other sink call and at the end of every piece of data.
     batch: Vec<BranchPair>,
+    /// The ranges of the same stretch: (first instruction, instructions).
+    rbatch: Vec<(u64, u32)>,
     batch_id: Option<u8>,
     /// Per trace ID: the traced context is another process's (its code is not read).
     foreign: Vec<bool>,
@@ -186,6 +188,7 @@ impl EtmWindowDecoder {
                 raw,
                 insn_cfg: DecodeConfig { arch: ArchVersion::Aa64, wfi_wfe_branch: false, dsb_dmb_waypoints: false },
                 batch: Vec::with_capacity(BATCH),
+                rbatch: Vec::with_capacity(BATCH),
                 batch_id: None,
                 foreign: vec![false; 128],
             },
@@ -224,6 +227,10 @@ impl Adapter {
             sink.branches(self.batch_id, &self.batch);
             self.batch.clear();
         }
+        if !self.rbatch.is_empty() {
+            sink.ranges(self.batch_id, &self.rbatch);
+            self.rbatch.clear();
+        }
     }
 
     /// Complete the pending taken branch of `id` (end of a segment).
@@ -260,13 +267,14 @@ impl Adapter {
                 st.ranges += 1;
                 let rec = st.range(&r);
                 let done = st.completed.take();
+                if self.batch_id != id || self.batch.len() == BATCH || self.rbatch.len() == BATCH {
+                    self.flush(sink);
+                    self.batch_id = id;
+                }
+                self.rbatch.push((r.start, r.num_instr));
                 if let Some(rec) = rec
                     && done != Some(rec)
                 {
-                    if self.batch_id != id || self.batch.len() == BATCH {
-                        self.flush(sink);
-                        self.batch_id = id;
-                    }
                     self.batch.push(BranchPair { from: rec.0, to: rec.1 });
                 }
                 return;
@@ -413,6 +421,7 @@ impl WindowDecoder for EtmWindowDecoder {
 
     fn reset(&mut self) {
         self.st.batch.clear();
+        self.st.rbatch.clear();
         // The same decoders (and cache), back to unsynchronised (not rebuilt: a reset follows
         // every gap and COLLISION).
         self.buf.restart();

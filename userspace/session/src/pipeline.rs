@@ -63,6 +63,10 @@ pub trait WindowSink {
             self.branch(trace_id, b.from, b.to);
         }
     }
+    /// Decoded instruction ranges of one trace ID, oldest first: (first instruction,
+    /// instructions). For the exact per-function counts; handed over in batches at the same
+    /// points as the branches.
+    fn ranges(&mut self, _trace_id: Option<u8>, _rs: &[(u64, u32)]) {}
     /// The branch chain broke.
     fn discontinuity(&mut self, trace_id: Option<u8>, why: Discontinuity);
     /// The trace unit resynchronised (Trace Info): it was enabled, i.e. a window begins.
@@ -705,6 +709,8 @@ pub struct Pipeline {
     scratch_lbr: Vec<BranchPair>,
     scratch_types: Vec<Option<InsnKind>>,
     observer: Option<Observer>,
+    /// Exact instruction counts per function from the decoded ranges.
+    exact: ExactState,
 }
 
 impl Pipeline {
@@ -736,7 +742,23 @@ impl Pipeline {
             scratch_lbr: Vec::new(),
             scratch_types: Vec::new(),
             observer: None,
+            exact: ExactState::new(),
         }
+    }
+
+    /// The exact per-function instruction counts of the decoded trace, most first.
+    pub fn exact_functions(&self) -> (Vec<ExactFunction>, &etm_profile::exact::ExactCounts) {
+        let v = self
+            .exact
+            .counts
+            .functions()
+            .into_iter()
+            .map(|f| {
+                let (binary, function) = self.exact.names[f.function as usize].clone();
+                ExactFunction { binary, function, count: f }
+            })
+            .collect();
+        (v, &self.exact.counts)
     }
 
     /// Use `namer` for context-trie frames (e.g. a blazesym symbolizer in the binary).
@@ -839,6 +861,7 @@ impl Pipeline {
             scratch_frames,
             scratch_touched,
             observer,
+            exact,
             ..
         } = self;
         let mut sink = Sink {
@@ -853,6 +876,7 @@ impl Pipeline {
             scratch_branches,
             scratch_frames,
             observer,
+            exact,
         };
         // The windows' last branches are complete: nothing more of them can arrive.
         for (&aux_cpu, st) in aux.iter_mut() {
@@ -902,6 +926,7 @@ impl Pipeline {
             scratch_frames,
             scratch_touched,
             observer,
+            exact,
             ..
         } = self;
         let mut sink = Sink {
@@ -916,6 +941,7 @@ impl Pipeline {
             scratch_branches,
             scratch_frames,
             observer,
+            exact,
         };
         let mut cpus: Vec<i32> = aux.keys().copied().collect();
         cpus.sort_unstable();
@@ -940,6 +966,7 @@ impl Pipeline {
             st.decoder.finish(code, &mut ws);
         }
         joiner.flush(code, &mut |j| sink.accept(j));
+        sink.exact.end_all();
     }
 
     /// Feed one AUX record whose bytes are in several pieces (the live driver's view of a
@@ -1014,6 +1041,7 @@ impl Pipeline {
             scratch_frames,
             scratch_touched,
             observer,
+            exact,
             ..
         } = self;
         let st = aux.get_mut(&rec.cpu).expect("inserted above");
@@ -1032,6 +1060,7 @@ impl Pipeline {
             scratch_branches,
             scratch_frames,
             observer,
+            exact,
         };
         let mut ws = WinSink {
             aux_cpu: if raw { prev_source } else { rec.cpu },
@@ -1102,6 +1131,7 @@ impl Pipeline {
             scratch_lbr,
             scratch_types,
             observer,
+            exact,
             ..
         } = self;
         let mut sink = Sink {
@@ -1116,6 +1146,7 @@ impl Pipeline {
             scratch_branches,
             scratch_frames,
             observer,
+            exact,
         };
         match &s.branches {
             Some(b) => {
@@ -1203,6 +1234,7 @@ impl Pipeline {
                     scratch_branches,
                     scratch_frames,
                     observer,
+                    exact,
                     ..
                 } = self;
                 let mut sink = Sink {
@@ -1217,6 +1249,7 @@ impl Pipeline {
                     scratch_branches,
                     scratch_frames,
                     observer,
+                    exact,
                 };
                 joiner.window_end(*cpu, *time, code, &mut |j| sink.accept(j));
             }
@@ -1274,6 +1307,113 @@ impl Pipeline {
     }
 }
 
+/// A function's exact count, named.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExactFunction {
+    /// The binary's path (empty: unresolved addresses).
+    pub binary: String,
+    /// The function's symbol (`[binary]` for code outside every symbol).
+    pub function: String,
+    pub count: etm_profile::exact::FunctionCount,
+}
+
+/// Functions counted apart (`etm_profile::exact`): beyond them, an `other` bucket.
+const EXACT_MAX_FUNCTIONS: usize = 1 << 18;
+
+/// The exact per-function counts (`etm_profile::exact`) and what feeds them: per CPU the
+/// open segment's ranges by function, function indices by (image, symbol start), and a
+/// direct-mapped cache from a range's first instruction to its function (the resolver and
+/// symbol lookups are per distinct block, not per range).
+struct ExactState {
+    counts: etm_profile::exact::ExactCounts,
+    open: CpuMap<Vec<(u32, u64)>>,
+    index: HashMap<(usize, u64), u32>,
+    names: Vec<(String, String)>,
+    cache: Vec<(u64, u32)>,
+    cache_gen: u64,
+}
+
+const EXACT_CACHE: usize = 4096;
+
+impl ExactState {
+    fn new() -> Self {
+        ExactState {
+            counts: etm_profile::exact::ExactCounts::new(EXACT_MAX_FUNCTIONS),
+            open: CpuMap::default(),
+            index: HashMap::new(),
+            names: Vec::new(),
+            cache: vec![(u64::MAX, 0); EXACT_CACHE],
+            cache_gen: u64::MAX,
+        }
+    }
+
+    fn intern(&mut self, key: (usize, u64), binary: &str, name: &str) -> u32 {
+        if let Some(&i) = self.index.get(&key) {
+            return i;
+        }
+        let i = self.names.len() as u32;
+        self.names.push((binary.to_owned(), name.to_owned()));
+        self.index.insert(key, i);
+        i
+    }
+
+    /// The function of the instruction at runtime address `addr`.
+    fn function(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64) -> u32 {
+        if self.cache_gen != code.generation {
+            self.cache.iter_mut().for_each(|c| c.0 = u64::MAX);
+            self.cache_gen = code.generation;
+        }
+        let slot = (addr >> 2) as usize % EXACT_CACHE;
+        if self.cache[slot].0 == addr {
+            return self.cache[slot].1;
+        }
+        let f = match resolver.resolve(addr) {
+            Some((b, link)) => {
+                let (img, info) = &resolver.binaries[b.0 as usize];
+                match code.images[*img].symbols.lookup(link) {
+                    Some(sym) => {
+                        let (start, name) = (sym.start, sym.name.clone());
+                        self.intern((*img, start), &info.path, &name)
+                    }
+                    None => self.intern((*img, u64::MAX), &info.path, &format!("[{}]", info.file_name())),
+                }
+            }
+            None => self.intern((usize::MAX, 0), "", "[unknown]"),
+        };
+        self.cache[slot] = (addr, f);
+        f
+    }
+
+    fn ranges(&mut self, cpu: i32, resolver: &Resolver, code: &CodeMap, rs: &[(u64, u32)]) {
+        let mut open = std::mem::take(self.open.entry(cpu));
+        for &(start, n) in rs {
+            let f = self.function(resolver, code, start);
+            open.push((f, u64::from(n)));
+        }
+        *self.open.entry(cpu) = open;
+    }
+
+    /// The segment of `cpu` ended: one sampling unit.
+    fn end_segment(&mut self, cpu: i32) {
+        let Some(open) = self.open.get_mut(cpu) else { return };
+        if open.is_empty() {
+            return;
+        }
+        for &(f, n) in open.iter() {
+            self.counts.add(f, n);
+        }
+        open.clear();
+        self.counts.end_segment();
+    }
+
+    fn end_all(&mut self) {
+        let cpus: Vec<i32> = self.open.keys().collect();
+        for c in cpus {
+            self.end_segment(c);
+        }
+    }
+}
+
 /// The root frame of a stack cut by the callers check (views, folded and pprof output).
 pub const TRUNCATED_FRAME: &str = "[truncated]";
 
@@ -1290,6 +1430,7 @@ struct Sink<'a> {
     scratch_branches: &'a mut Vec<Branch>,
     scratch_frames: &'a mut Vec<FrameId>,
     observer: &'a mut Option<Observer>,
+    exact: &'a mut ExactState,
 }
 
 impl Sink<'_> {
@@ -1415,6 +1556,7 @@ impl WindowSink for WinSink<'_, '_> {
         let Some(cpu) = self.cpu(trace_id) else { return };
         self.out.stats.trace_on += 1;
         self.joiner.end_segment(cpu);
+        self.out.exact.end_segment(cpu);
         *self.pending_begin.entry(cpu) = true;
     }
 
@@ -1454,6 +1596,12 @@ impl WindowSink for WinSink<'_, '_> {
         }
         self.joiner.branch(cpu, BranchPair { from, to });
         self.fast = Some((trace_id, cpu));
+    }
+
+    fn ranges(&mut self, trace_id: Option<u8>, rs: &[(u64, u32)]) {
+        let Some(cpu) = self.cpu(trace_id) else { return };
+        let out = &mut *self.out;
+        out.exact.ranges(cpu, out.resolver, out.code, rs);
     }
 
     fn branches(&mut self, trace_id: Option<u8>, bs: &[BranchPair]) {

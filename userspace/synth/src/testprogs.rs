@@ -62,6 +62,8 @@ pub const PROGRAMS: &[TestProgram] = &[
     // Fixed shares of three calling contexts (the kernel lab's profiling workload); leaf frame
     // pointers so that every frame of a sampled stack is there.
     TestProgram { name: "contexts", sources: &["contexts.c"], flags: &["-mno-omit-leaf-frame-pointer"] },
+    // 256 small functions called in a pseudo-random order: a flat profile.
+    TestProgram { name: "flat", sources: &["flat.c"], flags: &[] },
 ];
 
 /// Why a program could not be built.
