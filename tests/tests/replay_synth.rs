@@ -519,7 +519,7 @@ fn functions_csv(path: &Path) -> BTreeMap<String, (u64, f64, f64, f64)> {
     for l in text.lines().skip(1) {
         // C test programs: no quoted fields.
         let f: Vec<&str> = l.split(',').collect();
-        assert_eq!(f.len(), 7, "{l}");
+        assert_eq!(f.len(), 8, "{l}");
         out.insert(
             f[0].to_string(),
             (f[2].parse().unwrap(), f[3].parse().unwrap(), f[4].parse().unwrap(), f[5].parse().unwrap()),
@@ -551,6 +551,41 @@ fn function_of(fns: &[(u64, u64, String)], pc: u64) -> &str {
         Some((s, e, n)) if *s <= pc && pc < *e => n,
         _ => "[none]",
     }
+}
+
+/// Instructions per function (named by `nm`) of `prog`'s run under qemu, over the population
+/// a synthetic session's windows sample: window k stands for the period [kM, (k+1)M) and
+/// traces its last N instructions. The start-up before `main` (libc tunables, IRELATIVE
+/// relocations) is a phase a few periods long, which a systematic 1-in-M window cannot
+/// estimate; it is left out, and so is the tail after the last window.
+fn run_counts(prog: &Path, fns: &[(u64, u64, String)], windows: u64, period: u64, work: &Path) -> (BTreeMap<String, u64>, u64) {
+    let log = work.join("qemu.log");
+    let st = Command::new("qemu-aarch64")
+        .args(["-singlestep", "-d", "exec,nochain", "-D"])
+        .arg(&log)
+        .arg(prog)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    let pcs: Vec<u64> = text
+        .lines()
+        .filter(|l| l.starts_with("Trace "))
+        .filter_map(|l| l.split('[').nth(1).and_then(|r| r.split('/').nth(1)).and_then(|h| u64::from_str_radix(h, 16).ok()))
+        .collect();
+    let main_at = pcs.iter().position(|&pc| function_of(fns, pc) == "main").expect("main runs") as u64;
+    let (lo_idx, hi_idx) = (main_at, windows * period);
+    let mut whole: BTreeMap<String, u64> = BTreeMap::new();
+    let mut total = 0u64;
+    for (i, &pc) in pcs.iter().enumerate() {
+        if !(lo_idx..hi_idx).contains(&(i as u64)) {
+            continue;
+        }
+        *whole.entry(function_of(fns, pc).to_string()).or_default() += 1;
+        total += 1;
+    }
+    (whole, total)
 }
 
 /// Exact counts per function from the trace, against two independent truths:
@@ -585,37 +620,7 @@ fn exact_counts_equal_the_path() {
             let flat_fns = truth.keys().filter(|k| k.starts_with('f') && k[1..].parse::<u32>().is_ok()).count();
             assert!(flat_fns >= 200, "{name}: only {flat_fns} of the 256 functions seen");
         }
-        // The whole run, from qemu's instruction log.
-        let log = tmp.path().join("qemu.log");
-        let st = Command::new("qemu-aarch64")
-            .args(["-singlestep", "-d", "exec,nochain", "-D"])
-            .arg(&log)
-            .arg(&prog)
-            .stdout(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert!(st.success());
-        // The population the windows sample: window k stands for the period [kM, (k+1)M) and
-        // traces its last N instructions. The start-up before `main` (libc tunables, IRELATIVE
-        // relocations) is a phase a few periods long, which a systematic 1-in-M window cannot
-        // estimate; it is left out, and so is the tail after the last window.
-        let text = std::fs::read_to_string(&log).unwrap();
-        let pcs: Vec<u64> = text
-            .lines()
-            .filter(|l| l.starts_with("Trace "))
-            .filter_map(|l| l.split('[').nth(1).and_then(|r| r.split('/').nth(1)).and_then(|h| u64::from_str_radix(h, 16).ok()))
-            .collect();
-        let main_at = pcs.iter().position(|&pc| function_of(&fns, pc) == "main").expect("main runs") as u64;
-        let (lo_idx, hi_idx) = (main_at, gt.windows.len() as u64 * period);
-        let mut whole: BTreeMap<String, u64> = BTreeMap::new();
-        let mut total = 0u64;
-        for (i, &pc) in pcs.iter().enumerate() {
-            if !(lo_idx..hi_idx).contains(&(i as u64)) {
-                continue;
-            }
-            *whole.entry(function_of(&fns, pc).to_string()).or_default() += 1;
-            total += 1;
-        }
+        let (whole, total) = run_counts(&prog, &fns, gt.windows.len() as u64, period, tmp.path());
         assert!(total > 100_000, "{name}: {total} instructions in the qemu log");
         let (mut checked, mut covered) = (0, 0);
         for (f, &n) in &whole {
@@ -632,5 +637,42 @@ fn exact_counts_equal_the_path() {
         }
         eprintln!("{name}: {covered} of {checked} functions' shares of the run inside their 95% intervals");
         assert!(checked >= 4 && covered * 10 >= checked * 9, "{name}: {covered} of {checked}");
+    }
+}
+
+/// `diff` on the exact counts of two builds (tests/aarch64/ab.c: fa : fb : fc = 2 : 1 : 1
+/// units of one loop against 1 : 2 : 1): for each function the change of its share of the
+/// traced instructions has the true change (qemu's path of each build, named by `nm`) inside
+/// its 95% interval; fa's and fb's changes are significant, fc's (the same work in both) not.
+#[test]
+fn exact_diff_of_two_builds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (Some(a), Some(b)) = (build("ab_a", tmp.path()), build("ab_b", tmp.path())) else { return };
+    let (window, period) = (1000, 7919);
+    let mut truth = Vec::new();
+    let mut dumps = Vec::new();
+    for (tag, prog) in [("a", &a), ("b", &b)] {
+        let sess = tmp.path().join(format!("s-{tag}"));
+        let gt = synth(prog, &[], &sess, window, period, true);
+        dumps.push(replay(&sess, tmp.path(), tag).dumps);
+        let work = tmp.path().join(format!("q-{tag}"));
+        std::fs::create_dir_all(&work).unwrap();
+        let fns = nm_functions(prog);
+        let (counts, total) = run_counts(prog, &fns, gt.windows.len() as u64, period, &work);
+        truth.push(counts.into_iter().map(|(f, n)| (f, n as f64 / total as f64)).collect::<BTreeMap<String, f64>>());
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&run(Command::new(etm_bpf_bin()).args(["diff", "--json"]).arg(&dumps[0]).arg(&dumps[1]))).unwrap();
+    let ex = v["exact_functions"].as_array().expect("exact comparison in the diff");
+    for (f, sig) in [("fa", true), ("fb", true), ("fc", false)] {
+        let e = ex.iter().find(|e| e["function"] == f).unwrap_or_else(|| panic!("{f}: {v}"));
+        let d = truth[1].get(f).copied().unwrap_or(0.0) - truth[0].get(f).copied().unwrap_or(0.0);
+        let (lo, hi) = (e["ci95"][0].as_f64().unwrap(), e["ci95"][1].as_f64().unwrap());
+        eprintln!(
+            "{f}: true change {d:+.4}, estimate {:+.4} [{lo:+.4}, {hi:+.4}], significant {}",
+            e["change"], e["significant"]
+        );
+        assert!(lo <= d && d <= hi, "{f}: true change {d} outside [{lo}, {hi}]");
+        assert_eq!(e["significant"], sig, "{f}: {e}");
     }
 }

@@ -321,7 +321,7 @@ impl Engine {
                 let n = self.names.borrow();
                 n.bins.iter().zip(&n.files).map(|(b, f)| (b.path.clone(), f.clone(), b.build_id.clone())).collect()
             },
-            functions: p.exact_functions().0,
+            functions: exact_functions(p),
             exact_totals: {
                 let c = p.exact_functions().1;
                 (c.segments(), c.instructions())
@@ -374,6 +374,27 @@ pub fn write_snapshot_files(
     Ok(files)
 }
 
+/// The exact per-function counts of the pipeline, with the symbols demangled as the frames
+/// of the views and folded profiles are.
+pub fn exact_functions(p: &Pipeline) -> Vec<etm_session::pipeline::ExactFunction> {
+    let mut v = p.exact_functions().0;
+    for f in &mut v {
+        if let std::borrow::Cow::Owned(d) = addr2line::demangle_auto(f.function.as_str().into(), None) {
+            f.function = d;
+        }
+    }
+    v
+}
+
+/// Per function name: its share of the traced instructions (the live view's column).
+pub fn exact_shares(p: &Pipeline) -> std::collections::HashMap<String, f64> {
+    let mut m = std::collections::HashMap::new();
+    for f in exact_functions(p) {
+        *m.entry(f.function).or_insert(0.0) += f.count.share;
+    }
+    m
+}
+
 /// The summary of the exact per-function counts (`functions.csv`).
 fn exact_json(p: &Pipeline) -> serde_json::Value {
     let (fs, c) = p.exact_functions();
@@ -394,18 +415,19 @@ fn csv_field(s: &str) -> std::borrow::Cow<'_, str> {
 /// first, with the share of all traced instructions and its 95% interval (segments as the
 /// sampling unit: `etm_profile::exact`).
 fn write_functions_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io::Result<()> {
-    writeln!(w, "function,binary,instructions,share,ci95_low,ci95_high,segments")?;
+    writeln!(w, "function,binary,instructions,share,ci95_low,ci95_high,stderr,segments")?;
     for f in &s.functions {
         let c = &f.count;
         writeln!(
             w,
-            "{},{},{},{:.6},{:.6},{:.6},{}",
+            "{},{},{},{:.6},{:.6},{:.6},{:.6},{}",
             csv_field(&f.function),
             csv_field(&f.binary),
             c.instructions,
             c.share,
             c.ci.0,
             c.ci.1,
+            c.stderr,
             c.segments
         )?;
     }

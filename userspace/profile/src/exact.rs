@@ -30,8 +30,9 @@ pub struct FunctionCount {
     pub instructions: u64,
     /// Segments in which it executed.
     pub segments: u64,
-    /// Share of all traced instructions, and its 95% interval.
+    /// Share of all traced instructions, its standard error and 95% interval.
     pub share: f64,
+    pub stderr: f64,
     pub ci: (f64, f64),
 }
 
@@ -145,6 +146,7 @@ impl ExactCounts {
                     instructions: a.x,
                     segments: a.segments,
                     share: r,
+                    stderr: v.sqrt(),
                     ci: ((r - h).max(0.0), (r + h).min(1.0)),
                 }
             })

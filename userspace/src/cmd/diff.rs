@@ -4,13 +4,15 @@
 //! Holm–Bonferroni over the functions: `etm_stacks::diff`), largest significant change
 //! first; a text table, `--json`, and a differential flame graph (`--svg`, default
 //! `B/diff.svg`). Functions are matched by name, so builds with different addresses compare.
+//! When both dumps hold `functions.csv` (ETM: exact instruction counts from the trace), the
+//! functions' shares of the traced instructions are compared too, without skid.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use etm_stacks::diff::{Comparison, compare};
+use etm_stacks::diff::{Comparison, ExactDiff, compare, compare_exact, parse_functions_csv};
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -43,6 +45,33 @@ fn read_folded(dir: &Path) -> anyhow::Result<(String, std::collections::BTreeMap
     let text = String::from_utf8_lossy(&bytes).into_owned();
     let m = etm_stacks::folded::parse_folded(&text).with_context(|| format!("{} is not a folded profile", p.display()))?;
     Ok((text, m))
+}
+
+/// The exact counts of a dump, if it has them.
+fn read_exact(dir: &Path) -> anyhow::Result<Option<Vec<etm_stacks::diff::ExactRow>>> {
+    let p = dir.join("functions.csv");
+    let Ok(bytes) = std::fs::read(&p) else { return Ok(None) };
+    let rows = parse_functions_csv(&String::from_utf8_lossy(&bytes))
+        .with_context(|| format!("{} is not an etm-bpf functions.csv", p.display()))?;
+    Ok(Some(rows))
+}
+
+fn exact_table(d: &[ExactDiff], top: usize) -> String {
+    let mut s = String::from(
+        "exact instructions from the trace (functions.csv): share of traced instructions in %, change with its 95% interval, \
+         * = significant (z-test, Holm-Bonferroni); no skid\n",
+    );
+    s += &format!("{:>8} {:>8} {:>26}  {}\n", "instr A", "instr B", "change", "function");
+    for f in d.iter().take(top) {
+        s += &format!(
+            "{:>8.3} {:>8.3} {:>26}  {}\n",
+            100.0 * f.share_a,
+            100.0 * f.share_b,
+            format!("{}{} [{}, {}]", if f.significant { "*" } else { "" }, pct(f.delta), pct(f.ci.0), pct(f.ci.1)),
+            f.function
+        );
+    }
+    s
 }
 
 fn pct(x: f64) -> String {
@@ -117,6 +146,10 @@ pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
     let (tb, b) = read_folded(&args.b)?;
     anyhow::ensure!(args.alpha > 0.0 && args.alpha < 1.0, "--alpha must be between 0 and 1, not {}", args.alpha);
     let c = compare(&a, &b, args.alpha);
+    let exact = match (read_exact(&args.a)?, read_exact(&args.b)?) {
+        (Some(ea), Some(eb)) => Some(compare_exact(&ea, &eb, args.alpha)),
+        _ => None,
+    };
     let svg = args.svg.clone().unwrap_or_else(|| args.b.join("diff.svg"));
     let title = format!("{} -> {}", args.a.display(), args.b.display());
     crate::dump::write_atomic(&svg, |w| etm_stacks::flame::write_diff_flamegraph(&ta, &tb, &title, w))
@@ -125,9 +158,24 @@ pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         let mut v = json(&c);
         v["svg"] = serde_json::json!(svg);
+        if let Some(d) = &exact {
+            v["exact_functions"] = d
+                .iter()
+                .map(|f| {
+                    serde_json::json!({
+                        "function": f.function, "instr_a": f.instr_a, "instr_b": f.instr_b,
+                        "share_a": f.share_a, "share_b": f.share_b, "change": f.delta,
+                        "ci95": [f.ci.0, f.ci.1], "p_value": f.p_value, "significant": f.significant,
+                    })
+                })
+                .collect();
+        }
         writeln!(out, "{v}")?;
     } else {
         write!(out, "{}", table(&c, args.top))?;
+        if let Some(d) = &exact {
+            write!(out, "\n{}", exact_table(d, args.top))?;
+        }
         writeln!(out, "differential flame graph: {}", svg.display())?;
     }
     Ok(ExitCode::SUCCESS)

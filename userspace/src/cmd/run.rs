@@ -956,6 +956,7 @@ fn snapshot(info: &RunInfo, feed: &Feed, k: &BpfCounters, rate: f64, state: &str
     Snapshot {
         total: trie.total_samples(),
         rows: rows_from_trie(trie, frames, 200),
+        instr: crate::engine::exact_shares(feed.engine.pipeline()),
         status: Status {
             target: match &info.output {
                 Some(o) => format!("pid {} ({}) output: {}", info.pid, info.command.join(" "), o.display()),

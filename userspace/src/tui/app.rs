@@ -12,6 +12,8 @@ pub enum SortKey {
     SelfSamples,
     /// Samples passing through the row's context.
     Total,
+    /// Instructions the row's leaf function executed in the decoded trace (exact, ETM).
+    Instructions,
 }
 
 impl SortKey {
@@ -20,6 +22,7 @@ impl SortKey {
         match self {
             SortKey::SelfSamples => "self",
             SortKey::Total => "total",
+            SortKey::Instructions => "instructions",
         }
     }
 }
@@ -75,6 +78,16 @@ pub struct Snapshot {
     pub rows: Vec<ContextRow>,
     /// Status numbers.
     pub status: Status,
+    /// Per function name: its share of the traced instructions (exact counts from the
+    /// decoded trace; empty without ETM).
+    pub instr: std::collections::HashMap<String, f64>,
+}
+
+impl Snapshot {
+    /// The exact instruction share of a row's leaf function, if the trace counted it.
+    pub fn instr_share(&self, r: &ContextRow) -> Option<f64> {
+        r.frames.first().and_then(|f| self.instr.get(f)).copied()
+    }
 }
 
 /// Builds the rows of a snapshot: the `limit` hottest contexts by self count and by total.
@@ -180,13 +193,19 @@ impl App {
             .rows
             .iter()
             .filter(|r| {
-                (self.sort == SortKey::Total || r.self_count > 0)
+                (self.sort != SortKey::SelfSamples || r.self_count > 0)
                     && (needle.is_empty() || r.frames.iter().any(|f| f.to_lowercase().contains(&needle)))
             })
             .collect();
         match self.sort {
             SortKey::SelfSamples => rows.sort_by(|a, b| b.self_count.cmp(&a.self_count).then(a.node.cmp(&b.node))),
             SortKey::Total => rows.sort_by(|a, b| b.total_count.cmp(&a.total_count).then(a.node.cmp(&b.node))),
+            SortKey::Instructions => {
+                // Leaf contexts only (a function's instructions are its own), by the share.
+                rows.retain(|r| r.self_count > 0);
+                let share = |r: &ContextRow| self.snapshot.instr_share(r).unwrap_or(-1.0);
+                rows.sort_by(|a, b| share(b).total_cmp(&share(a)).then(b.self_count.cmp(&a.self_count)).then(a.node.cmp(&b.node)))
+            }
         }
         rows
     }
@@ -224,8 +243,12 @@ impl App {
             Key::Char('s') => {
                 self.sort = match self.sort {
                     SortKey::SelfSamples => SortKey::Total,
-                    SortKey::Total => SortKey::SelfSamples,
+                    SortKey::Total | SortKey::Instructions => SortKey::SelfSamples,
                 };
+                self.selected = 0;
+            }
+            Key::Char('i') => {
+                self.sort = if self.sort == SortKey::Instructions { SortKey::SelfSamples } else { SortKey::Instructions };
                 self.selected = 0;
             }
             Key::Char('/') => self.editing_filter = true,
@@ -302,6 +325,23 @@ mod tests {
         assert_eq!(app.visible().len(), 3);
         app.on_key(Key::Char('q'));
         assert!(app.quit);
+    }
+
+    /// `i` ranks leaf contexts by their function's exact instruction share, and toggles back.
+    #[test]
+    fn instructions_ranking() {
+        let mut app = App::default();
+        let mut s = snapshot();
+        s.instr = [("hot2".to_string(), 0.7), ("hot1".to_string(), 0.2)].into_iter().collect();
+        app.set_snapshot(s);
+        app.on_key(Key::Char('i'));
+        assert_eq!(app.sort, SortKey::Instructions);
+        let v = app.visible();
+        let leaves: Vec<&str> = v.iter().map(|r| r.frames[0].as_str()).collect();
+        assert_eq!(leaves, ["hot2", "hot1", "b"]);
+        assert_eq!(app.snapshot.instr_share(v[0]), Some(0.7));
+        app.on_key(Key::Char('i'));
+        assert_eq!(app.sort, SortKey::SelfSamples);
     }
 
     /// Enter toggles expansion of the selected row; the selection stays within bounds.

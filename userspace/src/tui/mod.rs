@@ -79,7 +79,7 @@ fn render(f: &mut Frame, app: &App) {
     let head_text = Text::from(vec![
         Line::from(format!("etm-bpf  {}  [{}]", s.target, s.target_state)).bold(),
         Line::from(format!(
-            "sort: {} | {} | keys: q quit  s sort  / filter  enter expand  c collapse  ↑↓ move",
+            "sort: {} | {} | keys: q quit  s sort  i instructions  / filter  enter expand  c collapse  ↑↓ move",
             app.sort.label(),
             filter
         )),
@@ -109,7 +109,9 @@ fn render(f: &mut Frame, app: &App) {
                 }
                 (Text::from(l), 1)
             };
+            let instr = app.snapshot.instr_share(r).map_or("     -".to_string(), |x| format!("{:5.1}%", 100.0 * x));
             Row::new(vec![
+                Cell::from(instr),
                 Cell::from(pct(r.self_count, total)),
                 Cell::from(pct(r.total_count, total)),
                 Cell::from(format!("{:>8}", r.self_count)),
@@ -121,10 +123,17 @@ fn render(f: &mut Frame, app: &App) {
         .collect();
     let table = Table::new(
         rows,
-        [Constraint::Length(7), Constraint::Length(7), Constraint::Length(9), Constraint::Length(9), Constraint::Fill(1)],
+        [
+            Constraint::Length(7),
+            Constraint::Length(7),
+            Constraint::Length(7),
+            Constraint::Length(9),
+            Constraint::Length(9),
+            Constraint::Fill(1),
+        ],
     )
     .header(
-        Row::new(["self", "total", "self#", "total#", "context (leaf ← callers)"])
+        Row::new(["instr", "self", "total", "self#", "total#", "context (leaf ← callers)"])
             .style(Style::new().add_modifier(Modifier::REVERSED)),
     )
     .row_highlight_style(Style::new().add_modifier(Modifier::BOLD).add_modifier(Modifier::REVERSED));

@@ -175,6 +175,120 @@ pub fn compare(a: &BTreeMap<Vec<String>, u64>, b: &BTreeMap<Vec<String>, u64>, a
     Comparison { total_a: na, total_b: nb, alpha, functions: out }
 }
 
+/// One function of a `functions.csv` (exact instruction counts from the trace).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExactRow {
+    pub function: String,
+    pub instructions: u64,
+    /// Share of the traced instructions and its standard error.
+    pub share: f64,
+    pub stderr: f64,
+}
+
+/// Reads a `functions.csv` (RFC 4180 quoting); rows of one function name in several
+/// binaries add up (shares and variances).
+pub fn parse_functions_csv(text: &str) -> Result<Vec<ExactRow>, crate::folded::FoldedError> {
+    fn fields(l: &str) -> Vec<String> {
+        let (mut out, mut cur, mut q, mut it) = (Vec::new(), String::new(), false, l.chars().peekable());
+        while let Some(c) = it.next() {
+            match (c, q) {
+                ('"', true) if it.peek() == Some(&'"') => {
+                    cur.push('"');
+                    it.next();
+                }
+                ('"', _) => q = !q,
+                (',', false) => out.push(std::mem::take(&mut cur)),
+                (c, _) => cur.push(c),
+            }
+        }
+        out.push(cur);
+        out
+    }
+    let mut m: BTreeMap<String, (u64, f64, f64)> = BTreeMap::new();
+    for (i, l) in text.lines().enumerate().skip(1) {
+        let f = fields(l);
+        let bad = |why| crate::folded::FoldedError { line: i + 1, why };
+        if f.len() < 8 {
+            return Err(bad("fewer than 8 fields"));
+        }
+        let n: u64 = f[2].parse().map_err(|_| bad("instructions is not a number"))?;
+        let share: f64 = f[3].parse().map_err(|_| bad("share is not a number"))?;
+        let se: f64 = f[6].parse().map_err(|_| bad("stderr is not a number"))?;
+        let e = m.entry(f[0].clone()).or_default();
+        e.0 += n;
+        e.1 += share;
+        e.2 += se * se;
+    }
+    Ok(m.into_iter()
+        .map(|(function, (instructions, share, var))| ExactRow { function, instructions, share, stderr: var.sqrt() })
+        .collect())
+}
+
+/// One function's change of exact instruction share.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExactDiff {
+    pub function: String,
+    pub instr_a: u64,
+    pub instr_b: u64,
+    pub share_a: f64,
+    pub share_b: f64,
+    /// B - A and its 95% interval (independent estimates: the variances add).
+    pub delta: f64,
+    pub ci: (f64, f64),
+    pub p_value: f64,
+    /// Significant after Holm–Bonferroni over the functions.
+    pub significant: bool,
+}
+
+/// Compares the exact instruction shares of two traces (`functions.csv` of each), function
+/// by function: the difference of the two ratio estimates, a z-test on it, Holm–Bonferroni.
+/// Unlike sampled shares these carry no skid: the instructions were counted in the trace.
+pub fn compare_exact(a: &[ExactRow], b: &[ExactRow], alpha: f64) -> Vec<ExactDiff> {
+    let ma: BTreeMap<&str, &ExactRow> = a.iter().map(|r| (r.function.as_str(), r)).collect();
+    let mb: BTreeMap<&str, &ExactRow> = b.iter().map(|r| (r.function.as_str(), r)).collect();
+    let names: BTreeSet<&str> = ma.keys().chain(mb.keys()).copied().collect();
+    let mut out: Vec<ExactDiff> = names
+        .into_iter()
+        .map(|f| {
+            let (ia, sa, va) = ma.get(f).map_or((0, 0.0, 0.0), |r| (r.instructions, r.share, r.stderr * r.stderr));
+            let (ib, sb, vb) = mb.get(f).map_or((0, 0.0, 0.0), |r| (r.instructions, r.share, r.stderr * r.stderr));
+            let d = sb - sa;
+            let se = (va + vb).sqrt();
+            let p = if se > 0.0 && se.is_finite() {
+                2.0 * (1.0 - normal_cdf((d / se).abs()))
+            } else if d != 0.0 && se == 0.0 {
+                0.0
+            } else {
+                1.0
+            };
+            ExactDiff {
+                function: f.to_owned(),
+                instr_a: ia,
+                instr_b: ib,
+                share_a: sa,
+                share_b: sb,
+                delta: d,
+                ci: (d - 1.96 * se, d + 1.96 * se),
+                p_value: p,
+                significant: false,
+            }
+        })
+        .collect();
+    let m = out.len();
+    let mut order: Vec<usize> = (0..m).collect();
+    order.sort_by(|&x, &y| out[x].p_value.total_cmp(&out[y].p_value));
+    for (k, &i) in order.iter().enumerate() {
+        if out[i].p_value > alpha / (m - k) as f64 {
+            break;
+        }
+        out[i].significant = true;
+    }
+    out.sort_by(|x, y| {
+        y.significant.cmp(&x.significant).then(y.delta.abs().total_cmp(&x.delta.abs())).then(x.function.cmp(&y.function))
+    });
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,6 +314,28 @@ mod tests {
 
     fn folded(lines: &[(&str, u64)]) -> BTreeMap<Vec<String>, u64> {
         lines.iter().map(|(p, c)| (p.split(';').map(String::from).collect(), *c)).collect()
+    }
+
+    /// The exact comparison: a shift of many standard errors is significant, a small one not;
+    /// quoted names with commas read back whole.
+    #[test]
+    fn exact_shares() {
+        let head = "function,binary,instructions,share,ci95_low,ci95_high,stderr,segments\n";
+        let a = parse_functions_csv(&format!(
+            "{head}f,/b,500,0.5,0.48,0.52,0.01,10\n\"g<int, long>\",/b,300,0.3,0.28,0.32,0.01,10\n"
+        ))
+        .unwrap();
+        let b = parse_functions_csv(&format!(
+            "{head}f,/b,400,0.4,0.38,0.42,0.01,10\n\"g<int, long>\",/b,301,0.301,0.28,0.32,0.01,10\n"
+        ))
+        .unwrap();
+        assert_eq!(a[1].function, "g<int, long>");
+        let d = compare_exact(&a, &b, 0.05);
+        assert_eq!(d[0].function, "f");
+        assert!(d[0].significant && (d[0].delta + 0.1).abs() < 1e-12);
+        assert!((d[0].ci.1 - (-0.1 + 1.96 * 0.02f64.sqrt() * 0.1)).abs() < 1e-9, "{:?}", d[0].ci);
+        assert!(!d[1].significant);
+        assert!(parse_functions_csv(&format!("{head}f,/b,x,0.5,0,0,0,1\n")).is_err());
     }
 
     /// A real shift is significant with the right sign and interval; equal shares are not;

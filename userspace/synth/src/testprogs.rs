@@ -64,6 +64,9 @@ pub const PROGRAMS: &[TestProgram] = &[
     TestProgram { name: "contexts", sources: &["contexts.c"], flags: &["-mno-omit-leaf-frame-pointer"] },
     // 256 small functions called in a pseudo-random order: a flat profile.
     TestProgram { name: "flat", sources: &["flat.c"], flags: &[] },
+    // Two builds of one program whose functions' instruction shares differ by design.
+    TestProgram { name: "ab_a", sources: &["ab.c"], flags: &["-DUA=2", "-DUB=1"] },
+    TestProgram { name: "ab_b", sources: &["ab.c"], flags: &["-DUA=1", "-DUB=2"] },
 ];
 
 /// Why a program could not be built.
