@@ -100,6 +100,10 @@ pub struct UnwindStats {
     pub failed: u64,
     /// Records without a usable copy (kernel-mode sample, copy failed, garbage registers).
     pub no_copy: u64,
+    /// Wall time spent in [`DwarfUnwinder::unwind`], ns.
+    pub unwind_ns: u64,
+    /// Calls of [`DwarfUnwinder::unwind`].
+    pub unwinds: u64,
 }
 
 /// The unwinder of one target process.
@@ -150,6 +154,7 @@ impl DwarfUnwinder {
     /// reached the outermost frame (no truncation, no error); counts either way.
     pub fn unwind(&mut self, regs: &etm_bpf_common::UserRegs, stack: &[u8], out: &mut Vec<u64>) -> bool {
         out.clear();
+        let t0 = std::time::Instant::now();
         let sp = regs.sp;
         let mut ran_out = false;
         let mut read = |addr: u64| -> Result<u64, ()> {
@@ -184,6 +189,8 @@ impl DwarfUnwinder {
                 Err(_) => break false,
             }
         };
+        self.stats.unwinds += 1;
+        self.stats.unwind_ns += t0.elapsed().as_nanos() as u64;
         if !complete {
             if ran_out {
                 self.stats.truncated += 1;

@@ -80,8 +80,9 @@ pub enum Window {
     DUMP_DIR/command.out (else /tmp/etm-bpf-<etm-bpf pid>-command.out), named in the status\n\
     line; etm-bpf's own lines go to stderr. SIGINT/SIGTERM are passed on to CMD (a second one\n\
     stops profiling at once); when --duration ends or the live view quits, CMD gets SIGTERM.\n\n\
-    Needs root (CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN). The target should be built with\n\
-    frame pointers (-fno-omit-frame-pointer -mno-omit-leaf-frame-pointer).")]
+    Needs root (CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN). Stacks are unwound with DWARF CFI\n\
+    from a copy of the top of the user stack (--unwind auto); --unwind fp uses frame pointers\n\
+    only (targets built with -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer).")]
 pub struct RunArgs {
     /// Process to profile (all its threads, including ones created later).
     #[arg(long, conflicts_with = "command")]
@@ -433,6 +434,7 @@ fn unwind_json(e: &Engine, k: &BpfCounters) -> serde_json::Value {
         "dwarf_truncated": u.truncated,
         "dwarf_failed": u.failed,
         "records_without_copy": u.no_copy,
+        "unwind_ns_per_sample": u.unwind_ns.checked_div(u.unwinds).unwrap_or(0),
         "kernel_copy_errors": k.ustack_err,
         "kernel_mode_samples": k.ustack_kernel,
         "kernel_copies_shortened": k.ustack_short,
