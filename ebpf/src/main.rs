@@ -29,7 +29,10 @@ mod prog {
         },
         helpers::{
             bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-            generated::{bpf_get_stack, bpf_perf_event_output, bpf_probe_read_user, bpf_read_branch_records},
+            generated::{
+                bpf_get_current_task_btf, bpf_get_stack, bpf_perf_event_output, bpf_probe_read_kernel, bpf_probe_read_user,
+                bpf_read_branch_records, bpf_task_pt_regs,
+            },
         },
         macros::{map, perf_event},
         maps::{Array, PerCpuArray, PerfEventByteArray, RingBuf},
@@ -42,7 +45,7 @@ mod prog {
         COUNTER_STACK_ERR, COUNTER_USTACK_ERR, COUNTER_USTACK_KERNEL, COUNTER_USTACK_SHORT, COUNTER_WINDOWS, FLAG_READ_BRANCHES,
         MAX_BRANCHES, MAX_SLOTS, MAX_STACK_DEPTH, PAUSE_HEADER, PAUSE_MAGIC, PAUSE_STACK_ERR, PAUSE_TARGET, PauseRecord,
         REC_HAS_BRANCHES, RING_BYTES, RING_WAKEUP_BYTES, SAMPLE_RECORD_SIZE, STACK_SIZES, SampleRecord, StackRecord,
-        USTACK_COPY_ERR, USTACK_MAGIC, USTACK_REGS, UserRegs, WINDOW_PER_THREAD, WINDOW_UNGATED, WindowState,
+        USTACK_COPY_ERR, USTACK_MAGIC, USTACK_REGS, USTACK_TASK_REGS, UserRegs, WINDOW_PER_THREAD, WINDOW_UNGATED, WindowState,
         reserve_failed_full,
     };
 
@@ -188,15 +191,26 @@ mod prog {
         Ok(())
     }
 
-    /// The user registers of the perf context (`bpf_perf_event_data.regs`, a `pt_regs`), if
-    /// the sample interrupted user mode; otherwise flags 0 (the kernel's registers are of no
-    /// use to a user-space unwinder).
+    /// One u64 of kernel memory (0 if unreadable).
+    #[inline(always)]
+    unsafe fn kread(p: *const u64) -> u64 {
+        let mut v = 0u64;
+        // SAFETY: the helper checks the source and writes 8 bytes into `v`.
+        unsafe { bpf_probe_read_kernel(addr_of_mut!(v) as *mut c_void, 8, p as *const c_void) };
+        v
+    }
+
+    /// The user registers: the perf context's (`bpf_perf_event_data.regs`, a `pt_regs`) if
+    /// the sample interrupted user mode, else the task's user registers saved at its entry
+    /// into the kernel (`bpf_task_pt_regs`, flag `USTACK_TASK_REGS`); flags 0 if neither is
+    /// user mode.
     #[inline(always)]
     unsafe fn read_regs(ctx: &PerfEventContext) -> UserRegs {
         let regs = ctx.as_ptr() as *const u64;
         let mut r = UserRegs { magic: USTACK_MAGIC, ..UserRegs::default() };
         // SAFETY: constant-offset 8-byte loads inside `bpf_user_pt_regs_t`, the only ctx
-        // accesses a perf_event program may make.
+        // accesses a perf_event program may make; the task's registers are read with
+        // bpf_probe_read_kernel.
         unsafe {
             #[cfg(bpf_target_arch = "x86_64")]
             {
@@ -208,6 +222,14 @@ mod prog {
                     r.pc = core::ptr::read_volatile(regs.add(16));
                     r.sp = core::ptr::read_volatile(regs.add(19));
                     r.fp = core::ptr::read_volatile(regs.add(4));
+                } else {
+                    let t = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u64;
+                    if !t.is_null() && kread(t.add(17)) & 3 == 3 {
+                        r.flags = USTACK_REGS | USTACK_TASK_REGS;
+                        r.pc = kread(t.add(16));
+                        r.sp = kread(t.add(19));
+                        r.fp = kread(t.add(4));
+                    }
                 }
             }
             #[cfg(bpf_target_arch = "aarch64")]
@@ -220,6 +242,15 @@ mod prog {
                     r.sp = core::ptr::read_volatile(regs.add(31));
                     r.fp = core::ptr::read_volatile(regs.add(29));
                     r.lr = core::ptr::read_volatile(regs.add(30));
+                } else {
+                    let t = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u64;
+                    if !t.is_null() && kread(t.add(33)) & 0xf == 0 {
+                        r.flags = USTACK_REGS | USTACK_TASK_REGS;
+                        r.pc = kread(t.add(32));
+                        r.sp = kread(t.add(31));
+                        r.fp = kread(t.add(29));
+                        r.lr = kread(t.add(30));
+                    }
                 }
             }
         }

@@ -68,8 +68,8 @@ pub const COUNTER_BRANCH_ENOENT: u32 = 4;
 pub const COUNTER_FILTERED: u32 = 5;
 /// Counter: stack copies that failed at every size tried (record kept without the copy).
 pub const COUNTER_USTACK_ERR: u32 = 13;
-/// Counter: samples taken in the kernel (the perf context's registers are not the user's;
-/// record kept without the copy).
+/// Counter: samples taken in the kernel without user registers (neither the perf context's
+/// nor the task's saved ones are user mode; record kept without the copy).
 pub const COUNTER_USTACK_KERNEL: u32 = 14;
 /// Counter: stack copies that were shortened (the full size ran past the stack's mapping).
 pub const COUNTER_USTACK_SHORT: u32 = 15;
@@ -336,6 +336,9 @@ pub const USTACK_MAGIC: u32 = 0x5553_544b; // "KTSU"
 pub const USTACK_REGS: u32 = 1;
 /// [`UserRegs::flags`]: the stack copy failed (`copied` is 0).
 pub const USTACK_COPY_ERR: u32 = 2;
+/// [`UserRegs::flags`]: the sample was taken in the kernel; the registers are the task's
+/// user registers saved at its entry into the kernel (`bpf_task_pt_regs`).
+pub const USTACK_TASK_REGS: u32 = 4;
 
 /// The user registers an unwinder starts from, written after the [`SampleRecord`] part of a
 /// [`StackRecord`]. x86-64: `pc` = ip, `fp` = bp, `lr` unused; AArch64: `fp` = x29, `lr` = x30.
