@@ -93,7 +93,8 @@ pub struct UnwindStats {
     pub dwarf: u64,
     /// Samples that kept the frame-pointer stack (no copy, or `auto` chose it).
     pub fp: u64,
-    /// DWARF unwinds that ended at the end of the stack copy (the stack was deeper).
+    /// DWARF unwinds that ended at the end of the stack copy or at [`MAX_FRAMES`] (the stack
+    /// was deeper).
     pub truncated: u64,
     /// DWARF unwinds that stopped on an error (no unwind info for an address, a bad rule,
     /// an address in no registered image): the stack ends there.
@@ -104,6 +105,8 @@ pub struct UnwindStats {
     pub unwind_ns: u64,
     /// Calls of [`DwarfUnwinder::unwind`].
     pub unwinds: u64,
+    /// Stack bytes the unwinds were given.
+    pub copied_bytes: u64,
 }
 
 /// The unwinder of one target process.
@@ -157,6 +160,7 @@ impl DwarfUnwinder {
         let t0 = std::time::Instant::now();
         let sp = regs.sp;
         let mut ran_out = false;
+        let mut depth_cut = false;
         let mut read = |addr: u64| -> Result<u64, ()> {
             let off = addr.checked_sub(sp).and_then(|o| usize::try_from(o).ok()).ok_or(())?;
             match stack.get(off..off.checked_add(8).ok_or(())?) {
@@ -175,6 +179,8 @@ impl DwarfUnwinder {
         let mut addr = FrameAddress::from_instruction_pointer(regs.pc);
         let complete = loop {
             if out.len() >= MAX_FRAMES {
+                // As deep as a frame-pointer stack goes: cut like the copy's end.
+                depth_cut = true;
                 break false;
             }
             match self.unwinder.unwind_frame(addr, &mut r, &mut self.cache, &mut read) {
@@ -190,9 +196,10 @@ impl DwarfUnwinder {
             }
         };
         self.stats.unwinds += 1;
+        self.stats.copied_bytes += stack.len() as u64;
         self.stats.unwind_ns += t0.elapsed().as_nanos() as u64;
         if !complete {
-            if ran_out {
+            if ran_out || depth_cut {
                 self.stats.truncated += 1;
             } else {
                 self.stats.failed += 1;

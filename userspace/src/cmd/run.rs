@@ -435,6 +435,7 @@ fn unwind_json(e: &Engine, k: &BpfCounters) -> serde_json::Value {
         "dwarf_failed": u.failed,
         "records_without_copy": u.no_copy,
         "unwind_ns_per_sample": u.unwind_ns.checked_div(u.unwinds).unwrap_or(0),
+        "copy_bytes_per_sample": u.copied_bytes.checked_div(u.unwinds).unwrap_or(0),
         "kernel_copy_errors": k.ustack_err,
         "kernel_mode_samples": k.ustack_kernel,
         "kernel_copies_shortened": k.ustack_short,
