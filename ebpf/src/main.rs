@@ -161,19 +161,24 @@ mod prog {
             } else {
                 let dst = (rec as *mut u8).add(offset_of!(StackRecord<N>, bytes)) as *mut c_void;
                 let src = regs.sp as *const c_void;
-                // The full size can run past the top of the stack's mapping: then smaller
-                // constant sizes, and last the rest of the page holding sp.
+                // The full size runs past the top of the stack's mapping when sp is near it:
+                // then the largest copy that ends on a page boundary below sp + N (the top of
+                // a mapping is one), page by page down to the end of sp's own page.
                 let mut copied = 0u32;
                 if bpf_probe_read_user(dst, N as u32, src) == 0 {
                     copied = N as u32;
-                } else if bpf_probe_read_user(dst, (N / 2) as u32, src) == 0 {
-                    copied = (N / 2) as u32;
-                } else if bpf_probe_read_user(dst, (N / 4) as u32, src) == 0 {
-                    copied = (N / 4) as u32;
                 } else {
-                    let rest = ((4096 - (regs.sp & 4095)) & 4095) as u32;
-                    if rest > 0 && rest <= (N / 4) as u32 && bpf_probe_read_user(dst, rest, src) == 0 {
-                        copied = rest;
+                    let end = regs.sp.wrapping_add(N as u64) & !4095;
+                    for j in 0..(N / 4096) as u64 {
+                        let size = end.wrapping_sub(j * 4096).wrapping_sub(regs.sp);
+                        if size == 0 || size > N as u64 {
+                            break;
+                        }
+                        let sz = size as u32;
+                        if sz <= N as u32 && bpf_probe_read_user(dst, sz, src) == 0 {
+                            copied = sz;
+                            break;
+                        }
                     }
                 }
                 if copied == 0 {
