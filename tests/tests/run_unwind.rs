@@ -33,12 +33,59 @@ fn tolerance(n: f64) -> f64 {
     4.0 * (2.0 / 9.0 / n).sqrt() + 0.02
 }
 
+/// `--stack-size` bounds what DWARF unwinding sees: on tests/workloads/deep.c (main, 61 `rec`
+/// frames of more than 256 bytes each, spin: more than 15 KiB of stack) a 4 KiB copy cuts
+/// every stack (counted as truncated, never reaching main), a 32 KiB copy unwinds all 63
+/// frames to main.
+#[test]
+fn stack_size_bounds_the_unwind_and_truncation_is_counted() {
+    if !is_root() {
+        etm_testutil::skip("needs root (CAP_BPF + CAP_PERFMON) to load eBPF and open perf events");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_workload_with("deep", dir.path(), NO_FP, "deep") else { return };
+    let (_workload, ready) = spawn_ready(&exe, &["60"]);
+    let pid: u32 = ready.trim().strip_prefix("ready ").and_then(|p| p.parse().ok()).expect("ready PID");
+    let chain: Vec<&str> = std::iter::once("main").chain(std::iter::repeat_n("rec", 61)).chain(std::iter::once("spin")).collect();
+    for (size, full_expected) in [("4096", false), ("32768", true)] {
+        let (folded, m) = profile_with(pid, "dwarf", dir.path(), false, &["--stack-size", size]);
+        let spin = containing(&folded, "spin");
+        let full = ending_with(&folded, &chain);
+        let with_main = containing(&folded, "main");
+        let u = &m["counts"]["unwind"];
+        eprintln!("--stack-size {size}: spin {spin}, full chain {full}, with main {with_main}, unwind {u}");
+        assert!(spin >= 300, "too few samples: {spin}");
+        let truncated = u["dwarf_truncated"].as_u64().unwrap();
+        if full_expected {
+            assert!(full * 10 >= spin * 9, "--stack-size {size}: only {full} of {spin} with the full chain");
+            assert!(truncated * 10 <= spin, "--stack-size {size}: {truncated} truncated");
+        } else {
+            assert_eq!(with_main, 0, "--stack-size {size}: a 4 KiB copy cannot reach main");
+            assert!(truncated * 10 >= spin * 9, "--stack-size {size}: only {truncated} of {spin} counted as truncated");
+        }
+        assert_eq!(u["dwarf_failed"], 0, "{u}");
+    }
+}
+
 /// Profiles `pid` for 3 s with `--unwind mode` (SIGUSR1 to the workload after the first
 /// line: a thread started while profiling); returns the folded profile and the manifest.
 fn profile(pid: u32, mode: &str, dir: &std::path::Path, signal: bool) -> (BTreeMap<Vec<String>, u64>, serde_json::Value) {
-    let dump = dir.join(format!("dump-{mode}"));
+    profile_with(pid, mode, dir, signal, &[])
+}
+
+fn profile_with(
+    pid: u32,
+    mode: &str,
+    dir: &std::path::Path,
+    signal: bool,
+    extra: &[&str],
+) -> (BTreeMap<Vec<String>, u64>, serde_json::Value) {
+    let dump = dir.join(format!("dump-{mode}-{}", extra.join("")));
     let mut run = Command::new(etm_bpf_bin())
-        .args(["run", "--pid", &pid.to_string(), "--headless", "--duration", "3", "--unwind", mode, "--dump-dir"])
+        .args(["run", "--pid", &pid.to_string(), "--headless", "--duration", "3", "--unwind", mode])
+        .args(extra)
+        .arg("--dump-dir")
         .arg(&dump)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
