@@ -161,24 +161,27 @@ mod prog {
             } else {
                 let dst = (rec as *mut u8).add(offset_of!(StackRecord<N>, bytes)) as *mut c_void;
                 let src = regs.sp as *const c_void;
-                // The full size runs past the top of the stack's mapping when sp is near it:
-                // then the largest copy that ends on a page boundary below sp + N (the top of
-                // a mapping is one), page by page down to the end of sp's own page.
+                // N bytes in one read; if that runs past the top of the stack's mapping (sp
+                // near it), page by page: from sp to the end of its page, then whole pages
+                // until the first that cannot be read.
+                let base = dst as *mut u8;
                 let mut copied = 0u32;
+                let rest = 4096 - (regs.sp & 4095) as u32;
                 if bpf_probe_read_user(dst, N as u32, src) == 0 {
                     copied = N as u32;
-                } else {
-                    let end = regs.sp.wrapping_add(N as u64) & !4095;
-                    for j in 0..(N / 4096) as u64 {
-                        let size = end.wrapping_sub(j * 4096).wrapping_sub(regs.sp);
-                        if size == 0 || size > N as u64 {
+                } else if rest <= 4096 && bpf_probe_read_user(base as *mut c_void, rest, src) == 0 {
+                    copied = rest;
+                    for _ in 0..N / 4096 {
+                        // Masked and compared on one value, so the verifier sees the bound.
+                        let off = (copied as usize) & (N - 1);
+                        if off > N - 4096 || off != copied as usize {
                             break;
                         }
-                        let sz = size as u32;
-                        if sz <= N as u32 && bpf_probe_read_user(dst, sz, src) == 0 {
-                            copied = sz;
+                        let from = regs.sp.wrapping_add(off as u64) as *const c_void;
+                        if bpf_probe_read_user(base.add(off) as *mut c_void, 4096, from) != 0 {
                             break;
                         }
+                        copied = (off + 4096) as u32;
                     }
                 }
                 if copied == 0 {
