@@ -29,19 +29,24 @@ mod prog {
         },
         helpers::{
             bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-            generated::{bpf_get_stack, bpf_perf_event_output, bpf_read_branch_records},
+            generated::{
+                bpf_get_current_task_btf, bpf_get_stack, bpf_perf_event_output, bpf_probe_read_kernel, bpf_probe_read_user,
+                bpf_read_branch_records, bpf_task_pt_regs,
+            },
         },
         macros::{map, perf_event},
         maps::{Array, PerCpuArray, PerfEventByteArray, RingBuf},
         programs::PerfEventContext,
     };
     use etm_bpf_common::{
-        BranchEntry, CONFIG_ENTRIES, CONFIG_FLAGS, CONFIG_TGID, CONFIG_WINDOW_FLAGS, COUNTER_BRANCH_EMPTY, COUNTER_BRANCH_ENOENT,
-        COUNTER_BRANCH_ERR, COUNTER_ENTRIES, COUNTER_FILTERED, COUNTER_FOREIGN_WINDOWS, COUNTER_OUTPUT_ERR, COUNTER_PAUSE_IDLE,
-        COUNTER_RESUMES, COUNTER_RING_BUSY, COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTER_WINDOWS,
-        FLAG_READ_BRANCHES, MAX_BRANCHES, MAX_SLOTS, MAX_STACK_DEPTH, PAUSE_HEADER, PAUSE_MAGIC, PAUSE_STACK_ERR, PAUSE_TARGET,
-        PauseRecord, REC_HAS_BRANCHES, RING_BYTES, RING_WAKEUP_BYTES, SAMPLE_RECORD_SIZE, SampleRecord, WINDOW_PER_THREAD,
-        WINDOW_UNGATED, WindowState, reserve_failed_full,
+        BranchEntry, CONFIG_ENTRIES, CONFIG_FLAGS, CONFIG_STACK_BYTES, CONFIG_TGID, CONFIG_WINDOW_FLAGS, COUNTER_BRANCH_EMPTY,
+        COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR, COUNTER_ENTRIES, COUNTER_FILTERED, COUNTER_FOREIGN_WINDOWS,
+        COUNTER_OUTPUT_ERR, COUNTER_PAUSE_IDLE, COUNTER_RESUMES, COUNTER_RING_BUSY, COUNTER_RING_FULL, COUNTER_SAMPLES,
+        COUNTER_STACK_ERR, COUNTER_USTACK_ERR, COUNTER_USTACK_KERNEL, COUNTER_USTACK_SHORT, COUNTER_WINDOWS, FLAG_READ_BRANCHES,
+        MAX_BRANCHES, MAX_SLOTS, MAX_STACK_DEPTH, PAUSE_HEADER, PAUSE_MAGIC, PAUSE_STACK_ERR, PAUSE_TARGET, PauseRecord,
+        REC_HAS_BRANCHES, RING_BYTES, RING_WAKEUP_BYTES, SAMPLE_RECORD_SIZE, STACK_SIZES, SampleRecord, StackRecord,
+        USTACK_COPY_ERR, USTACK_MAGIC, USTACK_REGS, USTACK_TASK_REGS, UserRegs, WINDOW_PER_THREAD, WINDOW_UNGATED, WindowState,
+        reserve_failed_full,
     };
 
     #[map]
@@ -86,26 +91,190 @@ mod prog {
             return Err(());
         }
         let flags = config(CONFIG_FLAGS);
+        let stack_bytes = config(CONFIG_STACK_BYTES) as usize;
+        if stack_bytes == STACK_SIZES[0] {
+            sample_with_stack::<{ STACK_SIZES[0] }>(ctx, tgid, tid, flags)
+        } else if stack_bytes == STACK_SIZES[1] {
+            sample_with_stack::<{ STACK_SIZES[1] }>(ctx, tgid, tid, flags)
+        } else if stack_bytes == STACK_SIZES[2] {
+            sample_with_stack::<{ STACK_SIZES[2] }>(ctx, tgid, tid, flags)
+        } else if stack_bytes == STACK_SIZES[3] {
+            sample_with_stack::<{ STACK_SIZES[3] }>(ctx, tgid, tid, flags)
+        } else {
+            sample_plain(ctx, tgid, tid, flags)
+        }
+    }
 
+    #[inline(always)]
+    fn count_reserve_failure(record: usize) {
+        let avail = SAMPLES.query(BPF_RB_AVAIL_DATA as u64);
+        let size = SAMPLES.query(BPF_RB_RING_SIZE as u64);
+        count(if reserve_failed_full(avail, size, record as u64) { COUNTER_RING_FULL } else { COUNTER_RING_BUSY });
+    }
+
+    /// Wake user space only once enough is pending (it also drains on a timer).
+    #[inline(always)]
+    fn wake_flags() -> u64 {
+        (if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= RING_WAKEUP_BYTES { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }) as u64
+    }
+
+    #[inline(always)]
+    fn sample_plain(ctx: &PerfEventContext, tgid: u32, tid: u32, flags: u32) -> Result<(), ()> {
         let Some(mut entry) = SAMPLES.reserve::<SampleRecord>(0) else {
-            let avail = SAMPLES.query(BPF_RB_AVAIL_DATA as u64);
-            let size = SAMPLES.query(BPF_RB_RING_SIZE as u64);
-            count(if reserve_failed_full(avail, size, SAMPLE_RECORD_SIZE as u64) {
-                COUNTER_RING_FULL
-            } else {
-                COUNTER_RING_BUSY
-            });
+            count_reserve_failure(SAMPLE_RECORD_SIZE);
             return Err(());
         };
         let rec = entry.as_mut_ptr();
-        // SAFETY: `rec` points to a reserved ring-buffer entry of size_of::<SampleRecord>() bytes;
-        // every write below stays inside it (offsets and sizes are compile-time constants).
+        // SAFETY: `rec` points to a reserved entry of size_of::<SampleRecord>() bytes.
+        if unsafe { fill_sample(ctx, rec, tgid, tid, flags) }.is_err() {
+            entry.discard(0);
+            count(COUNTER_STACK_ERR);
+            return Err(());
+        }
+        entry.submit(wake_flags());
+        count(COUNTER_SAMPLES);
+        Ok(())
+    }
+
+    /// A sample with the user registers and the top `N` bytes of the user stack.
+    #[inline(always)]
+    fn sample_with_stack<const N: usize>(ctx: &PerfEventContext, tgid: u32, tid: u32, flags: u32) -> Result<(), ()> {
+        let Some(mut entry) = SAMPLES.reserve::<StackRecord<N>>(0) else {
+            count_reserve_failure(core::mem::size_of::<StackRecord<N>>());
+            return Err(());
+        };
+        let rec = entry.as_mut_ptr();
+        // SAFETY: `rec` points to a reserved entry of size_of::<StackRecord<N>>() bytes; the
+        // sample part is at its start, the registers and stack bytes after it (constant
+        // offsets, and copy sizes at most N).
+        unsafe {
+            if fill_sample(ctx, rec as *mut SampleRecord, tgid, tid, flags).is_err() {
+                entry.discard(0);
+                count(COUNTER_STACK_ERR);
+                return Err(());
+            }
+            let regs = read_regs(ctx);
+            let mut r = regs;
+            r.size = N as u32;
+            if regs.flags & USTACK_REGS == 0 {
+                count(COUNTER_USTACK_KERNEL);
+            } else {
+                let dst = (rec as *mut u8).add(offset_of!(StackRecord<N>, bytes)) as *mut c_void;
+                let src = regs.sp as *const c_void;
+                // N bytes in one read; if that runs past the top of the stack's mapping (sp
+                // near it), page by page: from sp to the end of its page, then whole pages
+                // until the first that cannot be read.
+                let base = dst as *mut u8;
+                let mut copied = 0u32;
+                let rest = 4096 - (regs.sp & 4095) as u32;
+                if bpf_probe_read_user(dst, N as u32, src) == 0 {
+                    copied = N as u32;
+                } else if rest <= 4096 && bpf_probe_read_user(base as *mut c_void, rest, src) == 0 {
+                    copied = rest;
+                    for _ in 0..N / 4096 {
+                        // Masked and compared on one value, so the verifier sees the bound.
+                        let off = (copied as usize) & (N - 1);
+                        if off > N - 4096 || off != copied as usize {
+                            break;
+                        }
+                        let from = regs.sp.wrapping_add(off as u64) as *const c_void;
+                        if bpf_probe_read_user(base.add(off) as *mut c_void, 4096, from) != 0 {
+                            break;
+                        }
+                        copied = (off + 4096) as u32;
+                    }
+                }
+                if copied == 0 {
+                    r.flags |= USTACK_COPY_ERR;
+                    count(COUNTER_USTACK_ERR);
+                } else if copied < N as u32 {
+                    count(COUNTER_USTACK_SHORT);
+                }
+                r.copied = copied;
+            }
+            addr_of_mut!((*rec).regs).write(r);
+        }
+        entry.submit(wake_flags());
+        count(COUNTER_SAMPLES);
+        Ok(())
+    }
+
+    /// One u64 of kernel memory (0 if unreadable).
+    #[inline(always)]
+    unsafe fn kread(p: *const u64) -> u64 {
+        let mut v = 0u64;
+        // SAFETY: the helper checks the source and writes 8 bytes into `v`.
+        unsafe { bpf_probe_read_kernel(addr_of_mut!(v) as *mut c_void, 8, p as *const c_void) };
+        v
+    }
+
+    /// The user registers: the perf context's (`bpf_perf_event_data.regs`, a `pt_regs`) if
+    /// the sample interrupted user mode, else the task's user registers saved at its entry
+    /// into the kernel (`bpf_task_pt_regs`, flag `USTACK_TASK_REGS`); flags 0 if neither is
+    /// user mode.
+    #[inline(always)]
+    unsafe fn read_regs(ctx: &PerfEventContext) -> UserRegs {
+        let regs = ctx.as_ptr() as *const u64;
+        let mut r = UserRegs { magic: USTACK_MAGIC, ..UserRegs::default() };
+        // SAFETY: constant-offset 8-byte loads inside `bpf_user_pt_regs_t`, the only ctx
+        // accesses a perf_event program may make; the task's registers are read with
+        // bpf_probe_read_kernel.
+        unsafe {
+            #[cfg(bpf_target_arch = "x86_64")]
+            {
+                // struct pt_regs: r15 r14 r13 r12 bp bx r11 r10 r9 r8 ax cx dx si di orig_ax
+                // ip cs flags sp ss.
+                let cs = core::ptr::read_volatile(regs.add(17));
+                if cs & 3 == 3 {
+                    r.flags = USTACK_REGS;
+                    r.pc = core::ptr::read_volatile(regs.add(16));
+                    r.sp = core::ptr::read_volatile(regs.add(19));
+                    r.fp = core::ptr::read_volatile(regs.add(4));
+                } else {
+                    let t = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u64;
+                    if !t.is_null() && kread(t.add(17)) & 3 == 3 {
+                        r.flags = USTACK_REGS | USTACK_TASK_REGS;
+                        r.pc = kread(t.add(16));
+                        r.sp = kread(t.add(19));
+                        r.fp = kread(t.add(4));
+                    }
+                }
+            }
+            #[cfg(bpf_target_arch = "aarch64")]
+            {
+                // struct user_pt_regs: regs[31] sp pc pstate; EL0 when pstate's mode bits are 0.
+                let pstate = core::ptr::read_volatile(regs.add(33));
+                if pstate & 0xf == 0 {
+                    r.flags = USTACK_REGS;
+                    r.pc = core::ptr::read_volatile(regs.add(32));
+                    r.sp = core::ptr::read_volatile(regs.add(31));
+                    r.fp = core::ptr::read_volatile(regs.add(29));
+                    r.lr = core::ptr::read_volatile(regs.add(30));
+                } else {
+                    let t = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const u64;
+                    if !t.is_null() && kread(t.add(33)) & 0xf == 0 {
+                        r.flags = USTACK_REGS | USTACK_TASK_REGS;
+                        r.pc = kread(t.add(32));
+                        r.sp = kread(t.add(31));
+                        r.fp = kread(t.add(29));
+                        r.lr = kread(t.add(30));
+                    }
+                }
+            }
+        }
+        r
+    }
+
+    /// Writes the sample part of a reserved record: ids, time, the frame-pointer user stack
+    /// and the branch records. `Err` if `bpf_get_stack` gave no frame.
+    #[inline(always)]
+    unsafe fn fill_sample(ctx: &PerfEventContext, rec: *mut SampleRecord, tgid: u32, tid: u32, flags: u32) -> Result<(), ()> {
+        // SAFETY: `rec` points to at least size_of::<SampleRecord>() reserved bytes; every
+        // write below stays inside it (offsets and sizes are compile-time constants).
         unsafe {
             let stack_ptr = (rec as *mut u8).add(offset_of!(SampleRecord, stack)) as *mut c_void;
             let n = bpf_get_stack(ctx.as_ptr(), stack_ptr, (MAX_STACK_DEPTH * 8) as u32, BPF_F_USER_STACK as u64);
             if n <= 0 {
-                entry.discard(0);
-                count(COUNTER_STACK_ERR);
                 return Err(());
             }
             addr_of_mut!((*rec).pid).write(tgid);
@@ -139,11 +308,6 @@ mod prog {
             addr_of_mut!((*rec).flags).write(rec_flags);
             addr_of_mut!((*rec).branch_count).write(nbranch);
         }
-        // Wake user space only once enough is pending (it also drains on a timer).
-        let wake =
-            if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) >= RING_WAKEUP_BYTES { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
-        entry.submit(wake as u64);
-        count(COUNTER_SAMPLES);
         Ok(())
     }
 

@@ -63,26 +63,23 @@ pub fn c_compiler() -> Option<&'static str> {
 /// Builds `tests/workloads/<name>.c` into `out_dir/<name>` with frame pointers and without
 /// tail calls (so every caller stays on the stack). `None` (after printing why) if no compiler.
 pub fn build_workload(name: &str, out_dir: &Path) -> Option<PathBuf> {
+    build_workload_with(
+        name,
+        out_dir,
+        &["-O1", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-fno-optimize-sibling-calls", "-pthread"],
+        name,
+    )
+}
+
+/// Builds `tests/workloads/NAME.c` with the C compiler and `flags` into `out_dir/OUT`.
+pub fn build_workload_with(name: &str, out_dir: &Path, flags: &[&str], out: &str) -> Option<PathBuf> {
     let Some(cc) = c_compiler() else {
         etm_testutil::skip("no C compiler (clang-22, clang, gcc, cc) found");
         return None;
     };
     let src = repo_root().join("tests/workloads").join(format!("{name}.c"));
-    let out = out_dir.join(name);
-    let st = Command::new(cc)
-        .args([
-            "-O1",
-            "-g",
-            "-fno-omit-frame-pointer",
-            "-mno-omit-leaf-frame-pointer",
-            "-fno-optimize-sibling-calls",
-            "-pthread",
-            "-o",
-        ])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("run the C compiler");
+    let out = out_dir.join(out);
+    let st = Command::new(cc).args(flags).arg("-o").arg(&out).arg(&src).status().expect("run the C compiler");
     assert!(st.success(), "{cc} failed on {}", src.display());
     Some(out)
 }

@@ -20,6 +20,7 @@ use etm_stacks::{Frame, FrameId, FrameTable};
 
 use crate::dump::write_atomic;
 use crate::symbolize::Symbolizer;
+use crate::unwind::DwarfUnwinder;
 use etm_live::stream::EventSink;
 
 /// Reads the bytes of a code image named by an MMAP2 record (file name, address, length):
@@ -91,6 +92,10 @@ pub struct Engine {
     pub branch_samples: u64,
     /// Stack-depth statistics of the samples pushed.
     pub depth: DepthStats,
+    /// `run --unwind dwarf|auto`: the DWARF unwinder of the target's mappings.
+    unwind: Option<DwarfUnwinder>,
+    /// The images registered, by path (kept only while unwinding, for new mappings).
+    images: HashMap<String, Arc<Vec<u8>>>,
 }
 
 /// Stack-depth statistics (how deep the frame-pointer chains are).
@@ -132,7 +137,23 @@ impl Engine {
         let mut pipeline = Pipeline::new(cfg);
         let names = Rc::new(RefCell::new(Names { symbolizer: Symbolizer::new(), ..Default::default() }));
         pipeline.set_frame_namer(Box::new(SymNamer(names.clone())));
-        Engine { pipeline, names, loader, branch_samples: 0, depth: DepthStats::default() }
+        Engine { pipeline, names, loader, branch_samples: 0, depth: DepthStats::default(), unwind: None, images: HashMap::new() }
+    }
+
+    /// Registers every executable mapping with a DWARF unwinder from now on
+    /// ([`Engine::unwind`]).
+    pub fn enable_unwinding(&mut self) {
+        self.unwind.get_or_insert_with(DwarfUnwinder::default);
+    }
+
+    /// The DWARF unwinder, if enabled.
+    pub fn unwinder(&self) -> Option<&DwarfUnwinder> {
+        self.unwind.as_ref()
+    }
+
+    /// The DWARF unwinder, mutably, if enabled.
+    pub fn unwinder_mut(&mut self) -> Option<&mut DwarfUnwinder> {
+        self.unwind.as_mut()
     }
 
     /// Registers the code image `path` (as MMAP2 records name it), read from `local`.
@@ -159,6 +180,9 @@ impl Engine {
         n.by_path.insert(path.to_string(), id);
         n.files.push(local.to_path_buf());
         drop(n);
+        if self.unwind.is_some() {
+            self.images.insert(path.to_string(), data.clone());
+        }
         self.pipeline.add_image(path, data);
     }
 
@@ -196,13 +220,20 @@ impl Engine {
     /// Feeds one event (the one entry point of both drivers).
     pub fn push(&mut self, ev: SessionEvent<'_>) {
         match &ev {
-            SessionEvent::Sideband(Sideband::Mmap2 { filename, addr, len, prot, .. }) => {
+            SessionEvent::Sideband(Sideband::Mmap2 { filename, addr, len, prot, pgoff, .. }) => {
                 if !self.has_image(filename)
                     && (*prot == 0 || *prot & libc::PROT_EXEC as u32 != 0)
                     && let Some(load) = self.loader.as_mut()
                     && let Some((local, bytes)) = load(filename, *addr, *len)
                 {
                     self.add_image(filename, &local, Arc::new(bytes));
+                }
+                if let Some(u) = self.unwind.as_mut()
+                    && let Some(data) = self.images.get(filename.as_str())
+                    && (*prot == 0 || *prot & libc::PROT_EXEC as u32 != 0)
+                    && let Err(e) = u.add_mapping(filename, data, *addr, *len, *pgoff)
+                {
+                    log::debug!("no unwind info for {filename}: {e}");
                 }
                 let mut n = self.names.borrow_mut();
                 if let Some(&id) = n.by_path.get(filename.as_str()) {

@@ -11,6 +11,7 @@ mod live;
 mod logging;
 mod symbolize;
 mod tui;
+mod unwind;
 
 use clap::{Parser, Subcommand};
 

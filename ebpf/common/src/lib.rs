@@ -44,6 +44,16 @@ pub const CONFIG_ENTRIES: u32 = 4;
 /// Config flag: read branch records with `bpf_read_branch_records` for each sample.
 pub const FLAG_READ_BRANCHES: u32 = 1;
 
+/// `CONFIG[CONFIG_STACK_BYTES]`: bytes of the user stack (from the sampled stack pointer up)
+/// to copy into each record with the user registers, for DWARF unwinding in user space; one
+/// of [`STACK_SIZES`], 0 for none (frame-pointer stacks only).
+pub const CONFIG_STACK_BYTES: u32 = 3;
+/// The stack copy sizes the program supports (each a constant-size ring reservation, as the
+/// verifier wants; [`StackRecord`] of that size).
+pub const STACK_SIZES: [usize; 4] = [4 << 10, 8 << 10, 16 << 10, 32 << 10];
+/// The default stack copy size (`run --stack-size`).
+pub const DEFAULT_STACK_BYTES: usize = 16 << 10;
+
 /// Counter: samples of the target that were written to the ring buffer.
 pub const COUNTER_SAMPLES: u32 = 0;
 /// Counter: samples dropped because the ring buffer was full ([`reserve_failed_full`]).
@@ -56,6 +66,13 @@ pub const COUNTER_BRANCH_ERR: u32 = 3;
 pub const COUNTER_BRANCH_ENOENT: u32 = 4;
 /// Counter: samples of other processes that the tgid filter skipped.
 pub const COUNTER_FILTERED: u32 = 5;
+/// Counter: stack copies that failed at every size tried (record kept without the copy).
+pub const COUNTER_USTACK_ERR: u32 = 13;
+/// Counter: samples taken in the kernel without user registers (neither the perf context's
+/// nor the task's saved ones are user mode; record kept without the copy).
+pub const COUNTER_USTACK_KERNEL: u32 = 14;
+/// Counter: stack copies that were shortened (the full size ran past the stack's mapping).
+pub const COUNTER_USTACK_SHORT: u32 = 15;
 /// Number of counters in the counter map.
 pub const COUNTER_ENTRIES: u32 = 16;
 
@@ -313,6 +330,80 @@ impl SampleRecord {
     }
 }
 
+/// [`UserRegs::magic`].
+pub const USTACK_MAGIC: u32 = 0x5553_544b; // "KTSU"
+/// [`UserRegs::flags`]: the registers are the user's (the sample interrupted user mode).
+pub const USTACK_REGS: u32 = 1;
+/// [`UserRegs::flags`]: the stack copy failed (`copied` is 0).
+pub const USTACK_COPY_ERR: u32 = 2;
+/// [`UserRegs::flags`]: the sample was taken in the kernel; the registers are the task's
+/// user registers saved at its entry into the kernel (`bpf_task_pt_regs`).
+pub const USTACK_TASK_REGS: u32 = 4;
+
+/// The user registers an unwinder starts from, written after the [`SampleRecord`] part of a
+/// [`StackRecord`]. x86-64: `pc` = ip, `fp` = bp, `lr` unused; AArch64: `fp` = x29, `lr` = x30.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserRegs {
+    /// [`USTACK_MAGIC`].
+    pub magic: u32,
+    /// `USTACK_*` flags.
+    pub flags: u32,
+    pub pc: u64,
+    pub sp: u64,
+    pub fp: u64,
+    pub lr: u64,
+    /// Bytes of the stack copied (from `sp` up), at most `size`.
+    pub copied: u32,
+    /// Size of the record's stack area (its size class).
+    pub size: u32,
+}
+
+/// Size of [`UserRegs`].
+pub const USER_REGS_SIZE: usize = core::mem::size_of::<UserRegs>();
+
+/// A sample with the user registers and a copy of the top `N` bytes of the user stack (`N` one
+/// of [`STACK_SIZES`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StackRecord<const N: usize> {
+    pub sample: SampleRecord,
+    pub regs: UserRegs,
+    pub bytes: [u8; N],
+}
+
+impl UserRegs {
+    /// The registers and the copied stack bytes of a ring record, if it is a [`StackRecord`]
+    /// (longer than a [`SampleRecord`], with the magic); the copy is clamped to the bytes
+    /// present, so a corrupt length never reads past the record.
+    pub fn parse(record: &[u8]) -> Option<(UserRegs, &[u8])> {
+        let tail = record.get(SAMPLE_RECORD_SIZE..)?;
+        let head = tail.get(..USER_REGS_SIZE)?;
+        let u32_at = |o: usize| u32::from_ne_bytes([head[o], head[o + 1], head[o + 2], head[o + 3]]);
+        let u64_at = |o: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&head[o..o + 8]);
+            u64::from_ne_bytes(b)
+        };
+        if u32_at(0) != USTACK_MAGIC {
+            return None;
+        }
+        let regs = UserRegs {
+            magic: USTACK_MAGIC,
+            flags: u32_at(4),
+            pc: u64_at(8),
+            sp: u64_at(16),
+            fp: u64_at(24),
+            lr: u64_at(32),
+            copied: u32_at(40),
+            size: u32_at(44),
+        };
+        let data = &tail[USER_REGS_SIZE..];
+        let n = (regs.copied as usize).min(regs.size as usize).min(data.len());
+        Some((regs, &data[..n]))
+    }
+}
+
 #[cfg(feature = "user")]
 // SAFETY: plain-data repr(C) structs without padding-sensitive invariants.
 unsafe impl aya::Pod for SampleRecord {}
@@ -340,6 +431,34 @@ mod tests {
     }
 
     use core::mem::offset_of;
+
+    /// A stack record's registers and copy read back; too-short, foreign or lying records
+    /// are refused or clamped.
+    #[test]
+    fn user_stack_round_trip_and_clamps() {
+        assert_eq!(USER_REGS_SIZE, 48);
+        assert_eq!(offset_of!(StackRecord<4096>, regs), SAMPLE_RECORD_SIZE);
+        assert_eq!(offset_of!(StackRecord<4096>, bytes), SAMPLE_RECORD_SIZE + USER_REGS_SIZE);
+        assert_eq!(core::mem::size_of::<StackRecord<4096>>() % 8, 0);
+        let mut raw = [0u8; SAMPLE_RECORD_SIZE + USER_REGS_SIZE + 64];
+        let regs = UserRegs { magic: USTACK_MAGIC, flags: USTACK_REGS, pc: 1, sp: 2, fp: 3, lr: 4, copied: 16, size: 64 };
+        // SAFETY: UserRegs is repr(C) plain data; the slice has room for it.
+        unsafe { core::ptr::write_unaligned(raw[SAMPLE_RECORD_SIZE..].as_mut_ptr().cast::<UserRegs>(), regs) };
+        raw[SAMPLE_RECORD_SIZE + USER_REGS_SIZE] = 0xaa;
+        let (r, st) = UserRegs::parse(&raw).unwrap();
+        assert_eq!(r, regs);
+        assert_eq!(st.len(), 16);
+        assert_eq!(st[0], 0xaa);
+        // A plain sample record has no copy.
+        assert!(UserRegs::parse(&raw[..SAMPLE_RECORD_SIZE]).is_none());
+        assert!(UserRegs::parse(&raw[..SAMPLE_RECORD_SIZE + 10]).is_none());
+        // A length past the record is clamped to what is there.
+        raw[SAMPLE_RECORD_SIZE + 40..SAMPLE_RECORD_SIZE + 44].copy_from_slice(&9999u32.to_ne_bytes());
+        raw[SAMPLE_RECORD_SIZE + 44..SAMPLE_RECORD_SIZE + 48].copy_from_slice(&u32::MAX.to_ne_bytes());
+        assert_eq!(UserRegs::parse(&raw).unwrap().1.len(), 64);
+        raw[SAMPLE_RECORD_SIZE] ^= 1;
+        assert!(UserRegs::parse(&raw).is_none());
+    }
 
     /// The full/contended split follows `bpf_ringbuf_has_space`: a record of 1816 bytes takes
     /// 1824 with its header, and fits while producer - consumer + 1824 <= size - 1.

@@ -29,6 +29,7 @@ use crate::live::etm::{EtmConfig, EtmLive, Recorder, cs_etm_present};
 use crate::live::maps::{MapsTracker, load_image};
 use crate::live::perf_event::{SampleEvent, open_per_cpu, open_per_thread};
 use crate::tui::app::{App, Key, Snapshot, Status, rows_from_trie};
+use crate::unwind::UnwindMode;
 use etm_perf::host::BranchScope;
 
 /// Where branch records come from.
@@ -79,8 +80,9 @@ pub enum Window {
     DUMP_DIR/command.out (else /tmp/etm-bpf-<etm-bpf pid>-command.out), named in the status\n\
     line; etm-bpf's own lines go to stderr. SIGINT/SIGTERM are passed on to CMD (a second one\n\
     stops profiling at once); when --duration ends or the live view quits, CMD gets SIGTERM.\n\n\
-    Needs root (CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN). The target should be built with\n\
-    frame pointers (-fno-omit-frame-pointer -mno-omit-leaf-frame-pointer).")]
+    Needs root (CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN). Stacks are unwound with DWARF CFI\n\
+    from a copy of the top of the user stack (--unwind auto); --unwind fp uses frame pointers\n\
+    only (targets built with -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer).")]
 pub struct RunArgs {
     /// Process to profile (all its threads, including ones created later).
     #[arg(long, conflicts_with = "command")]
@@ -128,6 +130,22 @@ pub struct RunArgs {
     /// Log file in live-view mode (default: DUMP_DIR/etm-bpf.log, else /tmp/etm-bpf-PID.log).
     #[arg(long)]
     pub log_file: Option<PathBuf>,
+    /// How user stacks are unwound: frame pointers, DWARF CFI (.eh_frame/.debug_frame) over
+    /// a copy of the top of the user stack, or auto (DWARF whenever the copy unwinds past the
+    /// sampled function, else frame pointers).
+    #[arg(long, value_enum, default_value_t = UnwindMode::Auto)]
+    pub unwind: UnwindMode,
+    /// Bytes of the user stack copied per sample for DWARF unwinding: 4096, 8192, 16384 or
+    /// 32768. Deeper stacks are cut at the copy's end (counted as truncated).
+    #[arg(long, default_value_t = etm_bpf_common::DEFAULT_STACK_BYTES as u32)]
+    pub stack_size: u32,
+}
+
+/// The sample ring's size: a quarter second of records at `freq` on `cpus` CPUs (user space
+/// drains every 100 ms), a power of two between the default 4 MiB and 256 MiB.
+pub fn ring_bytes(record: usize, freq: u64, cpus: usize) -> u32 {
+    let want = (record as u64 + etm_bpf_common::RINGBUF_HDR_SZ).saturating_mul(freq).saturating_mul(cpus.max(1) as u64) / 4;
+    want.next_power_of_two().clamp(u64::from(etm_bpf_common::RING_BYTES), 256 << 20) as u32
 }
 
 /// The CoreSight options `run` and `doctor` share.
@@ -290,6 +308,10 @@ struct Feed {
     stop: Option<StopReason>,
     scratch: PauseSample,
     spare_branches: Option<Vec<BranchPair>>,
+    /// `--unwind`.
+    unwind: UnwindMode,
+    /// The DWARF unwinder's output, reused.
+    unwound: Vec<u64>,
 }
 
 impl Feed {
@@ -331,12 +353,13 @@ impl Feed {
             self.foreign += 1;
             return;
         }
-        let stack = rec.stack();
-        if stack.is_empty() {
+        let fp_stack = rec.stack();
+        if fp_stack.is_empty() {
             self.empty += 1;
             return;
         }
-        if !self.engine.resolves(stack)
+        let stack = self.choose_stack(bytes, fp_stack);
+        if !self.engine.resolves(fp_stack)
             && self.maps.reload_due(rec.time_ns)
             && let Err(e) = self.reload_maps()
         {
@@ -349,13 +372,46 @@ impl Feed {
         s.tid = rec.tid;
         s.time = rec.time_ns;
         s.stack.clear();
-        s.stack.extend_from_slice(stack);
+        match stack {
+            Chosen::Fp => s.stack.extend_from_slice(fp_stack),
+            Chosen::Dwarf => s.stack.extend_from_slice(&self.unwound),
+        }
         fill_branches(&rec, &mut s, &mut self.spare_branches);
         self.event(SessionEvent::Sample(&s));
         if let Some(v) = s.branches.take() {
             self.spare_branches = Some(v);
         }
         self.scratch = s;
+    }
+
+    /// Which stack a record contributes: the DWARF unwind of its stack copy (`--unwind
+    /// dwarf`, or `auto` when it got past the sampled function), else the frame-pointer one.
+    /// The maps are re-read first if the copy's pc is in no known image.
+    fn choose_stack(&mut self, bytes: &[u8], fp_stack: &[u64]) -> Chosen {
+        if self.unwind == UnwindMode::Fp {
+            return Chosen::Fp;
+        }
+        let parsed = etm_bpf_common::UserRegs::parse(bytes);
+        let Some(u) = self.engine.unwinder_mut() else {
+            return Chosen::Fp;
+        };
+        let Some((regs, copy)) = parsed.filter(|(r, c)| r.flags & etm_bpf_common::USTACK_REGS != 0 && !c.is_empty()) else {
+            u.stats.no_copy += 1;
+            u.stats.fp += 1;
+            return Chosen::Fp;
+        };
+        u.unwind(&regs, copy, &mut self.unwound);
+        let n = self.unwound.len();
+        // auto: the DWARF stack unless it stopped at the sampled function while the frame
+        // pointers went further.
+        let use_dwarf = self.unwind == UnwindMode::Dwarf || n > 1 || fp_stack.len() <= 1;
+        if use_dwarf {
+            u.stats.dwarf += 1;
+            Chosen::Dwarf
+        } else {
+            u.stats.fp += 1;
+            Chosen::Fp
+        }
     }
 
     /// Drains the ETM buffers: AUX records, the pause program's records and the sideband,
@@ -366,6 +422,30 @@ impl Feed {
             etm.tick(Some(&mut self.engine));
         }
     }
+}
+
+/// The unwinding counts of the manifest.
+fn unwind_json(e: &Engine, k: &BpfCounters) -> serde_json::Value {
+    let u = e.unwinder().map(|u| u.stats).unwrap_or_default();
+    serde_json::json!({
+        "enabled": e.unwinder().is_some(),
+        "dwarf_stacks": u.dwarf,
+        "frame_pointer_stacks": u.fp,
+        "dwarf_truncated": u.truncated,
+        "dwarf_failed": u.failed,
+        "records_without_copy": u.no_copy,
+        "unwind_ns_per_sample": u.unwind_ns.checked_div(u.unwinds).unwrap_or(0),
+        "copy_bytes_per_sample": u.copied_bytes.checked_div(u.unwinds).unwrap_or(0),
+        "kernel_copy_errors": k.ustack_err,
+        "kernel_mode_samples": k.ustack_kernel,
+        "kernel_copies_shortened": k.ustack_short,
+    })
+}
+
+/// The stack [`Feed::choose_stack`] picked.
+enum Chosen {
+    Fp,
+    Dwarf,
 }
 
 /// The branch stack of a ring record into `s`: `None` when the program read none, else the
@@ -395,6 +475,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         && !(d > 0.0 && d.is_finite())
     {
         bail!("--duration must be a positive number of seconds");
+    }
+    if !etm_bpf_common::STACK_SIZES.contains(&(args.stack_size as usize)) {
+        bail!("--stack-size must be one of 4096, 8192, 16384, 32768 (got {})", args.stack_size);
     }
     if args.depth.is_some_and(|d| d == 0 || d > 1024) {
         bail!("--depth must be between 1 and 1024");
@@ -514,8 +597,16 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let scope = etm_perf::host::branch_event_scope(host.kernel, cfg!(target_arch = "aarch64"), requested);
         let (event, fds, branches, scope_line) = open_events(args.freq, args.branches, &cpus, pid, &scope)?;
         let flags = if branches == "lbr" { FLAG_READ_BRANCHES } else { 0 };
-        let mut bpf =
-            SampleBpf::load(pid, flags).context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
+        let stack_bytes = if args.unwind == UnwindMode::Fp { 0 } else { args.stack_size };
+        let record = if stack_bytes == 0 {
+            etm_bpf_common::SAMPLE_RECORD_SIZE
+        } else {
+            etm_bpf_common::SAMPLE_RECORD_SIZE + etm_bpf_common::USER_REGS_SIZE + stack_bytes as usize
+        };
+        let ring = ring_bytes(record, args.freq, cpus.len());
+        log::info!("sample ring {} KiB for {record}-byte records", ring >> 10);
+        let mut bpf = SampleBpf::load_with_stack(pid, flags, stack_bytes, ring)
+            .context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
         for fd in fds {
             bpf.attach_perf_fd(fd).context("cannot attach the eBPF program to the perf event")?;
         }
@@ -526,7 +617,10 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         // The code checks decode the host's instructions (the recording says which, so a
         // replay checks the same way).
         pc.arch = CodeArch::host();
-        let engine = Engine::new(pc, Some(loader));
+        let mut engine = Engine::new(pc, Some(loader));
+        if stack_bytes != 0 {
+            engine.enable_unwinding();
+        }
         let recorder = match &args.record {
             Some(dir) => {
                 let mut notes = std::collections::HashMap::new();
@@ -562,7 +656,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             output: None,
             launched: false,
         };
-        (bpf, info, Feed::new(pid, engine, maps, None, recorder))
+        let mut feed = Feed::new(pid, engine, maps, None, recorder);
+        feed.unwind = if stack_bytes == 0 { UnwindMode::Fp } else { args.unwind };
+        (bpf, info, feed)
     };
     let mut feed = feed;
     for s in &initial {
@@ -672,6 +768,8 @@ impl Feed {
             stop: None,
             scratch: PauseSample::default(),
             spare_branches: None,
+            unwind: UnwindMode::Fp,
+            unwound: Vec::new(),
         }
     }
 }
@@ -1116,6 +1214,7 @@ fn dump_job(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_dump
             "shallow_stack_fraction": d.shallow_fraction(),
             "dumps_written": dumps.0,
             "dumps_skipped_busy": dumps.1,
+            "unwind": unwind_json(e, k),
         },
         "pipeline": pipeline_json(e.pipeline()),
         "start_time": rfc3339(info.start),
@@ -1135,6 +1234,19 @@ fn dump_job(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_dump
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ring holds a quarter second of records at the sampling rate: 16 KiB copies at
+    /// 999 Hz on 2 CPUs need 16 MiB; frame-pointer records keep the 4 MiB default; the
+    /// bound holds for many CPUs.
+    #[test]
+    fn ring_fits_a_quarter_second_of_records() {
+        let rec = etm_bpf_common::SAMPLE_RECORD_SIZE + etm_bpf_common::USER_REGS_SIZE + 16384;
+        assert_eq!(ring_bytes(rec, 999, 2), 16 << 20);
+        assert!(u64::from(ring_bytes(rec, 999, 2)) >= (rec as u64 + 8) * 999 * 2 / 4);
+        assert_eq!(ring_bytes(etm_bpf_common::SAMPLE_RECORD_SIZE, 999, 2), etm_bpf_common::RING_BYTES);
+        assert_eq!(ring_bytes(rec + 16384, 100_000, 4096), 256 << 20);
+        assert!(ring_bytes(rec, 1, 0).is_power_of_two());
+    }
 
     /// The RFC 3339 formatter agrees with known instants.
     #[test]

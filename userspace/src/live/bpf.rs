@@ -56,6 +56,12 @@ pub struct BpfCounters {
     pub output_err: u64,
     /// Resumes that opened a window.
     pub resumes: u64,
+    /// Stack copies (`--unwind dwarf|auto`) that failed at every size (sample kept).
+    pub ustack_err: u64,
+    /// Samples taken in the kernel, without user registers to copy (sample kept).
+    pub ustack_kernel: u64,
+    /// Stack copies shortened at the top of the stack's mapping.
+    pub ustack_short: u64,
 }
 
 impl BpfCounters {
@@ -75,13 +81,24 @@ impl SampleBpf {
     /// Loads the object and the program; keeps samples of process `tgid` only (0: all) and
     /// sets the `FLAG_*` bits in `flags`.
     pub fn load(tgid: u32, flags: u32) -> anyhow::Result<SampleBpf> {
+        SampleBpf::load_with_stack(tgid, flags, 0, etm_bpf_common::RING_BYTES)
+    }
+
+    /// [`SampleBpf::load`] copying `stack_bytes` of the user stack and the user registers
+    /// into each record (one of `STACK_SIZES`, or 0), with a sample ring of `ring_bytes` (a
+    /// power of two, at least a page).
+    pub fn load_with_stack(tgid: u32, flags: u32, stack_bytes: u32, ring_bytes: u32) -> anyhow::Result<SampleBpf> {
         raise_memlock_limit();
-        let mut ebpf = EbpfLoader::new().load(OBJ).context("cannot load the eBPF object (is BPF available to this process?)")?;
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(etm_bpf_common::SAMPLES_MAP, ring_bytes)
+            .load(OBJ)
+            .context("cannot load the eBPF object (is BPF available to this process?)")?;
         {
             let mut config: Array<&mut MapData, u32> =
                 Array::try_from(ebpf.map_mut(CONFIG_MAP).ok_or_else(|| anyhow!("map {CONFIG_MAP} missing"))?)?;
             config.set(CONFIG_TGID, tgid, 0).context("set target tgid")?;
             config.set(CONFIG_FLAGS, flags, 0).context("set flags")?;
+            config.set(etm_bpf_common::CONFIG_STACK_BYTES, stack_bytes, 0).context("set the stack copy size")?;
         }
         let prog: &mut PerfEvent =
             ebpf.program_mut(PROGRAM_NAME).ok_or_else(|| anyhow!("program {PROGRAM_NAME} missing"))?.try_into()?;
@@ -181,6 +198,9 @@ impl SampleBpf {
             foreign_windows: v[COUNTER_FOREIGN_WINDOWS as usize],
             output_err: v[COUNTER_OUTPUT_ERR as usize],
             resumes: v[COUNTER_RESUMES as usize],
+            ustack_err: v[etm_bpf_common::COUNTER_USTACK_ERR as usize],
+            ustack_kernel: v[etm_bpf_common::COUNTER_USTACK_KERNEL as usize],
+            ustack_short: v[etm_bpf_common::COUNTER_USTACK_SHORT as usize],
         })
     }
 }

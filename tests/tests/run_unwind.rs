@@ -1,0 +1,223 @@
+//! End-to-end: `etm-bpf run --unwind fp|dwarf|auto` on the chains workload built the way
+//! distributions build code, `-O2 -fomit-frame-pointer` (tests/workloads/chains.c; tail calls
+//! off so every caller stays on the stack, as in run_e2e). Needs root; skips otherwise.
+//!
+//! Truth (from the workload's code, as in run_e2e): main->a->hot1->spin runs twice as often
+//! as main->b->hot2->spin; a thread started after profiling began runs worker->c->hot3->spin.
+//! * `--unwind fp`: frame-pointer walks through code without frame pointers lose the callers:
+//!   fewer than 10% of the samples in `spin` carry a full chain (this shows the test can fail).
+//! * `--unwind dwarf` and `auto`: at least 90% of the samples in each hot path carry the full
+//!   chain, and hot1 / (hot1 + hot2) = 0.667 within run_e2e's tolerance.
+//! * Peer: `perf record --call-graph dwarf` on the same process gives the same proportion
+//!   within the sum of both tolerances (skipped if perf cannot record).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use etm_bpf_tests::{build_workload_with, etm_bpf_bin, is_root, parse_folded, send_signal, spawn_ready, wait_timeout};
+
+const NO_FP: &[&str] = &["-O2", "-g", "-fomit-frame-pointer", "-fno-optimize-sibling-calls", "-pthread"];
+
+fn ending_with(m: &BTreeMap<Vec<String>, u64>, suffix: &[&str]) -> u64 {
+    m.iter().filter(|(p, _)| p.len() >= suffix.len() && p[p.len() - suffix.len()..] == *suffix).map(|(_, c)| c).sum()
+}
+
+fn containing(m: &BTreeMap<Vec<String>, u64>, f: &str) -> u64 {
+    m.iter().filter(|(p, _)| p.iter().any(|x| x == f)).map(|(_, c)| c).sum()
+}
+
+/// run_e2e's tolerance for the 2:1 proportion over `n` samples.
+fn tolerance(n: f64) -> f64 {
+    4.0 * (2.0 / 9.0 / n).sqrt() + 0.02
+}
+
+/// `--stack-size` bounds what DWARF unwinding sees: on tests/workloads/deep.c (main, 61 `rec`
+/// frames of more than 256 bytes each, spin: more than 15 KiB of stack) a 4 KiB copy cuts
+/// every stack (counted as truncated, never reaching main), a 32 KiB copy unwinds all 63
+/// frames to main.
+#[test]
+fn stack_size_bounds_the_unwind_and_truncation_is_counted() {
+    if !is_root() {
+        etm_testutil::skip("needs root (CAP_BPF + CAP_PERFMON) to load eBPF and open perf events");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_workload_with("deep", dir.path(), NO_FP, "deep") else { return };
+    let (_workload, ready) = spawn_ready(&exe, &["60"]);
+    let pid: u32 = ready.trim().strip_prefix("ready ").and_then(|p| p.parse().ok()).expect("ready PID");
+    let chain: Vec<&str> = std::iter::once("main").chain(std::iter::repeat_n("rec", 61)).chain(std::iter::once("spin")).collect();
+    for (size, full_expected) in [("4096", false), ("32768", true)] {
+        let (folded, m) = profile_with(pid, "dwarf", dir.path(), false, &["--stack-size", size]);
+        let spin = containing(&folded, "spin");
+        let full = ending_with(&folded, &chain);
+        let with_main = containing(&folded, "main");
+        let u = &m["counts"]["unwind"];
+        eprintln!("--stack-size {size}: spin {spin}, full chain {full}, with main {with_main}, unwind {u}");
+        assert!(spin >= 300, "too few samples: {spin}");
+        let truncated = u["dwarf_truncated"].as_u64().unwrap();
+        if full_expected {
+            assert!(full * 10 >= spin * 9, "--stack-size {size}: only {full} of {spin} with the full chain");
+            assert!(truncated * 10 <= spin, "--stack-size {size}: {truncated} truncated");
+        } else {
+            assert_eq!(with_main, 0, "--stack-size {size}: a 4 KiB copy cannot reach main");
+            assert!(truncated * 10 >= spin * 9, "--stack-size {size}: only {truncated} of {spin} counted as truncated");
+        }
+        assert_eq!(u["dwarf_failed"], 0, "{u}");
+    }
+}
+
+/// Profiles `pid` for 3 s with `--unwind mode` (SIGUSR1 to the workload after the first
+/// line: a thread started while profiling); returns the folded profile and the manifest.
+fn profile(pid: u32, mode: &str, dir: &std::path::Path, signal: bool) -> (BTreeMap<Vec<String>, u64>, serde_json::Value) {
+    profile_with(pid, mode, dir, signal, &[])
+}
+
+fn profile_with(
+    pid: u32,
+    mode: &str,
+    dir: &std::path::Path,
+    signal: bool,
+    extra: &[&str],
+) -> (BTreeMap<Vec<String>, u64>, serde_json::Value) {
+    let dump = dir.join(format!("dump-{mode}-{}", extra.join("")));
+    let mut run = Command::new(etm_bpf_bin())
+        .args(["run", "--pid", &pid.to_string(), "--headless", "--duration", "3", "--unwind", mode])
+        .args(extra)
+        .arg("--dump-dir")
+        .arg(&dump)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start etm-bpf");
+    let mut out = BufReader::new(run.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    if signal {
+        send_signal(pid, "USR1");
+    }
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let st = wait_timeout(&mut run, Duration::from_secs(60));
+    let stderr = etm_bpf_tests::read_all(run.stderr.take());
+    assert!(st.success(), "etm-bpf --unwind {mode} failed: {st}\n{first}{rest}\n{stderr}");
+    let folded = parse_folded(&std::fs::read_to_string(dump.join("profile.folded")).unwrap());
+    let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dump.join("manifest.json")).unwrap()).unwrap();
+    (folded, m)
+}
+
+const CHAINS: [(&str, &[&str]); 3] = [
+    ("hot1", &["main", "a", "hot1", "spin"]),
+    ("hot2", &["main", "b", "hot2", "spin"]),
+    ("hot3", &["worker", "c", "hot3", "spin"]),
+];
+
+#[test]
+fn dwarf_unwinding_recovers_chains_without_frame_pointers() {
+    if !is_root() {
+        etm_testutil::skip("needs root (CAP_BPF + CAP_PERFMON) to load eBPF and open perf events");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_workload_with("chains", dir.path(), NO_FP, "chains-nofp") else { return };
+    let (_workload, ready) = spawn_ready(&exe, &["120"]);
+    let pid: u32 = ready.trim().strip_prefix("ready ").and_then(|p| p.parse().ok()).expect("ready PID");
+
+    // Frame pointers: the chains are broken.
+    let (fp, _) = profile(pid, "fp", dir.path(), false);
+    let spin = containing(&fp, "spin");
+    let full: u64 = CHAINS[..2].iter().map(|(_, c)| ending_with(&fp, c)).sum();
+    eprintln!("fp: spin {spin}, full chains {full}\n{fp:#?}");
+    assert!(spin >= 300, "too few samples in spin: {spin}");
+    assert!(full * 10 < spin, "--unwind fp: {full} of {spin} spin samples carry a full chain; the workload has frame pointers?");
+
+    // DWARF (the main thread first, then the late thread joins during the run).
+    for (mode, signal) in [("dwarf", true), ("auto", false)] {
+        let (folded, m) = profile(pid, mode, dir.path(), signal);
+        let total: u64 = folded.values().sum();
+        eprintln!("{mode}: total {total}\n{folded:#?}\nunwind {}", m["counts"]["unwind"]);
+        assert!(total >= 300, "too few samples: {total}");
+        for (f, chain) in CHAINS {
+            let n = containing(&folded, f);
+            let full = ending_with(&folded, chain);
+            eprintln!("{mode}: {f} {n}, full chain {full}");
+            assert!(full * 10 >= n * 9, "--unwind {mode}: {f}: only {full} of {n} samples with the full chain");
+        }
+        let (hot1, hot2, hot3) = (containing(&folded, "hot1"), containing(&folded, "hot2"), containing(&folded, "hot3"));
+        // Every sample in spin is one of the known chains, within 10%.
+        let spin = containing(&folded, "spin");
+        assert!((hot1 + hot2 + hot3) * 10 >= spin * 9, "--unwind {mode}: {spin} in spin, {} under hot1/2/3", hot1 + hot2 + hot3);
+        let n = (hot1 + hot2) as f64;
+        assert!(n >= 200.0, "too few main-thread samples: {n}");
+        let ratio = hot1 as f64 / n;
+        let tol = tolerance(n);
+        assert!((ratio - 2.0 / 3.0).abs() <= tol, "--unwind {mode}: hot1/(hot1+hot2) = {ratio:.3}, expected 0.667 +- {tol:.3}");
+        if signal {
+            assert!(hot3 > 0, "the thread started while profiling was not sampled");
+        }
+        let u = &m["counts"]["unwind"];
+        assert_eq!(u["enabled"], true);
+        assert!(u["dwarf_stacks"].as_u64().unwrap() * 10 >= total * 9, "{u}");
+        assert_eq!(m["dropped"], 0, "samples dropped: {}", m["counts"]);
+    }
+
+    // Peer: perf's own DWARF unwinding of the same process.
+    let Some(perf) = perf_dwarf_chains(pid, dir.path()) else { return };
+    let (hot1, hot2) = (containing(&perf, "hot1"), containing(&perf, "hot2"));
+    let full: u64 = CHAINS[..2].iter().map(|(_, c)| ending_with(&perf, c)).sum();
+    eprintln!("perf --call-graph dwarf: hot1 {hot1} hot2 {hot2} full {full}");
+    let n = (hot1 + hot2) as f64;
+    assert!(n >= 200.0, "perf: too few main-thread samples: {n}");
+    assert!(full as f64 >= 0.9 * n, "perf: only {full} of {n} with the full chain");
+    let ratio = hot1 as f64 / n;
+    assert!((ratio - 2.0 / 3.0).abs() <= tolerance(n), "perf: hot1/(hot1+hot2) = {ratio:.3}");
+}
+
+/// `perf record -e cpu-clock --call-graph dwarf -p PID` for 2 s, read back with `perf
+/// script` into root-first stacks of symbol names; `None` (after saying why) if perf cannot
+/// record here.
+fn perf_dwarf_chains(pid: u32, dir: &std::path::Path) -> Option<BTreeMap<Vec<String>, u64>> {
+    let data = dir.join("perf.data");
+    let rec = Command::new("perf")
+        .args(["record", "-q", "-e", "cpu-clock", "-F", "999", "--call-graph", "dwarf,16384", "-p", &pid.to_string(), "-o"])
+        .arg(&data)
+        .args(["--", "sleep", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output();
+    match rec {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            etm_testutil::skip(format!("perf record failed: {}", String::from_utf8_lossy(&o.stderr)));
+            return None;
+        }
+        Err(e) => {
+            etm_testutil::skip(format!("no perf: {e}"));
+            return None;
+        }
+    }
+    let out = Command::new("perf").args(["script", "-F", "ip,sym", "-i"]).arg(&data).output().ok()?;
+    if !out.status.success() {
+        etm_testutil::skip("perf script failed");
+        return None;
+    }
+    let mut m = BTreeMap::new();
+    let mut cur: Vec<String> = Vec::new();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in text.lines().chain(std::iter::once("")) {
+        let t = line.trim();
+        if t.is_empty() {
+            if !cur.is_empty() {
+                cur.reverse();
+                *m.entry(std::mem::take(&mut cur)).or_insert(0) += 1;
+            }
+            continue;
+        }
+        let mut it = t.split_whitespace();
+        let _ip = it.next();
+        let sym = it.next().unwrap_or("[unknown]");
+        cur.push(sym.split("+0x").next().unwrap_or(sym).to_string());
+    }
+    Some(m)
+}

@@ -1,0 +1,245 @@
+//! DWARF unwinding of the user-stack copies the eBPF program writes (`run --unwind dwarf|auto`):
+//! the sampled registers and the top of the stack go through `framehop` with the
+//! `.eh_frame`/`.eh_frame_hdr`/`.debug_frame` of the images the engine has registered, one
+//! framehop module per executable mapping. The result is a stack in the form
+//! `bpf_get_stack` gives (the sampled pc, then return addresses), for the same pipeline.
+
+use std::collections::HashSet;
+use std::ops::{Deref, Range};
+use std::sync::Arc;
+
+use framehop::{FrameAddress, ModuleSectionInfo, Unwinder};
+use object::{Object, ObjectSection, ObjectSegment};
+
+#[cfg(target_arch = "aarch64")]
+use framehop::aarch64::{CacheAarch64 as Cache, UnwindRegsAarch64 as Regs, UnwinderAarch64 as Arch};
+#[cfg(not(target_arch = "aarch64"))]
+use framehop::x86_64::{CacheX86_64 as Cache, UnwindRegsX86_64 as Regs, UnwinderX86_64 as Arch};
+
+/// How user stacks are unwound (`run --unwind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnwindMode {
+    /// Frame pointers only (`bpf_get_stack`): no stack copy.
+    Fp,
+    /// DWARF CFI from the copied stack; frame pointers only where no copy was taken.
+    Dwarf,
+    /// DWARF from the copied stack when it unwinds past the leaf, else frame pointers.
+    Auto,
+}
+
+/// A section of an image: a range of the shared image bytes.
+#[derive(Clone)]
+pub struct Section {
+    data: Arc<Vec<u8>>,
+    range: Range<usize>,
+}
+
+impl Deref for Section {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.data.get(self.range.clone()).unwrap_or(&[])
+    }
+}
+
+/// The sections of one ELF image, for framehop.
+struct ElfSections<'a> {
+    file: object::File<'a>,
+    data: Arc<Vec<u8>>,
+}
+
+impl ElfSections<'_> {
+    fn section(&self, name: &[u8]) -> Option<object::Section<'_, '_>> {
+        let name = std::str::from_utf8(name).ok()?;
+        self.file.section_by_name(name)
+    }
+}
+
+impl ModuleSectionInfo<Section> for ElfSections<'_> {
+    fn base_svma(&self) -> u64 {
+        0
+    }
+
+    fn section_svma_range(&mut self, name: &[u8]) -> Option<Range<u64>> {
+        let s = self.section(name)?;
+        Some(s.address()..s.address() + s.size())
+    }
+
+    fn section_data(&mut self, name: &[u8]) -> Option<Section> {
+        let s = self.section(name)?;
+        // Compressed sections (`SHF_COMPRESSED` .debug_frame) are left out: framehop then
+        // uses the other unwind sections.
+        if s.compressed_file_range().ok()?.format != object::CompressionFormat::None {
+            return None;
+        }
+        let (off, size) = s.file_range()?;
+        let start = usize::try_from(off).ok()?;
+        let end = start.checked_add(usize::try_from(size).ok()?)?;
+        (end <= self.data.len()).then(|| Section { data: self.data.clone(), range: start..end })
+    }
+
+    fn segment_svma_range(&mut self, _name: &[u8]) -> Option<Range<u64>> {
+        None
+    }
+
+    fn segment_data(&mut self, _name: &[u8]) -> Option<Section> {
+        None
+    }
+}
+
+/// Unwinding counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindStats {
+    /// Samples whose stack came from the DWARF unwinder.
+    pub dwarf: u64,
+    /// Samples that kept the frame-pointer stack (no copy, or `auto` chose it).
+    pub fp: u64,
+    /// DWARF unwinds that ended at the end of the stack copy or at [`MAX_FRAMES`] (the stack
+    /// was deeper).
+    pub truncated: u64,
+    /// DWARF unwinds that stopped on an error (no unwind info for an address, a bad rule,
+    /// an address in no registered image): the stack ends there.
+    pub failed: u64,
+    /// Records without a usable copy (kernel-mode sample, copy failed, garbage registers).
+    pub no_copy: u64,
+    /// Wall time spent in [`DwarfUnwinder::unwind`], ns.
+    pub unwind_ns: u64,
+    /// Calls of [`DwarfUnwinder::unwind`].
+    pub unwinds: u64,
+    /// Stack bytes the unwinds were given.
+    pub copied_bytes: u64,
+}
+
+/// The unwinder of one target process.
+pub struct DwarfUnwinder {
+    unwinder: Arch<Section>,
+    cache: Cache,
+    /// Start addresses of the mappings registered as modules.
+    mapped: HashSet<u64>,
+    pub stats: UnwindStats,
+}
+
+impl Default for DwarfUnwinder {
+    fn default() -> Self {
+        DwarfUnwinder { unwinder: Arch::new(), cache: Cache::new(), mapped: HashSet::new(), stats: UnwindStats::default() }
+    }
+}
+
+/// Largest number of frames one unwind produces (as deep as `bpf_get_stack` goes).
+pub const MAX_FRAMES: usize = etm_bpf_common::MAX_STACK_DEPTH;
+
+impl DwarfUnwinder {
+    /// Registers the executable mapping `addr..addr+len` of file offset `pgoff` of the image
+    /// `data` (once per mapping start).
+    pub fn add_mapping(&mut self, name: &str, data: &Arc<Vec<u8>>, addr: u64, len: u64, pgoff: u64) -> anyhow::Result<()> {
+        if self.mapped.contains(&addr) || len == 0 {
+            return Ok(());
+        }
+        let file = object::File::parse(&data[..])?;
+        // The load bias: where the segment holding `pgoff` puts that offset.
+        let seg = file
+            .segments()
+            .find(|s| {
+                let (o, sz) = s.file_range();
+                o <= pgoff && pgoff < o.saturating_add(sz)
+            })
+            .ok_or_else(|| anyhow::anyhow!("no load segment holds file offset {pgoff:#x}"))?;
+        let svma = seg.address().wrapping_add(pgoff - seg.file_range().0);
+        let bias = addr.wrapping_sub(svma);
+        let info = ElfSections { file, data: data.clone() };
+        let module = framehop::Module::new(name.to_string(), addr..addr.saturating_add(len), bias, info);
+        self.unwinder.add_module(module);
+        self.mapped.insert(addr);
+        Ok(())
+    }
+
+    /// Unwinds from `regs` over the stack copy `stack` (the bytes from `regs.sp` up) into
+    /// `out` (cleared first): the pc, then return addresses. Returns whether the unwind
+    /// reached the outermost frame (no truncation, no error); counts either way.
+    pub fn unwind(&mut self, regs: &etm_bpf_common::UserRegs, stack: &[u8], out: &mut Vec<u64>) -> bool {
+        out.clear();
+        let t0 = std::time::Instant::now();
+        let sp = regs.sp;
+        let mut ran_out = false;
+        let mut depth_cut = false;
+        let mut read = |addr: u64| -> Result<u64, ()> {
+            let off = addr.checked_sub(sp).and_then(|o| usize::try_from(o).ok()).ok_or(())?;
+            match stack.get(off..off.checked_add(8).ok_or(())?) {
+                Some(b) => Ok(u64::from_ne_bytes(b.try_into().map_err(|_| ())?)),
+                None => {
+                    ran_out = true;
+                    Err(())
+                }
+            }
+        };
+        #[cfg(target_arch = "aarch64")]
+        let mut r = Regs::new(regs.lr, regs.sp, regs.fp);
+        #[cfg(not(target_arch = "aarch64"))]
+        let mut r = Regs::new(regs.pc, regs.sp, regs.fp);
+        out.push(regs.pc);
+        let mut addr = FrameAddress::from_instruction_pointer(regs.pc);
+        let complete = loop {
+            if out.len() >= MAX_FRAMES {
+                // As deep as a frame-pointer stack goes: cut like the copy's end.
+                depth_cut = true;
+                break false;
+            }
+            match self.unwinder.unwind_frame(addr, &mut r, &mut self.cache, &mut read) {
+                Ok(Some(ret)) => match FrameAddress::from_return_address(ret) {
+                    Some(a) => {
+                        out.push(ret);
+                        addr = a;
+                    }
+                    None => break true,
+                },
+                Ok(None) => break true,
+                Err(_) => break false,
+            }
+        };
+        self.stats.unwinds += 1;
+        self.stats.copied_bytes += stack.len() as u64;
+        self.stats.unwind_ns += t0.elapsed().as_nanos() as u64;
+        if !complete {
+            if ran_out || depth_cut {
+                self.stats.truncated += 1;
+            } else {
+                self.stats.failed += 1;
+            }
+        }
+        complete
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn regs(pc: u64, sp: u64, fp: u64) -> etm_bpf_common::UserRegs {
+        etm_bpf_common::UserRegs { magic: etm_bpf_common::USTACK_MAGIC, flags: 1, pc, sp, fp, lr: 0, copied: 0, size: 0 }
+    }
+
+    /// Garbage registers and stack bytes, without any module, end the unwind at the leaf and
+    /// are counted; nothing panics.
+    #[test]
+    fn garbage_is_counted_not_fatal() {
+        let mut u = DwarfUnwinder::default();
+        let mut out = Vec::new();
+        let junk: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        for (pc, sp, fp) in [(0, 0, 0), (u64::MAX, u64::MAX, u64::MAX), (0x401000, 0x7ffd_0000_0000, 0x7ffd_0000_0010)] {
+            u.unwind(&regs(pc, sp, fp), &junk, &mut out);
+            assert!(!out.is_empty() && out.len() <= MAX_FRAMES);
+            assert_eq!(out[0], pc);
+            u.unwind(&regs(pc, sp, fp), &[], &mut out);
+        }
+        assert!(u.stats.failed + u.stats.truncated > 0);
+    }
+
+    /// A mapping whose offset no segment holds, or bytes that are no ELF, are refused.
+    #[test]
+    fn bad_images_are_refused() {
+        let mut u = DwarfUnwinder::default();
+        assert!(u.add_mapping("x", &Arc::new(vec![0u8; 64]), 0x1000, 0x1000, 0).is_err());
+        let me = Arc::new(std::fs::read(std::env::current_exe().unwrap()).unwrap());
+        assert!(u.add_mapping("me", &me, 0x1000, 0x1000, 1 << 40).is_err());
+        assert!(u.add_mapping("me", &me, 0x1000, 0x1000, 0).is_ok());
+    }
+}
