@@ -211,6 +211,8 @@ fn opencsd_decodes_generated_trace_to_ground_truth_ranges() {
                 "indirect" => "6000",
                 "recursion" => "18",
                 "switch" => "6000",
+                "flat" => "8000",
+                "ab_a" | "ab_b" => "60",
                 _ => "600",
             };
             let args = [arg.to_string()];
