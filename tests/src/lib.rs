@@ -46,6 +46,16 @@ pub fn etm_bpf_bin() -> PathBuf {
 }
 
 /// True if this process runs with effective uid 0.
+/// True (after printing the skip, which fails under CI=true) when this process is not root:
+/// the live tests need CAP_BPF + CAP_PERFMON.
+pub fn skip_unless_root() -> bool {
+    if !is_root() {
+        etm_testutil::skip("needs root (CAP_BPF + CAP_PERFMON) to load eBPF and open perf events");
+        return true;
+    }
+    false
+}
+
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use etm_bpf_tests::{c_compiler, etm_bpf_bin, is_root, repo_root, spawn_ready, wait_timeout};
+use etm_bpf_tests::{c_compiler, etm_bpf_bin, repo_root, spawn_ready, wait_timeout};
 
 fn build(dir: &Path, name: &str, defs: &[&str]) -> PathBuf {
     let out = dir.join(name);
@@ -48,8 +48,7 @@ fn diff(a: &Path, b: &Path, alpha: &str) -> serde_json::Value {
 
 #[test]
 fn diff_finds_the_real_changes_only() {
-    if !is_root() {
-        etm_testutil::skip("needs root (CAP_BPF + CAP_PERFMON) to load eBPF and open perf events");
+    if etm_bpf_tests::skip_unless_root() {
         return;
     }
     if c_compiler().is_none() {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use etm_bpf_tests::{build_workload, etm_bpf_bin, is_root, parse_folded, spawn_ready, wait_timeout};
+use etm_bpf_tests::{build_workload, etm_bpf_bin, parse_folded, spawn_ready, wait_timeout};
 
 fn go_pprof(args: &[&str], profile: &std::path::Path) -> String {
     let o = Command::new("go").args(["tool", "pprof"]).args(args).arg(profile).output().expect("run go tool pprof");
@@ -20,8 +20,7 @@ fn go_pprof(args: &[&str], profile: &std::path::Path) -> String {
 
 #[test]
 fn go_pprof_reads_addresses_mappings_and_lines() {
-    if !is_root() {
-        etm_testutil::skip("needs root (CAP_BPF + CAP_PERFMON) to load eBPF and open perf events");
+    if etm_bpf_tests::skip_unless_root() {
         return;
     }
     if !Command::new("go").arg("version").output().is_ok_and(|o| o.status.success()) {

@@ -558,22 +558,9 @@ fn function_of(fns: &[(u64, u64, String)], pc: u64) -> &str {
 /// traces its last N instructions. The start-up before `main` (libc tunables, IRELATIVE
 /// relocations) is a phase a few periods long, which a systematic 1-in-M window cannot
 /// estimate; it is left out, and so is the tail after the last window.
-fn run_counts(prog: &Path, fns: &[(u64, u64, String)], windows: u64, period: u64, work: &Path) -> (BTreeMap<String, u64>, u64) {
-    let log = work.join("qemu.log");
-    let st = Command::new("qemu-aarch64")
-        .args(["-singlestep", "-d", "exec,nochain", "-D"])
-        .arg(&log)
-        .arg(prog)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let text = std::fs::read_to_string(&log).unwrap();
-    let pcs: Vec<u64> = text
-        .lines()
-        .filter(|l| l.starts_with("Trace "))
-        .filter_map(|l| l.split('[').nth(1).and_then(|r| r.split('/').nth(1)).and_then(|h| u64::from_str_radix(h, 16).ok()))
-        .collect();
+fn run_counts(prog: &Path, fns: &[(u64, u64, String)], windows: u64, period: u64) -> (BTreeMap<String, u64>, u64) {
+    let run = etm_synth::qemu::run(prog, &[], &etm_synth::qemu::QemuOptions::default()).expect("qemu runs the program");
+    let pcs = run.pcs;
     let main_at = pcs.iter().position(|&pc| function_of(fns, pc) == "main").expect("main runs") as u64;
     let (lo_idx, hi_idx) = (main_at, windows * period);
     let mut whole: BTreeMap<String, u64> = BTreeMap::new();
@@ -620,7 +607,7 @@ fn exact_counts_equal_the_path() {
             let flat_fns = truth.keys().filter(|k| k.starts_with('f') && k[1..].parse::<u32>().is_ok()).count();
             assert!(flat_fns >= 200, "{name}: only {flat_fns} of the 256 functions seen");
         }
-        let (whole, total) = run_counts(&prog, &fns, gt.windows.len() as u64, period, tmp.path());
+        let (whole, total) = run_counts(&prog, &fns, gt.windows.len() as u64, period);
         assert!(total > 100_000, "{name}: {total} instructions in the qemu log");
         let (mut checked, mut covered) = (0, 0);
         for (f, &n) in &whole {
@@ -655,10 +642,8 @@ fn exact_diff_of_two_builds() {
         let sess = tmp.path().join(format!("s-{tag}"));
         let gt = synth(prog, &[], &sess, window, period, true);
         dumps.push(replay(&sess, tmp.path(), tag).dumps);
-        let work = tmp.path().join(format!("q-{tag}"));
-        std::fs::create_dir_all(&work).unwrap();
         let fns = nm_functions(prog);
-        let (counts, total) = run_counts(prog, &fns, gt.windows.len() as u64, period, &work);
+        let (counts, total) = run_counts(prog, &fns, gt.windows.len() as u64, period);
         truth.push(counts.into_iter().map(|(f, n)| (f, n as f64 / total as f64)).collect::<BTreeMap<String, f64>>());
     }
     let v: serde_json::Value =

@@ -14,15 +14,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use etm_bpf_tests::{build_workload, etm_bpf_bin, is_root, parse_folded, wait_timeout};
-
-fn skip_unless_root() -> bool {
-    if !is_root() {
-        etm_testutil::skip("needs root (CAP_BPF + CAP_PERFMON) to load eBPF and open perf events");
-        return true;
-    }
-    false
-}
+use etm_bpf_tests::{build_workload, etm_bpf_bin, parse_folded, wait_timeout};
 
 /// `etm-bpf ARGS` with extra environment, stdin from /dev/null; its output after exit.
 fn etm_bpf(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -68,7 +60,7 @@ fn text(b: &[u8]) -> String {
 /// the command's stdout is exactly its own line (etm-bpf's lines go to stderr).
 #[test]
 fn run_command_profiles_start_up_and_passes_exit_status() {
-    if skip_unless_root() {
+    if etm_bpf_tests::skip_unless_root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -121,7 +113,7 @@ fn groups_of_root() -> String {
 /// A command killed by a signal: etm-bpf exits with 128 + the signal number.
 #[test]
 fn run_command_killed_by_signal_exits_128_plus_signal() {
-    if skip_unless_root() {
+    if etm_bpf_tests::skip_unless_root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -135,7 +127,7 @@ fn run_command_killed_by_signal_exits_128_plus_signal() {
 /// runs as that user with that user's groups, not root's; --as-root keeps root.
 #[test]
 fn run_command_under_sudo_runs_as_the_invoking_user() {
-    if skip_unless_root() {
+    if etm_bpf_tests::skip_unless_root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -172,7 +164,7 @@ fn run_command_under_sudo_runs_as_the_invoking_user() {
 /// A command that does not exist: one clear error line, failure, no panic, nothing left.
 #[test]
 fn run_command_not_found_is_a_sentence() {
-    if skip_unless_root() {
+    if etm_bpf_tests::skip_unless_root() {
         return;
     }
     let o = etm_bpf(&["run", "--headless", "--", "no-such-command-for-etm-bpf"], &[]);
@@ -196,7 +188,7 @@ fn pid_and_command_are_exclusive() {
 /// boot path's samples (~200 in 200 ms of CPU at 999 Hz).
 #[test]
 fn run_command_record_replays_start_up() {
-    if skip_unless_root() {
+    if etm_bpf_tests::skip_unless_root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -15,16 +15,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use etm_bpf_tests::{
-    build_workload, etm_bpf_bin, is_root, parse_folded, pprof_wire::read_pprof_gz, send_signal, spawn_ready, wait_timeout,
+    build_workload, etm_bpf_bin, parse_folded, pprof_wire::read_pprof_gz, send_signal, spawn_ready, wait_timeout,
 };
-
-fn skip_unless_root() -> bool {
-    if !is_root() {
-        etm_testutil::skip("needs root (CAP_BPF + CAP_PERFMON) to load eBPF and open perf events");
-        return true;
-    }
-    false
-}
 
 /// Sum of counts of stacks whose last frames are `suffix`.
 fn ending_with(m: &BTreeMap<Vec<String>, u64>, suffix: &[&str]) -> u64 {
@@ -34,7 +26,7 @@ fn ending_with(m: &BTreeMap<Vec<String>, u64>, suffix: &[&str]) -> u64 {
 /// Profiles the workload and checks contexts, proportions, the pprof file and the manifest.
 #[test]
 fn run_profiles_known_call_chains() {
-    if skip_unless_root() {
+    if etm_bpf_tests::skip_unless_root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -127,7 +119,7 @@ fn run_profiles_known_call_chains() {
 /// The profiler stops by itself, exit 0, with a final dump, when the target exits.
 #[test]
 fn run_stops_when_target_exits() {
-    if skip_unless_root() {
+    if etm_bpf_tests::skip_unless_root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -155,7 +147,7 @@ fn run_stops_when_target_exits() {
 /// SIGINT and SIGTERM stop the profiler cleanly (exit 0, final dump written).
 #[test]
 fn run_stops_on_sigint_and_sigterm() {
-    if skip_unless_root() {
+    if etm_bpf_tests::skip_unless_root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -191,7 +183,7 @@ fn run_stops_on_sigint_and_sigterm() {
 /// profiled sample, MMAP2 records and a copy of the workload's image.
 #[test]
 fn recorded_run_replays_to_the_same_profile() {
-    if skip_unless_root() {
+    if etm_bpf_tests::skip_unless_root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

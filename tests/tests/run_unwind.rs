@@ -16,7 +16,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use etm_bpf_tests::{build_workload_with, etm_bpf_bin, is_root, parse_folded, send_signal, spawn_ready, wait_timeout};
+use etm_bpf_tests::{build_workload_with, etm_bpf_bin, parse_folded, send_signal, spawn_ready, wait_timeout};
 
 const NO_FP: &[&str] = &["-O2", "-g", "-fomit-frame-pointer", "-fno-optimize-sibling-calls", "-pthread"];
 
@@ -39,8 +39,7 @@ fn tolerance(n: f64) -> f64 {
 /// frames to main.
 #[test]
 fn stack_size_bounds_the_unwind_and_truncation_is_counted() {
-    if !is_root() {
-        etm_testutil::skip("needs root (CAP_BPF + CAP_PERFMON) to load eBPF and open perf events");
+    if etm_bpf_tests::skip_unless_root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -115,8 +114,7 @@ const CHAINS: [(&str, &[&str]); 3] = [
 
 #[test]
 fn dwarf_unwinding_recovers_chains_without_frame_pointers() {
-    if !is_root() {
-        etm_testutil::skip("needs root (CAP_BPF + CAP_PERFMON) to load eBPF and open perf events");
+    if etm_bpf_tests::skip_unless_root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

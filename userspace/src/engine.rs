@@ -353,10 +353,7 @@ impl Engine {
                 n.bins.iter().zip(&n.files).map(|(b, f)| (b.path.clone(), f.clone(), b.build_id.clone())).collect()
             },
             functions: exact_functions(p),
-            exact_totals: {
-                let c = p.exact_functions().1;
-                (c.segments(), c.instructions())
-            },
+            exact_totals: (p.exact_counts().segments(), p.exact_counts().instructions()),
         }
     }
 }
@@ -408,7 +405,7 @@ pub fn write_snapshot_files(
 /// The exact per-function counts of the pipeline, with the symbols demangled as the frames
 /// of the views and folded profiles are.
 pub fn exact_functions(p: &Pipeline) -> Vec<etm_session::pipeline::ExactFunction> {
-    let mut v = p.exact_functions().0;
+    let mut v = p.exact_functions();
     for f in &mut v {
         if let std::borrow::Cow::Owned(d) = addr2line::demangle_auto(f.function.as_str().into(), None) {
             f.function = d;
@@ -428,11 +425,11 @@ pub fn exact_shares(p: &Pipeline) -> std::collections::HashMap<String, f64> {
 
 /// The summary of the exact per-function counts (`functions.csv`).
 fn exact_json(p: &Pipeline) -> serde_json::Value {
-    let (fs, c) = p.exact_functions();
+    let c = p.exact_counts();
     serde_json::json!({
         "segments": c.segments(),
         "instructions": c.instructions(),
-        "functions": fs.len(),
+        "functions": c.functions_seen(),
         "instructions_beyond_function_bound": c.overflow_instructions,
     })
 }

@@ -127,6 +127,11 @@ impl ExactCounts {
         self.t
     }
 
+    /// How many functions have instructions (without building [`functions`](Self::functions)).
+    pub fn functions_seen(&self) -> usize {
+        self.acc.iter().filter(|a| a.x > 0).count()
+    }
+
     /// Functions with instructions, most instructions first.
     pub fn functions(&self) -> Vec<FunctionCount> {
         let (n, t) = (self.n as f64, self.t as f64);

@@ -747,9 +747,8 @@ impl Pipeline {
     }
 
     /// The exact per-function instruction counts of the decoded trace, most first.
-    pub fn exact_functions(&self) -> (Vec<ExactFunction>, &etm_profile::exact::ExactCounts) {
-        let v = self
-            .exact
+    pub fn exact_functions(&self) -> Vec<ExactFunction> {
+        self.exact
             .counts
             .functions()
             .into_iter()
@@ -757,8 +756,12 @@ impl Pipeline {
                 let (binary, function) = self.exact.names[f.function as usize].clone();
                 ExactFunction { binary, function, count: f }
             })
-            .collect();
-        (v, &self.exact.counts)
+            .collect()
+    }
+
+    /// The totals behind [`exact_functions`](Self::exact_functions) (segments, instructions).
+    pub fn exact_counts(&self) -> &etm_profile::exact::ExactCounts {
+        &self.exact.counts
     }
 
     /// Use `namer` for context-trie frames (e.g. a blazesym symbolizer in the binary).

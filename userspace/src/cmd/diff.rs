@@ -67,7 +67,7 @@ fn exact_table(d: &[ExactDiff], top: usize) -> String {
             "{:>8.3} {:>8.3} {:>26}  {}\n",
             100.0 * f.share_a,
             100.0 * f.share_b,
-            format!("{}{} [{}, {}]", if f.significant { "*" } else { "" }, pct(f.delta), pct(f.ci.0), pct(f.ci.1)),
+            change(f.significant, f.delta, f.ci),
             f.function
         );
     }
@@ -76,6 +76,11 @@ fn exact_table(d: &[ExactDiff], top: usize) -> String {
 
 fn pct(x: f64) -> String {
     format!("{:+.2}", 100.0 * x)
+}
+
+/// A change with its interval, in percentage points, `*` first when significant.
+fn change(significant: bool, delta: f64, ci: (f64, f64)) -> String {
+    format!("{}{} [{}, {}]", if significant { "*" } else { "" }, pct(delta), pct(ci.0), pct(ci.1))
 }
 
 fn table(c: &Comparison, top: usize) -> String {
@@ -95,26 +100,13 @@ fn table(c: &Comparison, top: usize) -> String {
     let share = |k: u64, n: u64| if n == 0 { 0.0 } else { 100.0 * k as f64 / n as f64 };
     for f in c.functions.iter().take(top) {
         s += &format!(
-            "{:>7.2} {:>7.2} {:>26} {:>7.2} {:>7.2} {:>26}{}  {}\n",
+            "{:>7.2} {:>7.2} {:>26} {:>7.2} {:>7.2} {:>26}  {}\n",
             share(f.self_a, c.total_a),
             share(f.self_b, c.total_b),
-            format!(
-                "{}{} [{}, {}]",
-                if f.self_significant { "*" } else { "" },
-                pct(f.self_delta),
-                pct(f.self_ci.0),
-                pct(f.self_ci.1)
-            ),
+            change(f.self_significant, f.self_delta, f.self_ci),
             share(f.incl_a, c.total_a),
             share(f.incl_b, c.total_b),
-            format!(
-                "{}{} [{}, {}]",
-                if f.incl_significant { "*" } else { "" },
-                pct(f.incl_delta),
-                pct(f.incl_ci.0),
-                pct(f.incl_ci.1)
-            ),
-            "",
+            change(f.incl_significant, f.incl_delta, f.incl_ci),
             f.function
         );
     }

@@ -201,8 +201,14 @@ fn plt_symbols_of(data: &[u8]) -> Option<Vec<Symbol>> {
     let file_off = |sec: &object::elf::SectionHeader64<object::Endianness>, addr: u64| addr - sec.sh_addr(e) + sec.sh_offset(e);
     let mut out = vec![Symbol { start: plt_addr, end: plt_addr + header, name: ".plt".into() }];
     // Names of symbols by index in the table a relocation section links to.
-    let sym_name = |link: object::SectionIndex, idx: u32| -> Option<String> {
-        let table = object::read::elf::SymbolTable::parse(e, data, sections, link, sections.section(link).ok()?).ok()?;
+    // Each relocation section's symbol table, parsed once (not per relocation).
+    let table_of = |link: object::SectionIndex| {
+        object::read::elf::SymbolTable::parse(e, data, sections, link, sections.section(link).ok()?).ok()
+    };
+    let sym_name = |table: Option<&object::read::elf::SymbolTable<'_, object::elf::FileHeader64<object::Endianness>>>,
+                    idx: u32|
+     -> Option<String> {
+        let table = table?;
         let sym = table.symbol(object::SymbolIndex(idx as usize)).ok()?;
         let name = sym.name(e, table.strings()).ok()?;
         (!name.is_empty()).then(|| String::from_utf8_lossy(name).into_owned())
@@ -218,6 +224,7 @@ fn plt_symbols_of(data: &[u8]) -> Option<Vec<Symbol>> {
             slots = relas.iter().map(|r| (r.r_offset(e), r.r_sym(e, false))).filter(|&(_, s)| s != 0).collect();
             slots.sort_unstable();
         }
+        let dyn_table = table_of(link);
         let bytes = got.data(e, data).ok()?;
         let step = got.sh_entsize(e);
         let mut i = 0;
@@ -228,7 +235,7 @@ fn plt_symbols_of(data: &[u8]) -> Option<Vec<Symbol>> {
                 .and_then(|d| {
                     let slot = addr.wrapping_add(d);
                     let k = slots.binary_search_by_key(&slot, |s| s.0).ok()?;
-                    sym_name(link, slots[k].1)
+                    sym_name(dyn_table.as_ref(), slots[k].1)
                 })
                 .map_or_else(|| format!("offset_{:#x}@plt", file_off(got, addr)), |n| format!("{n}@plt"));
             out.push(Symbol { start: addr, end: addr + step, name });
@@ -257,12 +264,17 @@ fn plt_symbols_of(data: &[u8]) -> Option<Vec<Symbol>> {
     if x86 {
         relas.sort_by_key(|r| r.r_offset(e));
     }
+    let plt_table = table_of(link);
+    // The file's function symbols, for IRELATIVE slots; built on the first one.
+    let funcs: std::cell::OnceCell<SymbolTable> = std::cell::OnceCell::new();
     for r in relas {
-        let name = sym_name(link, r.r_sym(e, false))
+        let name = sym_name(plt_table.as_ref(), r.r_sym(e, false))
             .or_else(|| {
                 // An IRELATIVE slot: the resolver's symbol (perf's get_ifunc_name).
                 let addend = r.r_addend(e) as u64;
-                (addend != 0).then(|| SymbolTable::from_elf(data).lookup(addend).map(|s| s.name.clone())).flatten()
+                (addend != 0)
+                    .then(|| funcs.get_or_init(|| SymbolTable::from_elf(data)).lookup(addend).map(|s| s.name.clone()))
+                    .flatten()
             })
             .map_or_else(|| format!("offset_{:#x}@plt", file_off(sec_of_offset, offset)), |n| format!("{n}@plt"));
         out.push(Symbol { start: offset, end: offset + entry, name });

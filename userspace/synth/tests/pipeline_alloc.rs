@@ -4,9 +4,7 @@
 //! few times per new distinct profile sample or trie context, and nothing per window
 //! otherwise. Counted with a global allocator wrapper on the pushing thread only.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use etm_session::pipeline::{Pipeline, PipelineConfig};
 use etm_session::session::{SessionEvent, SessionReader};
@@ -16,34 +14,8 @@ use etm_synth::qemu::{self, QemuOptions};
 use etm_synth::session_out::write_session;
 use etm_synth::testprogs::{self, BuildError, Compiler, PROGRAMS};
 
-struct Counting;
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-thread_local! {
-    static ACTIVE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-fn count() {
-    if ACTIVE.try_with(|a| a.get()).unwrap_or(false) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        count();
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        count();
-        unsafe { System.realloc(p, l, n) }
-    }
-}
-
 #[global_allocator]
-static A: Counting = Counting;
+static A: etm_testutil::CountingAlloc = etm_testutil::CountingAlloc;
 
 /// An owned copy of a session event.
 enum Ev {
@@ -94,13 +66,11 @@ fn steady_state_allocates_only_for_new_contexts() {
     }
     let (d0, n0) = (p.profile().distinct_samples(), p.trie().0.len());
     let j0 = p.stats().join.joined;
-    let before = ALLOCS.load(Ordering::Relaxed);
-    ACTIVE.with(|a| a.set(true));
-    for e in &evs[half..] {
-        push(&mut p, e);
-    }
-    ACTIVE.with(|a| a.set(false));
-    let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+    let allocs = etm_testutil::count_allocations(|| {
+        for e in &evs[half..] {
+            push(&mut p, e);
+        }
+    });
     let (d1, n1) = (p.profile().distinct_samples(), p.trie().0.len());
     let joined = p.stats().join.joined - j0;
     let new = (d1 - d0) + (n1 - n0);

@@ -52,3 +52,48 @@ pub fn spin_cpu_ms(ms: u64, max_wall_s: u64) {
         }
     }
 }
+
+/// A global allocator that counts the allocations (and reallocations) of the thread inside
+/// [`count_allocations`]; install it in a test binary with
+/// `#[global_allocator] static A: etm_testutil::CountingAlloc = etm_testutil::CountingAlloc;`.
+/// Only the measuring thread counts (the test harness allocates on other threads).
+pub struct CountingAlloc;
+
+static ALLOCS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+thread_local! {
+    static COUNTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn count_one() {
+    if COUNTING.try_with(|a| a.get()).unwrap_or(false) {
+        ALLOCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        count_one();
+        // SAFETY: the caller's contract, passed on.
+        unsafe { std::alloc::System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { std::alloc::System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
+        count_one();
+        // SAFETY: the caller's contract, passed on.
+        unsafe { std::alloc::System.realloc(p, l, n) }
+    }
+}
+
+/// Runs `f` and returns how many allocations this thread made in it (with [`CountingAlloc`]
+/// installed as the global allocator; 0 otherwise).
+pub fn count_allocations(f: impl FnOnce()) -> u64 {
+    let before = ALLOCS.load(std::sync::atomic::Ordering::Relaxed);
+    COUNTING.with(|a| a.set(true));
+    f();
+    COUNTING.with(|a| a.set(false));
+    ALLOCS.load(std::sync::atomic::Ordering::Relaxed) - before
+}
