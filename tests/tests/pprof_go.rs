@@ -80,7 +80,8 @@ fn go_pprof_reads_addresses_mappings_and_lines() {
     // source listing.
     let folded = parse_folded(&std::fs::read_to_string(dump.join("profile.folded")).unwrap());
     let spin_self: u64 = folded.iter().filter(|(p, _)| p.last().map(String::as_str) == Some("spin")).map(|(_, c)| c).sum();
-    assert!(spin_self >= 500, "{spin_self} samples in spin");
+    // ~2,900 at 999 Hz on an idle machine; fewer when other work shares the CPUs.
+    assert!(spin_self >= 200, "{spin_self} samples in spin");
     let nm = String::from_utf8(Command::new("nm").arg("-S").arg(&exe).output().unwrap().stdout).unwrap();
     let (start, size) = nm
         .lines()
@@ -131,7 +132,8 @@ fn go_pprof_reads_addresses_mappings_and_lines() {
     for l in list.lines() {
         let f: Vec<&str> = l.split_whitespace().collect();
         if f.len() >= 3
-            && let (Ok(flat), Some(Ok(line))) = (f[0].parse::<u64>(), f[2].strip_suffix(':').map(str::parse::<usize>))
+            // `NN:` then the source text, which may follow the colon directly (`26:}`).
+            && let (Ok(flat), Some(Ok(line))) = (f[0].parse::<u64>(), f[2].split_once(':').map(|(n, _)| n.parse::<usize>()))
         {
             *per_line.entry(line).or_default() += flat;
         }
