@@ -1076,7 +1076,14 @@ impl Model {
                 tu.pieces.push(Piece { tid, branches: Vec::new(), after_gap: std::mem::take(&mut tu.after_gap) });
             }
             match f {
-                Flow::Seq | Flow::End => {}
+                Flow::Seq => {}
+                // The path's last instruction: the task starts its program again from the
+                // entry point, a jump no branch explains (as an exec would be), so the trace
+                // restarts there and a window across it is not complete.
+                Flow::End => {
+                    tu.need_trace_on = true;
+                    tu.after_gap = true;
+                }
                 Flow::Atom { kind, taken, next } => {
                     match kind {
                         BranchKind::Cond => tu.enc.atom(taken),
@@ -1237,8 +1244,10 @@ impl Model {
             None => (Vec::new(), false, Some(Loss::NotTraced)),
             Some(tu) => {
                 let mut v = Vec::new();
-                let mut jump = false;
-                for p in tu.pieces.iter().rev() {
+                // A gap not yet followed by the trace-on (the pause came first) is between the
+                // newest branch and the pause.
+                let mut jump = tu.need_trace_on && tu.after_gap;
+                for p in tu.pieces.iter().rev().take_while(|_| !jump) {
                     if p.tid != tid {
                         break;
                     }
