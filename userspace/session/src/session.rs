@@ -561,6 +561,23 @@ impl Sideband {
             | Sideband::TraceComplete { time, .. } => *time,
         }
     }
+
+    /// The record's perf-clock time, to change (a replay shifted in time).
+    pub fn time_mut(&mut self) -> &mut u64 {
+        match self {
+            Sideband::Mmap2 { time, .. }
+            | Sideband::Comm { time, .. }
+            | Sideband::Fork { time, .. }
+            | Sideband::Exit { time, .. }
+            | Sideband::Lost { time, .. }
+            | Sideband::ItraceStart { time, .. }
+            | Sideband::AuxOutputHwId { time, .. }
+            | Sideband::Throttle { time, .. }
+            | Sideband::Switch { time, .. }
+            | Sideband::WindowEnd { time, .. }
+            | Sideband::TraceComplete { time, .. } => time,
+        }
+    }
 }
 
 /// Header of one AUX record (the `PERF_RECORD_AUX` fields plus the CPU).
