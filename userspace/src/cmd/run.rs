@@ -622,6 +622,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let loader = || -> crate::engine::ImageLoader { Box::new(load_image) };
     let use_etm = args.branches == Branches::Etm || (args.branches == Branches::Auto && has_etm && !tgid_set);
+    if args.branches == Branches::Auto && has_etm && tgid_set {
+        log::warn!("ETM windows take one process: with several --pid or --follow-children, branches come from LBR/BRBE or none");
+    }
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot list online CPUs ({what}): {e}"))?;
     let info_for = |event: String, branches: &'static str, window_line: Option<String>| RunInfo {
         pid,
@@ -912,13 +915,18 @@ impl Feeds {
 
     /// One record of the eBPF ring, into the profile of its process.
     fn sample(&mut self, bytes: &[u8], bpf: &mut SampleBpf) {
-        let Some(rec) = SampleRecord::from_bytes(bytes) else {
-            self.run.bad_records += 1;
-            return;
+        // The pid alone (the profile's feed parses the whole record).
+        let off = std::mem::offset_of!(SampleRecord, pid);
+        let pid = match bytes.get(off..off + 4) {
+            Some(b) if bytes.len() >= etm_bpf_common::SAMPLE_RECORD_SIZE => u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+            _ => {
+                self.run.bad_records += 1;
+                return;
+            }
         };
-        let i = match self.route.get(&rec.pid) {
+        let i = match self.route.get(&pid) {
             Some(&i) => i,
-            None => match self.adopt(rec.pid, bpf) {
+            None => match self.adopt(pid, bpf) {
                 Some(i) => i,
                 None => {
                     self.run.unrouted += 1;
