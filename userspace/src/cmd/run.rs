@@ -1270,11 +1270,12 @@ async fn run_loop(
 /// The status line's target state: `running` or `exited` for one target; with several, how
 /// many run and which exited.
 fn target_state(info: &RunInfo, run: &RunState, running: usize) -> String {
-    if info.pids.len() == 1 {
-        return if running == 1 { "running".into() } else { "exited".into() };
-    }
-    let mut s = format!("{running} of {} running", info.pids.len());
-    if !run.exited.is_empty() {
+    let mut s = if info.pids.len() == 1 {
+        (if running == 1 { "running" } else { "exited" }).to_string()
+    } else {
+        format!("{running} of {} running", info.pids.len())
+    };
+    if !run.exited.is_empty() && info.pids.len() > 1 {
         let gone: Vec<String> = run.exited.iter().map(u32::to_string).collect();
         s.push_str(&format!(", exited: {}", gone.join(",")));
     }
@@ -1320,7 +1321,13 @@ fn snapshot(info: &RunInfo, feeds: &Feeds, k: &BpfCounters, rate: f64, state: &s
         rows.sort_by_key(|r| std::cmp::Reverse((r.self_count, r.total_count)));
         (total, rows)
     };
-    let pids = info.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let pids = if info.pids.len() == 1 {
+        info.pid.to_string()
+    } else {
+        // Each target with its program's name.
+        let name = |p: u32| cmdline(p).first().map(|c| c.rsplit('/').next().unwrap_or(c).to_string()).unwrap_or_default();
+        info.pids.iter().map(|&p| format!("{p} {}", name(p))).collect::<Vec<_>>().join(", ")
+    };
     Snapshot {
         total,
         rows,
@@ -1328,6 +1335,7 @@ fn snapshot(info: &RunInfo, feeds: &Feeds, k: &BpfCounters, rate: f64, state: &s
         status: Status {
             target: match &info.output {
                 Some(o) => format!("pid {pids} ({}) output: {}", info.command.join(" "), o.display()),
+                None if info.pids.len() > 1 => format!("pids {pids}"),
                 None => format!("pid {pids} ({})", info.command.join(" ")),
             },
             target_state: state.to_owned(),
