@@ -251,6 +251,33 @@ fn follow_children_of_a_launched_command() {
     }
 }
 
+/// A shell that forks 300 short-lived processes, then chains: the kernel program followed
+/// exactly the 301 forks the script makes (dash forks once per external command), none was
+/// lost, the exited ones left the filter, and chains' profile holds its split.
+#[test]
+fn follow_children_through_many_short_processes() {
+    if etm_bpf_tests::skip_unless_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some((chains, _)) = workloads(dir.path()) else { return };
+    let dump = dir.path().join("dump");
+    let script = format!(
+        "i=0; while [ $i -lt 300 ]; do /bin/true; i=$((i+1)); done; {} 3 >/dev/null; echo done >/dev/null",
+        chains.display()
+    );
+    let (st, stdout, stderr) =
+        finish(start(&["--follow-children", "--dump-dir", dump.to_str().unwrap(), "--", "sh", "-c", &script]));
+    assert!(st.success(), "etm-bpf failed: {st}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    let m = manifest(&dump);
+    assert_eq!(m["run"]["forks_followed_kernel"], 301, "{m:#}");
+    assert_eq!(m["run"]["forks_lost_filter_full"], 0, "{m:#}");
+    assert_eq!(m["run"]["filter_entries"], 0, "exited processes left in the filter: {m:#}");
+    let f = folded(&dump);
+    let (hot1, hot2) = (containing(&f, "hot1"), containing(&f, "hot2"));
+    assert_share("chains after 300 forks hot1/(hot1+hot2)", hot1, hot1 + hot2, 2.0 / 3.0);
+}
+
 /// `--pid P --follow-children` on a running shell that starts a workload after profiling
 /// began: the child's chains are in P's profile (the children of a process given by pid are
 /// followed the same way).

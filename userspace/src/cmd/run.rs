@@ -892,6 +892,8 @@ struct RunState {
     bad_records: u64,
     /// Records of processes in no profile (the filter forgot them when they exited).
     unrouted: u64,
+    /// Processes in the kernel's filter after the last check for exited ones.
+    filter_entries: usize,
 }
 
 /// The run's profiles and which process's samples go to which.
@@ -971,9 +973,12 @@ impl Feeds {
             }
         }
         if info.follow || info.pids.len() > 1 {
-            for (p, _) in bpf.kept_tgids() {
+            let kept = bpf.kept_tgids();
+            self.run.filter_entries = kept.len();
+            for (p, _) in kept {
                 if gone(p) {
                     bpf.remove_tgid(p);
+                    self.run.filter_entries -= 1;
                 }
             }
         }
@@ -1512,6 +1517,7 @@ fn dump_job(
             "forks_followed_kernel": k.forks_followed,
             "forks_lost_filter_full": k.forks_lost,
             "records_unrouted": run.unrouted,
+            "filter_entries": run.filter_entries,
             "bad_records": run.bad_records,
         },
         "binaries": binaries.iter().map(|b| serde_json::json!({
