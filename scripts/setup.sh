@@ -42,4 +42,10 @@ if ! command -v bpf-linker >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/bpf-linke
   CARGO_PROFILE_RELEASE_DEBUG=false LLVM_PREFIX=/usr/lib/llvm-22 \
     cargo install bpf-linker --version 0.13.0 --locked --no-default-features --features llvm-22
 fi
+# run --follow-children attaches to the task:task_newtask tracepoint, found through tracefs
+# (systemd mounts it; minimal VMs and containers may not).
+if [ ! -e /sys/kernel/tracing/events ] && [ ! -e /sys/kernel/debug/tracing/events ]; then
+  mount -t tracefs nodev /sys/kernel/tracing ||
+    echo "setup: cannot mount tracefs on /sys/kernel/tracing (run --follow-children needs it)" >&2
+fi
 echo "setup: ok" >&2

@@ -34,19 +34,20 @@ mod prog {
                 bpf_read_branch_records, bpf_task_pt_regs,
             },
         },
-        macros::{map, perf_event},
-        maps::{Array, PerCpuArray, PerfEventByteArray, RingBuf},
-        programs::PerfEventContext,
+        macros::{map, perf_event, tracepoint},
+        maps::{Array, HashMap, PerCpuArray, PerfEventByteArray, RingBuf},
+        programs::{PerfEventContext, TracePointContext},
     };
     use etm_bpf_common::{
-        BranchEntry, CONFIG_ENTRIES, CONFIG_FLAGS, CONFIG_STACK_BYTES, CONFIG_TGID, CONFIG_WINDOW_FLAGS, COUNTER_BRANCH_EMPTY,
-        COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR, COUNTER_ENTRIES, COUNTER_FILTERED, COUNTER_FOREIGN_WINDOWS,
-        COUNTER_OUTPUT_ERR, COUNTER_PAUSE_IDLE, COUNTER_RESUMES, COUNTER_RING_BUSY, COUNTER_RING_FULL, COUNTER_SAMPLES,
-        COUNTER_STACK_ERR, COUNTER_USTACK_ERR, COUNTER_USTACK_KERNEL, COUNTER_USTACK_SHORT, COUNTER_WINDOWS, FLAG_READ_BRANCHES,
-        MAX_BRANCHES, MAX_SLOTS, MAX_STACK_DEPTH, PAUSE_HEADER, PAUSE_MAGIC, PAUSE_STACK_ERR, PAUSE_TARGET, PauseRecord,
-        REC_HAS_BRANCHES, RING_BYTES, RING_WAKEUP_BYTES, SAMPLE_RECORD_SIZE, STACK_SIZES, SampleRecord, StackRecord,
-        USTACK_COPY_ERR, USTACK_MAGIC, USTACK_REGS, USTACK_TASK_REGS, UserRegs, WINDOW_PER_THREAD, WINDOW_UNGATED, WindowState,
-        reserve_failed_full,
+        BranchEntry, CLONE_THREAD, CONFIG_ENTRIES, CONFIG_FLAGS, CONFIG_STACK_BYTES, CONFIG_TGID, CONFIG_WINDOW_FLAGS,
+        COUNTER_BRANCH_EMPTY, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR, COUNTER_ENTRIES, COUNTER_FILTERED,
+        COUNTER_FOREIGN_WINDOWS, COUNTER_FORKS_FOLLOWED, COUNTER_FORKS_LOST, COUNTER_OUTPUT_ERR, COUNTER_PAUSE_IDLE,
+        COUNTER_RESUMES, COUNTER_RING_BUSY, COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTER_USTACK_ERR,
+        COUNTER_USTACK_KERNEL, COUNTER_USTACK_SHORT, COUNTER_WINDOWS, FLAG_FOLLOW_FORKS, FLAG_READ_BRANCHES, FLAG_TGID_SET,
+        MAX_BRANCHES, MAX_SLOTS, MAX_STACK_DEPTH, NEWTASK_FLAGS_OFFSET, NEWTASK_PID_OFFSET, PAUSE_HEADER, PAUSE_MAGIC,
+        PAUSE_STACK_ERR, PAUSE_TARGET, PauseRecord, REC_HAS_BRANCHES, RING_BYTES, RING_WAKEUP_BYTES, SAMPLE_RECORD_SIZE,
+        STACK_SIZES, SampleRecord, StackRecord, TGIDS_MAX, USTACK_COPY_ERR, USTACK_MAGIC, USTACK_REGS, USTACK_TASK_REGS,
+        UserRegs, WINDOW_PER_THREAD, WINDOW_UNGATED, WindowState, reserve_failed_full,
     };
 
     #[map]
@@ -58,7 +59,54 @@ mod prog {
     #[map]
     static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_ENTRIES, 0);
 
+    /// The processes to keep with `FLAG_TGID_SET`: tgid -> the profiled process it is or
+    /// descends from.
+    #[map]
+    static TGIDS: HashMap<u32, u32> = HashMap::with_max_entries(TGIDS_MAX, 0);
+
     const ENOENT: i64 = 2;
+
+    /// Whether samples of process `tgid` are kept: in `TGIDS` with `FLAG_TGID_SET`, else
+    /// `CONFIG_TGID` (0: every process).
+    #[inline(always)]
+    fn wanted(tgid: u32, flags: u32) -> bool {
+        if tgid == 0 {
+            return false;
+        }
+        if flags & FLAG_TGID_SET != 0 {
+            // SAFETY: the value is only tested for presence, not kept.
+            return unsafe { TGIDS.get(&tgid) }.is_some();
+        }
+        let want = config(CONFIG_TGID);
+        want == 0 || tgid == want
+    }
+
+    /// On `task:task_newtask` (`copy_process`, in the parent, before the child first runs):
+    /// with `FLAG_FOLLOW_FORKS`, a new process (not a thread) whose parent is kept is added
+    /// to `TGIDS` with the parent's value, so its first sample is kept.
+    #[tracepoint]
+    pub fn etm_bpf_fork(ctx: TracePointContext) -> u32 {
+        if config(CONFIG_FLAGS) & FLAG_FOLLOW_FORKS == 0 {
+            return 0;
+        }
+        let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+        // SAFETY: the value is copied out at once.
+        let Some(root) = (unsafe { TGIDS.get(&parent) }).copied() else { return 0 };
+        // SAFETY: reads inside the tracepoint record (offsets checked against its format by
+        // user space before attaching).
+        let (child, clone_flags) = unsafe {
+            (ctx.read_at::<i32>(NEWTASK_PID_OFFSET).unwrap_or(0), ctx.read_at::<u64>(NEWTASK_FLAGS_OFFSET).unwrap_or(0))
+        };
+        if child <= 0 || clone_flags & CLONE_THREAD != 0 {
+            return 0;
+        }
+        if TGIDS.insert(&(child as u32), &root, 0).is_ok() {
+            count(COUNTER_FORKS_FOLLOWED);
+        } else {
+            count(COUNTER_FORKS_LOST);
+        }
+        0
+    }
 
     #[inline(always)]
     fn count(idx: u32) {
@@ -85,12 +133,11 @@ mod prog {
         let pid_tgid = bpf_get_current_pid_tgid();
         let tgid = (pid_tgid >> 32) as u32;
         let tid = pid_tgid as u32;
-        let want = config(CONFIG_TGID);
-        if tgid == 0 || (want != 0 && tgid != want) {
+        let flags = config(CONFIG_FLAGS);
+        if !wanted(tgid, flags) {
             count(COUNTER_FILTERED);
             return Err(());
         }
-        let flags = config(CONFIG_FLAGS);
         let stack_bytes = config(CONFIG_STACK_BYTES) as usize;
         if stack_bytes == STACK_SIZES[0] {
             sample_with_stack::<{ STACK_SIZES[0] }>(ctx, tgid, tid, flags)

@@ -9,12 +9,11 @@
 //! gid and groups (getuid/getgid/getgroups) and exits with the status it is given (or kills
 //! itself with a signal); `id -G` gives the groups a user should have.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use etm_bpf_tests::{build_workload, etm_bpf_bin, parse_folded, wait_timeout};
+use etm_bpf_tests::{build_workload, containing, ending_with, etm_bpf_bin, parse_folded, wait_timeout};
 
 /// `etm-bpf ARGS` with extra environment, stdin from /dev/null; its output after exit.
 fn etm_bpf(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -40,16 +39,6 @@ fn workload(dir: &Path) -> Option<std::path::PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     build_workload("startup", dir)
-}
-
-/// Sum of the counts of stacks containing frame `f`.
-fn containing(m: &BTreeMap<Vec<String>, u64>, f: &str) -> u64 {
-    m.iter().filter(|(p, _)| p.iter().any(|x| x == f)).map(|(_, c)| c).sum()
-}
-
-/// Sum of the counts of stacks ending with `suffix`.
-fn ending_with(m: &BTreeMap<Vec<String>, u64>, suffix: &[&str]) -> u64 {
-    m.iter().filter(|(p, _)| p.len() >= suffix.len() && p[p.len() - suffix.len()..] == *suffix).map(|(_, c)| c).sum()
 }
 
 fn text(b: &[u8]) -> String {

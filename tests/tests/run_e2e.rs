@@ -15,13 +15,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use etm_bpf_tests::{
-    build_workload, etm_bpf_bin, parse_folded, pprof_wire::read_pprof_gz, send_signal, spawn_ready, wait_timeout,
+    build_workload, ending_with, etm_bpf_bin, parse_folded, pprof_wire::read_pprof_gz, send_signal, spawn_ready, wait_timeout,
 };
-
-/// Sum of counts of stacks whose last frames are `suffix`.
-fn ending_with(m: &BTreeMap<Vec<String>, u64>, suffix: &[&str]) -> u64 {
-    m.iter().filter(|(p, _)| p.len() >= suffix.len() && p[p.len() - suffix.len()..] == *suffix).map(|(_, c)| c).sum()
-}
 
 /// Profiles the workload and checks contexts, proportions, the pprof file and the manifest.
 #[test]

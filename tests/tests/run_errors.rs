@@ -175,3 +175,20 @@ fn auto_picks_etm_when_cs_etm_exists() {
     // The fixture's kernel config has CONFIG_PID_IN_CONTEXTIDR=y: no warning about it.
     assert!(!err.contains("PID_IN_CONTEXTIDR"), "{err}");
 }
+
+/// Several pids: one that does not exist is named; ETM windows and --record take one process.
+#[test]
+fn several_pids_errors() {
+    let (me, parent) = (std::process::id().to_string(), std::os::unix::process::parent_id().to_string());
+    let two = format!("{me},{parent}");
+    let o = run(&["run", "--pid", &format!("{me},999999999"), "--headless", "--duration", "1"]);
+    assert_clean_error(&o, "no such process: 999999999");
+    let fixture = etm_bpf_tests::repo_root().join("userspace/perf/tests/fixtures/n1-etr");
+    let o = run(&["run", "--pid", &two, "--headless", "--branches", "etm", "--sysfs-root", fixture.to_str().unwrap()]);
+    assert_clean_error(&o, "--branches etm profiles one process");
+    let rec = tempfile::tempdir().unwrap();
+    let o = run(&["run", "--pid", &me, "--follow-children", "--headless", "--record", rec.path().to_str().unwrap()]);
+    assert_clean_error(&o, "--record records one process");
+    let o = run(&["run", "--pid", &two, "--headless", "--record", rec.path().to_str().unwrap()]);
+    assert_clean_error(&o, "--record records one process");
+}

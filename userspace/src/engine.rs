@@ -23,9 +23,9 @@ use crate::symbolize::Symbolizer;
 use crate::unwind::DwarfUnwinder;
 use etm_live::stream::EventSink;
 
-/// Reads the bytes of a code image named by an MMAP2 record (file name, address, length):
-/// `(local file, bytes)`.
-pub type ImageLoader = Box<dyn FnMut(&str, u64, u64) -> Option<(PathBuf, Vec<u8>)>>;
+/// Reads the bytes of a code image named by an MMAP2 record (process, file name, address,
+/// length): `(local file, bytes)`.
+pub type ImageLoader = Box<dyn FnMut(u32, &str, u64, u64) -> Option<(PathBuf, Vec<u8>)>>;
 
 /// Binaries known to the engine, shared with the frame namer.
 #[derive(Default)]
@@ -220,11 +220,11 @@ impl Engine {
     /// Feeds one event (the one entry point of both drivers).
     pub fn push(&mut self, ev: SessionEvent<'_>) {
         match &ev {
-            SessionEvent::Sideband(Sideband::Mmap2 { filename, addr, len, prot, pgoff, .. }) => {
+            SessionEvent::Sideband(Sideband::Mmap2 { pid, filename, addr, len, prot, pgoff, .. }) => {
                 if !self.has_image(filename)
                     && (*prot == 0 || *prot & libc::PROT_EXEC as u32 != 0)
                     && let Some(load) = self.loader.as_mut()
-                    && let Some((local, bytes)) = load(filename, *addr, *len)
+                    && let Some((local, bytes)) = load(*pid, filename, *addr, *len)
                 {
                     self.add_image(filename, &local, Arc::new(bytes));
                 }

@@ -43,6 +43,26 @@ pub const CONFIG_ENTRIES: u32 = 4;
 
 /// Config flag: read branch records with `bpf_read_branch_records` for each sample.
 pub const FLAG_READ_BRANCHES: u32 = 1;
+/// Config flag: keep the samples of the processes in [`TGIDS_MAP`] (instead of
+/// `CONFIG[CONFIG_TGID]`).
+pub const FLAG_TGID_SET: u32 = 2;
+/// Config flag: the fork program adds each new process (not thread) whose parent is in
+/// [`TGIDS_MAP`] to it, with the parent's value (the profiled process it descends from).
+pub const FLAG_FOLLOW_FORKS: u32 = 4;
+
+/// Name of the `HashMap<u32, u32>` of the processes to keep (`FLAG_TGID_SET`): tgid -> the
+/// profiled process it is, or descends from (`run --pid A,B`, `--follow-children`).
+pub const TGIDS_MAP: &str = "TGIDS";
+/// Entries of [`TGIDS_MAP`] (user space removes processes that exited).
+pub const TGIDS_MAX: u32 = 8192;
+/// Name of the tracepoint program on `task:task_newtask` (`--follow-children`).
+pub const FORK_PROGRAM: &str = "etm_bpf_fork";
+/// `task:task_newtask`'s record: offset of `pid_t pid` (the new task's id).
+pub const NEWTASK_PID_OFFSET: usize = 8;
+/// `task:task_newtask`'s record: offset of the 8-byte `clone_flags`.
+pub const NEWTASK_FLAGS_OFFSET: usize = 32;
+/// `CLONE_THREAD` (a new thread of the same process, not a new process).
+pub const CLONE_THREAD: u64 = 0x0001_0000;
 
 /// `CONFIG[CONFIG_STACK_BYTES]`: bytes of the user stack (from the sampled stack pointer up)
 /// to copy into each record with the user registers, for DWARF unwinding in user space; one
@@ -73,8 +93,12 @@ pub const COUNTER_USTACK_ERR: u32 = 13;
 pub const COUNTER_USTACK_KERNEL: u32 = 14;
 /// Counter: stack copies that were shortened (the full size ran past the stack's mapping).
 pub const COUNTER_USTACK_SHORT: u32 = 15;
+/// Counter: new processes the fork program added to [`TGIDS_MAP`].
+pub const COUNTER_FORKS_FOLLOWED: u32 = 16;
+/// Counter: new processes the fork program could not add ([`TGIDS_MAP`] full).
+pub const COUNTER_FORKS_LOST: u32 = 17;
 /// Number of counters in the counter map.
-pub const COUNTER_ENTRIES: u32 = 16;
+pub const COUNTER_ENTRIES: u32 = 18;
 
 /// `BPF_RINGBUF_HDR_SZ`: the header before each ring-buffer record.
 pub const RINGBUF_HDR_SZ: u64 = 8;

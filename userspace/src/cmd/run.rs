@@ -7,6 +7,7 @@
 //! resolves and symbolizes the stacks into a calling-context trie, and shows the live view
 //! (or a one-line summary per second with `--headless`), dumping the profile periodically.
 
+use std::collections::HashMap;
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -80,13 +81,26 @@ pub enum Window {
     DUMP_DIR/command.out (else /tmp/etm-bpf-<etm-bpf pid>-command.out), named in the status\n\
     line; etm-bpf's own lines go to stderr. SIGINT/SIGTERM are passed on to CMD (a second one\n\
     stops profiling at once); when --duration ends or the live view quits, CMD gets SIGTERM.\n\n\
+    Several processes (--pid 12,34): one complete dump each in DUMP_DIR/pid-12/, DUMP_DIR/pid-34/\n\
+    (one in DUMP_DIR with --merge); a process that exits is said and counted, the others go on,\n\
+    the run stops when all have exited. --follow-children adds every process a target forks\n\
+    (and they fork) to that target's profile, exec'd binaries included.\n\n\
     Needs root (CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN). Stacks are unwound with DWARF CFI\n\
     from a copy of the top of the user stack (--unwind auto); --unwind fp uses frame pointers\n\
     only (targets built with -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer).")]
 pub struct RunArgs {
-    /// Process to profile (all its threads, including ones created later).
-    #[arg(long, conflicts_with = "command")]
-    pub pid: Option<u32>,
+    /// Process to profile (all its threads, including ones created later); several as
+    /// `--pid 12,34` or a repeated `--pid`: one profile each, in DUMP_DIR/pid-N/ (or one with
+    /// --merge).
+    #[arg(long, conflicts_with = "command", value_delimiter = ',', num_args = 1)]
+    pub pid: Vec<u32>,
+    /// With several --pid: one profile of all of them instead of one per process.
+    #[arg(long)]
+    pub merge: bool,
+    /// Also profile the processes the targets fork from now on (and theirs), from their first
+    /// instruction: each in the profile of the target it descends from.
+    #[arg(long)]
+    pub follow_children: bool,
     /// Command to start and profile (after `--`), with its arguments.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
@@ -256,7 +270,16 @@ pub const TRIE_NODES_NOTE: &str = "trie_nodes";
 
 /// Everything the dumps and the status line report.
 struct RunInfo {
+    /// The first target.
     pid: u32,
+    /// The targets (`--pid`, or the launched command).
+    pids: Vec<u32>,
+    /// One profile per target, in `pid-N/` (several targets without `--merge`).
+    per_pid: bool,
+    /// `--merge`.
+    merge: bool,
+    /// `--follow-children`.
+    follow: bool,
     command: Vec<String>,
     /// The sampling event (stack-only/LBR) or the ETM mode.
     event: String,
@@ -288,11 +311,17 @@ fn monotonic_ns() -> u64 {
 /// The live driver's side of the one pipeline: everything collected goes through
 /// [`Feed::event`] into the [`Engine`] (and the recording), exactly as `replay` feeds it.
 struct Feed {
+    /// The target whose profile this is (the first one with `--merge`).
     pid: u32,
+    /// The target's command line.
+    command: Vec<String>,
     engine: Engine,
     /// The dump thread (after the loop: for the final dump).
     dumper: Option<crate::dumper::Dumper>,
-    maps: MapsTracker,
+    /// The maps of every process in this profile: the target(s) first, then followed children.
+    maps: Vec<MapsTracker>,
+    /// The processes of `maps` that exited.
+    exited: Vec<u32>,
     /// `--branches etm`: events pass through the ETM collection (its recorder).
     etm: Option<EtmLive>,
     /// Stack-only/LBR `--record`.
@@ -327,11 +356,25 @@ impl Feed {
         }
     }
 
-    /// Re-reads the target's maps and feeds new executable mappings as MMAP2 records.
+    /// Re-reads the maps of the profile's running processes and feeds new executable mappings
+    /// as MMAP2 records.
     fn reload_maps(&mut self) -> std::io::Result<()> {
+        let mut last = Ok(());
+        for i in 0..self.maps.len() {
+            if !self.exited.contains(&self.maps[i].pid())
+                && let Err(e) = self.reload_maps_of(i)
+            {
+                last = Err(e);
+            }
+        }
+        last
+    }
+
+    /// [`Feed::reload_maps`] of one process (index in `maps`).
+    fn reload_maps_of(&mut self, i: usize) -> std::io::Result<()> {
         let mut sb = std::mem::take(&mut self.sideband);
         sb.clear();
-        let changed = self.maps.reload(monotonic_ns(), &mut sb)?;
+        let changed = self.maps[i].reload(monotonic_ns(), &mut sb)?;
         if changed {
             // Old addresses may now belong to other code (exec, dlclose + dlopen).
             self.engine.pipeline_mut().clear_frame_cache();
@@ -349,10 +392,10 @@ impl Feed {
             self.bad_records += 1;
             return;
         };
-        if rec.pid != self.pid {
+        let Some(proc_idx) = self.maps.iter().position(|m| m.pid() == rec.pid) else {
             self.foreign += 1;
             return;
-        }
+        };
         let fp_stack = rec.stack();
         if fp_stack.is_empty() {
             self.empty += 1;
@@ -360,10 +403,10 @@ impl Feed {
         }
         let stack = self.choose_stack(bytes, fp_stack);
         if !self.engine.resolves(fp_stack)
-            && self.maps.reload_due(rec.time_ns)
-            && let Err(e) = self.reload_maps()
+            && self.maps[proc_idx].reload_due(rec.time_ns)
+            && let Err(e) = self.reload_maps_of(proc_idx)
         {
-            log::debug!("re-reading maps of {}: {e}", self.pid);
+            log::debug!("re-reading maps of {}: {e}", rec.pid);
         }
         // One sample buffer reused for every record (no allocation per sample).
         let mut s = std::mem::take(&mut self.scratch);
@@ -485,16 +528,25 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     if !args.headless && !std::io::stdout().is_terminal() {
         bail!("the live view needs a terminal on stdout; use --headless");
     }
-    if let Some(pid) = args.pid
-        && (pid == 0 || !alive(pid))
-    {
-        bail!("no such process: {pid}");
+    let mut targets: Vec<u32> = Vec::new();
+    for &pid in &args.pid {
+        if pid == 0 || !alive(pid) {
+            bail!("no such process: {pid}");
+        }
+        if !targets.contains(&pid) {
+            targets.push(pid);
+        }
     }
+    // The kernel keeps a set of processes (a BPF hash map) instead of one tgid.
+    let tgid_set = targets.len() > 1 || args.follow_children;
     if let Some(d) = &args.dump_dir {
         check_writable_dir(d)?;
     }
     if let Some(d) = &args.record {
         check_writable_dir(d).context("--record")?;
+        if tgid_set {
+            bail!("--record records one process: it cannot be combined with several --pid or --follow-children");
+        }
     }
     let has_etm = cs_etm_present(&args.etm.sysfs_root);
     if args.branches == Branches::Etm && !has_etm {
@@ -503,6 +555,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             args.etm.sysfs_root.join(etm_perf::discovery::EVENT_SOURCE).join(etm_perf::discovery::CS_ETM).display()
         );
     }
+    if args.branches == Branches::Etm && tgid_set {
+        bail!("--branches etm profiles one process: several --pid and --follow-children work with --branches none|lbr");
+    }
     if args.branches != Branches::Etm && args.etm.window.is_some() {
         bail!("--window applies to --branches etm only");
     }
@@ -510,7 +565,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     // `-- CMD`: forked now, held before its exec until the events are in place.
     let mut held = None;
     let mut command_output = None;
-    if args.pid.is_none() {
+    if targets.is_empty() {
         let run_as = if args.as_root { None } else { RunAs::from_sudo_env()? };
         let stdio = if args.headless {
             Stdio::Inherit
@@ -522,13 +577,11 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             command_output = Some(path.clone());
             Stdio::File(path)
         };
-        held = Some(Held::spawn(&args.command, run_as.as_ref(), &stdio)?);
+        let h = Held::spawn(&args.command, run_as.as_ref(), &stdio)?;
+        targets.push(h.pid());
+        held = Some(h);
     }
-    let pid = match (&held, args.pid) {
-        (Some(h), _) => h.pid(),
-        (None, Some(pid)) => pid,
-        (None, None) => bail!("give --pid PID or a command after --"),
-    };
+    let pid = targets[0];
     if args.headless {
         crate::logging::init_stderr();
     } else {
@@ -539,26 +592,57 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         crate::logging::init_file(&path)?;
     }
 
-    let command = match &held {
+    let command: Vec<String> = match &held {
         Some(_) => args.command.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
         None => cmdline(pid),
     };
-    let mut maps = MapsTracker::new(pid);
-    let mut initial = Vec::new();
-    // A held command's maps are read once it has exec'd.
-    if held.is_none()
-        && let Err(e) = maps.reload(monotonic_ns(), &mut initial)
-    {
-        if !alive(pid) {
-            bail!("process {pid} exited during start-up");
+    let per_pid = targets.len() > 1 && !args.merge;
+    // One profile per target, or one for all: (first target, every target in it).
+    let groups: Vec<Vec<u32>> = if per_pid { targets.iter().map(|&p| vec![p]).collect() } else { vec![targets.clone()] };
+    let mut trackers: Vec<Vec<MapsTracker>> = Vec::new();
+    let mut initial: Vec<Vec<etm_session::session::Sideband>> = Vec::new();
+    for g in &groups {
+        let mut ts = Vec::new();
+        let mut sb = Vec::new();
+        for &p in g {
+            let mut maps = MapsTracker::new(p);
+            // A held command's maps are read once it has exec'd.
+            if held.is_none()
+                && let Err(e) = maps.reload(monotonic_ns(), &mut sb)
+            {
+                if !alive(p) {
+                    bail!("process {p} exited during start-up");
+                }
+                return Err(e).with_context(|| format!("cannot read /proc/{p}/maps"));
+            }
+            ts.push(maps);
         }
-        return Err(e).with_context(|| format!("cannot read /proc/{pid}/maps"));
+        trackers.push(ts);
+        initial.push(sb);
     }
-    let loader: crate::engine::ImageLoader = Box::new(move |f, addr, len| load_image(pid, f, addr, len));
-    let use_etm = args.branches == Branches::Etm || (args.branches == Branches::Auto && has_etm);
+    let loader = || -> crate::engine::ImageLoader { Box::new(load_image) };
+    let use_etm = args.branches == Branches::Etm || (args.branches == Branches::Auto && has_etm && !tgid_set);
+    if args.branches == Branches::Auto && has_etm && tgid_set {
+        log::warn!("ETM windows take one process: with several --pid or --follow-children, branches come from LBR/BRBE or none");
+    }
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("cannot list online CPUs ({what}): {e}"))?;
+    let info_for = |event: String, branches: &'static str, window_line: Option<String>| RunInfo {
+        pid,
+        pids: targets.clone(),
+        per_pid,
+        merge: args.merge,
+        follow: args.follow_children,
+        command: command.clone(),
+        event,
+        branches,
+        freq: args.freq,
+        start: SystemTime::now(),
+        window_line,
+        output: None,
+        launched: false,
+    };
 
-    let (mut bpf, info, feed) = if use_etm {
+    let (mut bpf, info, mut feeds) = if use_etm {
         let mut bpf = SampleBpf::load_windows(pid, 0)
             .context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
         let cfg = EtmConfig {
@@ -574,19 +658,10 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let mode = etm.mode_line().to_string();
         let mut pc = etm.pipeline_config(args.depth.unwrap_or(ETM_DEPTH) as usize);
         pc.trie_nodes = args.max_contexts;
-        let engine = Engine::new(pc, Some(loader));
-        let info = RunInfo {
-            pid,
-            command,
-            event: "cs_etm pause".into(),
-            branches: "etm",
-            freq: args.freq,
-            start: SystemTime::now(),
-            window_line: Some(mode),
-            output: None,
-            launched: false,
-        };
-        (bpf, info, Feed::new(pid, engine, maps, Some(etm), None))
+        let engine = Engine::new(pc, Some(loader()));
+        let info = info_for("cs_etm pause".into(), "etm", Some(mode));
+        let maps = trackers.pop().expect("one target");
+        (bpf, info, vec![Feed::new(pid, command.clone(), engine, maps, Some(etm), None)])
     } else {
         let host = etm_perf::host::HostFacts::read(std::path::Path::new("/proc"), std::path::Path::new("/sys"));
         let requested = match args.branch_events {
@@ -595,8 +670,14 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             BranchEvents::Cpu => Some(BranchScope::CpuWide),
         };
         let scope = etm_perf::host::branch_event_scope(host.kernel, cfg!(target_arch = "aarch64"), requested);
-        let (event, fds, branches, scope_line) = open_events(args.freq, args.branches, &cpus, pid, &scope)?;
-        let flags = if branches == "lbr" { FLAG_READ_BRANCHES } else { 0 };
+        let (event, fds, branches, scope_line) = open_events(args.freq, args.branches, &cpus, &targets, &scope)?;
+        let mut flags = if branches == "lbr" { FLAG_READ_BRANCHES } else { 0 };
+        if tgid_set {
+            flags |= etm_bpf_common::FLAG_TGID_SET;
+        }
+        if args.follow_children {
+            flags |= etm_bpf_common::FLAG_FOLLOW_FORKS;
+        }
         let stack_bytes = if args.unwind == UnwindMode::Fp { 0 } else { args.stack_size };
         let record = if stack_bytes == 0 {
             etm_bpf_common::SAMPLE_RECORD_SIZE
@@ -605,8 +686,16 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         };
         let ring = ring_bytes(record, args.freq, cpus.len());
         log::info!("sample ring {} KiB for {record}-byte records", ring >> 10);
-        let mut bpf = SampleBpf::load_with_stack(pid, flags, stack_bytes, ring)
+        let mut bpf = SampleBpf::load_with_stack(if tgid_set { 0 } else { pid }, flags, stack_bytes, ring)
             .context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
+        if tgid_set {
+            for &t in &targets {
+                bpf.add_tgid(t, t)?;
+            }
+        }
+        if args.follow_children {
+            bpf.attach_fork()?;
+        }
         for fd in fds {
             bpf.attach_perf_fd(fd).context("cannot attach the eBPF program to the perf event")?;
         }
@@ -617,10 +706,6 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         // The code checks decode the host's instructions (the recording says which, so a
         // replay checks the same way).
         pc.arch = CodeArch::host();
-        let mut engine = Engine::new(pc, Some(loader));
-        if stack_bytes != 0 {
-            engine.enable_unwinding();
-        }
         let recorder = match &args.record {
             Some(dir) => {
                 let mut notes = std::collections::HashMap::new();
@@ -645,36 +730,36 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             }
             None => None,
         };
-        let info = RunInfo {
-            pid,
-            command,
-            event: event.name().to_string(),
-            branches,
-            freq: args.freq,
-            start: SystemTime::now(),
-            window_line: scope_line,
-            output: None,
-            launched: false,
-        };
-        let mut feed = Feed::new(pid, engine, maps, None, recorder);
-        feed.unwind = if stack_bytes == 0 { UnwindMode::Fp } else { args.unwind };
-        (bpf, info, feed)
+        let mut recorder = recorder;
+        let mut feeds = Vec::new();
+        for (g, maps) in groups.iter().zip(trackers) {
+            let mut engine = Engine::new(pc.clone(), Some(loader()));
+            if stack_bytes != 0 {
+                engine.enable_unwinding();
+            }
+            let cmd = if g[0] == pid { command.clone() } else { cmdline(g[0]) };
+            let mut feed = Feed::new(g[0], cmd, engine, maps, None, recorder.take());
+            feed.unwind = if stack_bytes == 0 { UnwindMode::Fp } else { args.unwind };
+            feeds.push(feed);
+        }
+        (bpf, info_for(event.name().to_string(), branches, scope_line), feeds)
     };
-    let mut feed = feed;
-    for s in &initial {
-        feed.event(SessionEvent::Sideband(s));
+    for (feed, sb) in feeds.iter_mut().zip(&initial) {
+        for s in sb {
+            feed.event(SessionEvent::Sideband(s));
+        }
     }
-    if let Some(etm) = feed.etm.as_mut() {
+    if let Some(etm) = feeds[0].etm.as_mut() {
         etm.enable().context("enabling the cs_etm events")?;
     }
     if let Some(h) = held.as_mut() {
         // Everything is in place: let the command exec, then read its first mappings.
         h.release()?;
-        if let Err(e) = feed.reload_maps() {
+        if let Err(e) = feeds[0].reload_maps() {
             log::debug!("maps of {pid} right after exec: {e}");
         }
-    } else if !alive(pid) {
-        bail!("process {pid} exited during start-up");
+    } else if let Some(p) = targets.iter().find(|&&p| !alive(p)) {
+        bail!("process {p} exited during start-up");
     }
     let mut info = info;
     info.output = command_output;
@@ -689,29 +774,41 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let switches_at_start = etm_perf::host::context_switches(std::path::Path::new("/proc"), pid);
     log::info!(
-        "profiling pid {pid} ({}) with {} at {} Hz on {} CPUs, branches {}",
+        "profiling pid {} ({}) with {} at {} Hz on {} CPUs, branches {}{}",
+        targets.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
         info.command.join(" "),
         info.event,
         args.freq,
         cpus.len(),
-        info.branches
+        info.branches,
+        if args.follow_children { ", following children" } else { "" }
     );
 
+    let mut feeds = Feeds::new(feeds);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("start the tokio runtime")?;
-    rt.block_on(run_loop(&args, &info, &mut bpf, &mut feed, held.as_mut()))?;
+    rt.block_on(run_loop(&args, &info, &mut bpf, &mut feeds, held.as_mut()))?;
     // Stop sampling, then drain what is left in the ring (done in run_loop); finish the
     // collection, the recording and the pipeline.
-    let reason = feed_finish(&mut feed)?;
+    // Which processes are gone by now (the final manifests say so).
+    feeds.reap(&info, &mut bpf, held.as_mut().map(|h| h.try_wait().is_none()));
+    let mut reason = StopReason::Signal;
+    for feed in &mut feeds.list {
+        reason = feed_finish(feed)?;
+    }
     let counters = bpf.counters().unwrap_or_default();
     if let Some(dir) = &args.dump_dir {
-        let mut dumper = match feed.dumper.take() {
-            Some(d) => d,
-            None => crate::dumper::Dumper::start()?,
-        };
-        let job = dump_job(dir, &info, &feed, &counters, true, (dumper.written, dumper.skipped));
-        dumper.write_now(job)?;
+        for feed in &mut feeds.list {
+            let mut dumper = match feed.dumper.take() {
+                Some(d) => d,
+                None => crate::dumper::Dumper::start()?,
+            };
+            let job = dump_job(dir, &info, feed, &feeds.run, &counters, true, (dumper.written, dumper.skipped));
+            dumper.write_now(job)?;
+        }
     }
-    print_summary(reason, &info, &feed, &counters, args.dump_dir.as_deref(), args.record.as_deref());
+    for feed in &feeds.list {
+        print_summary(reason, &info, feed, &feeds.run, &counters, args.dump_dir.as_deref(), args.record.as_deref());
+    }
     if info.branches == "lbr" {
         // The cost of the scope, measured: each switch of a task with branch events wipes
         // the branch buffer (on legacy LBR, rewrites every LBR MSR).
@@ -753,12 +850,21 @@ fn terminal_foreground() -> bool {
 }
 
 impl Feed {
-    fn new(pid: u32, engine: Engine, maps: MapsTracker, etm: Option<EtmLive>, recorder: Option<Recorder>) -> Feed {
+    fn new(
+        pid: u32,
+        command: Vec<String>,
+        engine: Engine,
+        maps: Vec<MapsTracker>,
+        etm: Option<EtmLive>,
+        recorder: Option<Recorder>,
+    ) -> Feed {
         Feed {
             pid,
+            command,
             engine,
             dumper: None,
             maps,
+            exited: Vec::new(),
             etm,
             recorder,
             bad_records: 0,
@@ -771,6 +877,112 @@ impl Feed {
             unwind: UnwindMode::Fp,
             unwound: Vec::new(),
         }
+    }
+}
+
+/// What the run knows beyond each profile: which targets exited, the children followed,
+/// records that belong to no profile.
+#[derive(Debug, Default)]
+struct RunState {
+    /// Targets that exited, in order.
+    exited: Vec<u32>,
+    /// Processes followed into a profile (`--follow-children`).
+    children: u64,
+    /// Records too short to be samples.
+    bad_records: u64,
+    /// Records of processes in no profile (the filter forgot them when they exited).
+    unrouted: u64,
+    /// Processes in the kernel's filter after the last check for exited ones.
+    filter_entries: usize,
+}
+
+/// The run's profiles and which process's samples go to which.
+struct Feeds {
+    list: Vec<Feed>,
+    /// Process -> index in `list`.
+    route: HashMap<u32, usize>,
+    run: RunState,
+}
+
+impl Feeds {
+    fn new(list: Vec<Feed>) -> Feeds {
+        let mut route = HashMap::new();
+        for (i, f) in list.iter().enumerate() {
+            for m in &f.maps {
+                route.insert(m.pid(), i);
+            }
+        }
+        Feeds { list, route, run: RunState::default() }
+    }
+
+    /// One record of the eBPF ring, into the profile of its process.
+    fn sample(&mut self, bytes: &[u8], bpf: &mut SampleBpf) {
+        // The pid alone (the profile's feed parses the whole record).
+        let off = std::mem::offset_of!(SampleRecord, pid);
+        let pid = match bytes.get(off..off + 4) {
+            Some(b) if bytes.len() >= etm_bpf_common::SAMPLE_RECORD_SIZE => u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+            _ => {
+                self.run.bad_records += 1;
+                return;
+            }
+        };
+        let i = match self.route.get(&pid) {
+            Some(&i) => i,
+            None => match self.adopt(pid, bpf) {
+                Some(i) => i,
+                None => {
+                    self.run.unrouted += 1;
+                    return;
+                }
+            },
+        };
+        self.list[i].sample(bytes);
+    }
+
+    /// The first record of a process the fork program added: it joins the profile of the
+    /// target it descends from (the filter map's value), with its maps read now.
+    fn adopt(&mut self, pid: u32, bpf: &mut SampleBpf) -> Option<usize> {
+        let root = bpf.tgid_root(pid)?;
+        let &i = self.route.get(&root)?;
+        let feed = &mut self.list[i];
+        feed.maps.push(MapsTracker::new(pid));
+        if let Err(e) = feed.reload_maps_of(feed.maps.len() - 1) {
+            log::debug!("maps of the new process {pid}: {e}");
+        }
+        self.route.insert(pid, i);
+        self.run.children += 1;
+        log::info!("following process {pid} ({}), of target {root}", cmdline(pid).join(" "));
+        Some(i)
+    }
+
+    /// Once a second: processes that exited leave the kernel's filter (their numbers may be
+    /// reused) and targets that exited are noted. `held` is the launched command's state.
+    /// Returns the targets still running.
+    fn reap(&mut self, info: &RunInfo, bpf: &mut SampleBpf, held_running: Option<bool>) -> usize {
+        let gone = |p: u32| if p == info.pid && held_running.is_some() { held_running == Some(false) } else { !alive(p) };
+        for f in &mut self.list {
+            for m in &f.maps {
+                let p = m.pid();
+                if !f.exited.contains(&p) && gone(p) {
+                    f.exited.push(p);
+                    if info.pids.contains(&p) {
+                        self.run.exited.push(p);
+                        log::info!("target {p} exited");
+                    }
+                }
+            }
+        }
+        if info.follow || info.pids.len() > 1 {
+            let kept = bpf.kept_tgids();
+            self.run.filter_entries = kept.len();
+            for (p, _) in kept {
+                if gone(p) {
+                    bpf.remove_tgid(p);
+                    self.run.filter_entries -= 1;
+                }
+            }
+        }
+        info.pids.iter().filter(|p| !self.run.exited.contains(p)).count()
     }
 }
 
@@ -816,20 +1028,24 @@ fn open_events(
     freq: u64,
     want: Branches,
     cpus: &[u32],
-    pid: u32,
+    pids: &[u32],
     scope: &etm_perf::host::ScopeChoice,
 ) -> anyhow::Result<(SampleEvent, Vec<std::os::fd::OwnedFd>, &'static str, Option<String>)> {
     if want != Branches::None {
         let opened = match scope.scope {
-            BranchScope::PerThread => open_per_thread(SampleEvent::Cycles, freq, true, pid),
+            BranchScope::PerThread => pids.iter().try_fold(Vec::new(), |mut all, &pid| {
+                all.extend(open_per_thread(SampleEvent::Cycles, freq, true, pid)?);
+                Ok::<_, std::io::Error>(all)
+            }),
             BranchScope::CpuWide => open_per_cpu(SampleEvent::Cycles, freq, true, cpus),
         };
         match opened {
             Ok(fds) => {
                 let line = match scope.scope {
                     BranchScope::PerThread => format!(
-                        "per-thread on {} threads of pid {pid} (inherited by new threads; only they record branches and pay the wipe at their switches): {}",
+                        "per-thread on {} threads of pid {} (inherited by new threads and processes; only they record branches and pay the wipe at their switches): {}",
                         fds.len(),
+                        pids.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
                         scope.reason
                     ),
                     BranchScope::CpuWide => format!(
@@ -887,7 +1103,7 @@ async fn run_loop(
     args: &RunArgs,
     info: &RunInfo,
     bpf: &mut SampleBpf,
-    feed: &mut Feed,
+    feeds: &mut Feeds,
     mut held: Option<&mut Held>,
 ) -> anyhow::Result<()> {
     let ring = bpf.take_ring()?;
@@ -905,7 +1121,7 @@ async fn run_loop(
     dump_tick.tick().await;
     // The eBPF side wakes us only when a lot is pending; drain at least this often (and the
     // ETM buffers on the same tick, as often as the plan harvests).
-    let drain_every = feed.etm.as_ref().map_or(DRAIN_INTERVAL, |e| e.drain_interval(DRAIN_INTERVAL));
+    let drain_every = feeds.list[0].etm.as_ref().map_or(DRAIN_INTERVAL, |e| e.drain_interval(DRAIN_INTERVAL));
     let mut drain_tick = tokio::time::interval(drain_every);
     drain_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let deadline = tokio::time::sleep(Duration::from_secs_f64(args.duration.unwrap_or(1e9)));
@@ -932,19 +1148,21 @@ async fn run_loop(
     let mut last = (Instant::now(), 0u64);
     let mut counters = BpfCounters::default();
     let mut dump_error: Option<anyhow::Error> = None;
-    let mut dumper = crate::dumper::Dumper::start()?;
+    for f in &mut feeds.list {
+        f.dumper = Some(crate::dumper::Dumper::start()?);
+    }
     let mut signalled = false;
 
     let reason = loop {
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard.context("wait for the ring buffer")?;
-                drain(guard.get_inner_mut(), feed);
+                drain(guard.get_inner_mut(), feeds, bpf);
                 guard.clear_ready();
             }
             _ = drain_tick.tick() => {
-                drain(ring.get_mut(), feed);
-                feed.drain_etm();
+                drain(ring.get_mut(), feeds, bpf);
+                feeds.list[0].drain_etm();
                 if let Some(h) = held.as_deref_mut()
                     && h.try_wait().is_some()
                 {
@@ -953,43 +1171,59 @@ async fn run_loop(
             }
             _ = tick.tick() => {
                 counters = bpf.counters().unwrap_or(counters);
-                let target_alive = match held.as_deref_mut() {
-                    Some(h) => h.try_wait().is_none(),
-                    None => alive(info.pid),
-                };
-                if target_alive && let Err(e) = feed.reload_maps() {
-                    log::debug!("maps: {e}");
+                let held_running = held.as_deref_mut().map(|h| h.try_wait().is_none());
+                let running = feeds.reap(info, bpf, held_running);
+                for f in &mut feeds.list {
+                    if let Err(e) = f.reload_maps() {
+                        log::debug!("maps: {e}");
+                    }
                 }
                 let now = Instant::now();
-                let (trie, _) = feed.engine.pipeline().trie();
-                let samples = trie.total_samples();
+                let samples: u64 = feeds.list.iter().map(|f| f.engine.pipeline().trie().0.total_samples()).sum();
+                let contexts: usize = feeds.list.iter().map(|f| f.engine.pipeline().trie().0.len() - 1).sum();
                 let rate = (samples - last.1) as f64 / now.duration_since(last.0).as_secs_f64();
                 last = (now, samples);
-                let state = if target_alive { "running" } else { "exited" };
+                let state = target_state(info, &feeds.run, running);
                 if let Some(t) = tui.as_mut() {
-                    app.set_snapshot(snapshot(info, feed, &counters, rate, state));
+                    app.set_snapshot(snapshot(info, feeds, &counters, rate, &state));
                     t.draw(&app)?;
                 } else {
-                    let d = feed.engine.depth;
+                    let d = feeds.list[0].engine.depth;
+                    let per_pid = if info.per_pid {
+                        let each: Vec<String> = feeds.list.iter()
+                            .map(|f| format!("{} {}", f.pid, f.engine.pipeline().trie().0.total_samples()))
+                            .collect();
+                        format!(" (per pid: {})", each.join(", "))
+                    } else {
+                        String::new()
+                    };
                     // writeln, not println: a closed stdout must not panic.
                     let _ = writeln!(
                         info.out(),
-                        "etm-bpf: {:>4.0}s samples {} ({:.0}/s) dropped {} contexts {} depth mean {:.1} shallow {:.0}% target {state}",
+                        "etm-bpf: {:>4.0}s samples {}{per_pid} ({:.0}/s) dropped {} contexts {} depth mean {:.1} shallow {:.0}% target {state}",
                         started.elapsed().as_secs_f64(), samples, rate, counters.dropped(),
-                        trie.len() - 1, d.mean(), 100.0 * d.shallow_fraction(),
+                        contexts, d.mean(), 100.0 * d.shallow_fraction(),
                     );
                 }
-                if !target_alive {
+                if running == 0 {
                     break StopReason::TargetExited;
                 }
             }
             _ = dump_tick.tick(), if args.dump_dir.is_some() => {
                 let dir = args.dump_dir.as_deref().expect("checked");
-                // The snapshot is taken here; the dump thread writes it while draining goes on.
-                let job = dump_job(dir, info, feed, &counters, false, (dumper.written, dumper.skipped));
-                if let Err(e) = dumper.submit(job) {
-                    log::error!("dump failed: {e:#}");
-                    dump_error = Some(e);
+                // The snapshots are taken here; the dump threads write them while draining goes on.
+                for f in &mut feeds.list {
+                    let mut dumper = f.dumper.take().expect("started above");
+                    let job = dump_job(dir, info, f, &feeds.run, &counters, false, (dumper.written, dumper.skipped));
+                    let r = dumper.submit(job);
+                    f.dumper = Some(dumper);
+                    if let Err(e) = r {
+                        log::error!("dump failed: {e:#}");
+                        dump_error = Some(e);
+                        break;
+                    }
+                }
+                if dump_error.is_some() {
                     break StopReason::Signal;
                 }
             }
@@ -1029,40 +1263,89 @@ async fn run_loop(
     if let Some(e) = dump_error {
         return Err(e);
     }
-    feed.dumper = Some(dumper);
     // Stop sampling, then drain what is left in the ring.
     bpf.disable_all();
-    drain(ring.get_mut(), feed);
-    feed.stop = Some(reason);
+    drain(ring.get_mut(), feeds, bpf);
+    for f in &mut feeds.list {
+        f.stop = Some(reason);
+    }
     Ok(())
+}
+
+/// The status line's target state: `running` or `exited` for one target; with several, how
+/// many run and which exited.
+fn target_state(info: &RunInfo, run: &RunState, running: usize) -> String {
+    let mut s = if info.pids.len() == 1 {
+        (if running == 1 { "running" } else { "exited" }).to_string()
+    } else {
+        format!("{running} of {} running", info.pids.len())
+    };
+    if !run.exited.is_empty() && info.pids.len() > 1 {
+        let gone: Vec<String> = run.exited.iter().map(u32::to_string).collect();
+        s.push_str(&format!(", exited: {}", gone.join(",")));
+    }
+    if info.follow {
+        s.push_str(&format!(", children followed {}", run.children));
+    }
+    s
 }
 
 /// How often the ring buffer is drained without a wake-up from the kernel side.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Feeds every pending ring-buffer record into the pipeline.
-fn drain(rb: &mut aya::maps::RingBuf<aya::maps::MapData>, feed: &mut Feed) {
+/// Feeds every pending ring-buffer record into the pipeline of its profile.
+fn drain(rb: &mut aya::maps::RingBuf<aya::maps::MapData>, feeds: &mut Feeds, bpf: &mut SampleBpf) {
     while let Some(item) = rb.next() {
-        feed.sample(&item);
+        feeds.sample(&item, bpf);
     }
 }
 
-fn snapshot(info: &RunInfo, feed: &Feed, k: &BpfCounters, rate: f64, state: &str) -> Snapshot {
+/// Bits of a live-view row's node id that say which profile it is from (per-pid runs).
+const ROW_PROFILE_SHIFT: u32 = 26;
+
+fn snapshot(info: &RunInfo, feeds: &Feeds, k: &BpfCounters, rate: f64, state: &str) -> Snapshot {
+    let feed = &feeds.list[0];
     let d = feed.engine.depth;
     let (trie, frames) = feed.engine.pipeline().trie();
     let st = feed.engine.pipeline().stats();
+    // Several profiles: their rows together, each under a `[pid N]` root frame.
+    let (total, rows) = if feeds.list.len() == 1 {
+        (trie.total_samples(), rows_from_trie(trie, frames, 200))
+    } else {
+        let mut rows = Vec::new();
+        let mut total = 0;
+        for (i, f) in feeds.list.iter().enumerate() {
+            let (t, fr) = f.engine.pipeline().trie();
+            total += t.total_samples();
+            rows.extend(rows_from_trie(t, fr, 200).into_iter().map(|mut r| {
+                r.node |= (i as u32) << ROW_PROFILE_SHIFT;
+                r.frames.push(format!("[pid {}]", f.pid));
+                r
+            }));
+        }
+        rows.sort_by_key(|r| std::cmp::Reverse((r.self_count, r.total_count)));
+        (total, rows)
+    };
+    let pids = if info.pids.len() == 1 {
+        info.pid.to_string()
+    } else {
+        // Each target with its program's name.
+        let name = |p: u32| cmdline(p).first().map(|c| c.rsplit('/').next().unwrap_or(c).to_string()).unwrap_or_default();
+        info.pids.iter().map(|&p| format!("{p} {}", name(p))).collect::<Vec<_>>().join(", ")
+    };
     Snapshot {
-        total: trie.total_samples(),
-        rows: rows_from_trie(trie, frames, 200),
+        total,
+        rows,
         instr: crate::engine::exact_shares(feed.engine.pipeline()),
         status: Status {
             target: match &info.output {
-                Some(o) => format!("pid {} ({}) output: {}", info.pid, info.command.join(" "), o.display()),
-                None => format!("pid {} ({})", info.pid, info.command.join(" ")),
+                Some(o) => format!("pid {pids} ({}) output: {}", info.command.join(" "), o.display()),
+                None if info.pids.len() > 1 => format!("pids {pids}"),
+                None => format!("pid {pids} ({})", info.command.join(" ")),
             },
             target_state: state.to_owned(),
             samples_per_s: rate,
-            samples: trie.total_samples(),
+            samples: total,
             dropped: k.dropped() + st.join.rejected.total(),
             event: format!("{} @ {} Hz", info.event, info.freq),
             branches: info.branches.to_owned(),
@@ -1079,6 +1362,7 @@ fn print_summary(
     reason: StopReason,
     info: &RunInfo,
     feed: &Feed,
+    run: &RunState,
     k: &BpfCounters,
     dump_dir: Option<&Path>,
     record: Option<&Path>,
@@ -1086,16 +1370,22 @@ fn print_summary(
     let (trie, frames) = feed.engine.pipeline().trie();
     let total = trie.total_samples();
     let mut out = info.out();
+    let pids = if info.per_pid { vec![feed.pid] } else { info.pids.clone() };
     let _ = writeln!(
         out,
-        "etm-bpf: stopped ({}): {} samples of pid {}, dropped {} (ring full {}, stack errors {})",
+        "etm-bpf: stopped ({}): {} samples of pid {}{}, dropped {} (ring full {}, stack errors {})",
         reason.text(),
         total,
-        info.pid,
+        pids.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+        if info.follow { format!(" and {} followed processes", feed.maps.len() - pids.len()) } else { String::new() },
         k.dropped(),
         k.ring_full,
         k.stack_err
     );
+    let exited: Vec<String> = run.exited.iter().filter(|p| pids.contains(p)).map(u32::to_string).collect();
+    if info.pids.len() > 1 && !exited.is_empty() {
+        let _ = writeln!(out, "etm-bpf: pid {} exited during the run", exited.join(","));
+    }
     if info.branches != "none" {
         let st = feed.engine.pipeline().stats();
         let _ = writeln!(
@@ -1134,7 +1424,7 @@ fn print_summary(
         );
     }
     if let Some(d) = dump_dir {
-        let _ = writeln!(out, "profile written to {}", d.display());
+        let _ = writeln!(out, "profile written to {}", profile_dir(d, info, feed).display());
     }
     if let Some(d) = record {
         let _ = writeln!(out, "session recorded to {} (etm-bpf replay {0})", d.display());
@@ -1163,15 +1453,45 @@ fn rfc3339(t: SystemTime) -> String {
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z", sod / 3600, sod % 3600 / 60, sod % 60, d.subsec_millis())
 }
 
+/// Where a profile's dump goes: the dump directory, or its `pid-N/` with one profile per
+/// target.
+fn profile_dir(dir: &Path, info: &RunInfo, feed: &Feed) -> PathBuf {
+    if info.per_pid { dir.join(format!("pid-{}", feed.pid)) } else { dir.to_path_buf() }
+}
+
 /// The dump of the profile so far: a snapshot for the dump thread and its manifest.
-fn dump_job(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_dump: bool, dumps: (u64, u64)) -> DumpJob {
+fn dump_job(
+    dir: &Path,
+    info: &RunInfo,
+    feed: &Feed,
+    run: &RunState,
+    k: &BpfCounters,
+    final_dump: bool,
+    dumps: (u64, u64),
+) -> DumpJob {
     let e = &feed.engine;
+    let targets: Vec<u32> = if info.per_pid { vec![feed.pid] } else { info.pids.clone() };
+    let processes: Vec<serde_json::Value> = feed
+        .maps
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "pid": m.pid(),
+                "target": targets.contains(&m.pid()),
+                "exited": feed.exited.contains(&m.pid()),
+            })
+        })
+        .collect();
     let end = SystemTime::now();
     let meta = DumpMeta {
         period_ns: (1_000_000_000 / info.freq) as i64,
         time_nanos: unix_ns(info.start),
         duration_nanos: unix_ns(end) - unix_ns(info.start),
-        comment: format!("etm-bpf run --pid {} ({})", info.pid, info.event),
+        comment: format!(
+            "etm-bpf run --pid {} ({})",
+            targets.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+            info.event
+        ),
     };
     // Per-binary PGO dumps only when samples carry branch records (LBR/BRBE or ETM).
     let snapshot = e.snapshot();
@@ -1183,8 +1503,23 @@ fn dump_job(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_dump
         "tool": "etm-bpf",
         "version": env!("CARGO_PKG_VERSION"),
         "final": final_dump,
-        "pid": info.pid,
-        "command": info.command,
+        "pid": feed.pid,
+        "command": feed.command,
+        "pids": targets,
+        "processes": processes,
+        "run": {
+            "targets": info.pids,
+            "per_pid": info.per_pid,
+            "merge": info.merge,
+            "follow_children": info.follow,
+            "targets_exited": run.exited,
+            "processes_followed": run.children,
+            "forks_followed_kernel": k.forks_followed,
+            "forks_lost_filter_full": k.forks_lost,
+            "records_unrouted": run.unrouted,
+            "filter_entries": run.filter_entries,
+            "bad_records": run.bad_records,
+        },
         "binaries": binaries.iter().map(|b| serde_json::json!({
             "path": b.path,
             "build_id": b.build_id_hex(),
@@ -1205,7 +1540,7 @@ fn dump_job(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_dump
             "bad_records": feed.bad_records + feed.empty,
             "foreign_records": feed.foreign,
             "unmapped_frames": e.unknown_frames(),
-            "maps_reloads": feed.maps.changes,
+            "maps_reloads": feed.maps.iter().map(|m| m.changes).sum::<u64>(),
             "contexts": ts.nodes - 1,
             "folded_samples": ts.folded_samples,
             "trie_compactions": ts.compactions,
@@ -1228,7 +1563,7 @@ fn dump_job(dir: &Path, info: &RunInfo, feed: &Feed, k: &BpfCounters, final_dump
         let key = if info.branches == "etm" { "etm_window" } else { "branch_events" };
         manifest[key] = serde_json::json!(w);
     }
-    DumpJob { dir: dir.to_path_buf(), snapshot, meta, manifest }
+    DumpJob { dir: profile_dir(dir, info, feed), snapshot, meta, manifest }
 }
 
 #[cfg(test)]

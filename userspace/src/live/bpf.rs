@@ -11,14 +11,14 @@ use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use anyhow::{Context as _, anyhow};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, MapData, PerCpuArray, RingBuf},
-    programs::PerfEvent,
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    programs::{PerfEvent, TracePoint},
 };
 use etm_bpf_common::{
     CONFIG_FLAGS, CONFIG_MAP, CONFIG_TGID, CONFIG_WINDOW_FLAGS, COUNTER_BRANCH_EMPTY, COUNTER_BRANCH_ENOENT, COUNTER_BRANCH_ERR,
     COUNTER_ENTRIES, COUNTER_FILTERED, COUNTER_FOREIGN_WINDOWS, COUNTER_OUTPUT_ERR, COUNTER_PAUSE_IDLE, COUNTER_RESUMES,
-    COUNTER_RING_BUSY, COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTER_WINDOWS, COUNTERS_MAP, PAUSE_OUT_MAP,
-    PAUSE_PROGRAM, PROGRAM_NAME, RESUME_PROGRAM, SAMPLES_MAP,
+    COUNTER_RING_BUSY, COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTER_WINDOWS, COUNTERS_MAP, FORK_PROGRAM,
+    NEWTASK_FLAGS_OFFSET, NEWTASK_PID_OFFSET, PAUSE_OUT_MAP, PAUSE_PROGRAM, PROGRAM_NAME, RESUME_PROGRAM, SAMPLES_MAP, TGIDS_MAP,
 };
 use etm_perf::attr::EventRole;
 
@@ -62,6 +62,10 @@ pub struct BpfCounters {
     pub ustack_kernel: u64,
     /// Stack copies shortened at the top of the stack's mapping.
     pub ustack_short: u64,
+    /// New processes the fork program added to the filter (`--follow-children`).
+    pub forks_followed: u64,
+    /// New processes it could not add (the filter map was full).
+    pub forks_lost: u64,
 }
 
 impl BpfCounters {
@@ -201,8 +205,87 @@ impl SampleBpf {
             ustack_err: v[etm_bpf_common::COUNTER_USTACK_ERR as usize],
             ustack_kernel: v[etm_bpf_common::COUNTER_USTACK_KERNEL as usize],
             ustack_short: v[etm_bpf_common::COUNTER_USTACK_SHORT as usize],
+            forks_followed: v[etm_bpf_common::COUNTER_FORKS_FOLLOWED as usize],
+            forks_lost: v[etm_bpf_common::COUNTER_FORKS_LOST as usize],
         })
     }
+
+    fn tgids(&mut self) -> anyhow::Result<BpfHashMap<&mut MapData, u32, u32>> {
+        let map = self.ebpf.map_mut(TGIDS_MAP).ok_or_else(|| anyhow!("map {TGIDS_MAP} missing"))?;
+        Ok(BpfHashMap::try_from(map)?)
+    }
+
+    /// Keeps the samples of process `tgid` (with `FLAG_TGID_SET`), as part of the profile of
+    /// process `root`.
+    pub fn add_tgid(&mut self, tgid: u32, root: u32) -> anyhow::Result<()> {
+        self.tgids()?.insert(tgid, root, 0).with_context(|| format!("cannot add process {tgid} to the filter"))
+    }
+
+    /// Stops keeping the samples of process `tgid` (it exited).
+    pub fn remove_tgid(&mut self, tgid: u32) {
+        if let Ok(mut m) = self.tgids() {
+            let _ = m.remove(&tgid);
+        }
+    }
+
+    /// The profiled process whose profile `tgid`'s samples belong to, if the filter keeps it.
+    pub fn tgid_root(&mut self, tgid: u32) -> Option<u32> {
+        self.tgids().ok()?.get(&tgid, 0).ok()
+    }
+
+    /// Every process the filter keeps, with its root.
+    pub fn kept_tgids(&mut self) -> Vec<(u32, u32)> {
+        self.tgids().map(|m| m.iter().filter_map(Result::ok).collect()).unwrap_or_default()
+    }
+
+    /// Loads the fork program and attaches it to `task:task_newtask` (`--follow-children`;
+    /// set `FLAG_FOLLOW_FORKS` at load). The tracepoint's record layout is checked first.
+    pub fn attach_fork(&mut self) -> anyhow::Result<()> {
+        let format = NEWTASK_FORMATS.iter().find_map(|p| std::fs::read_to_string(p).ok()).ok_or_else(|| {
+            anyhow!(
+                "--follow-children needs the task:task_newtask tracepoint, and tracefs is not mounted \
+                     (mount -t tracefs nodev /sys/kernel/tracing)"
+            )
+        })?;
+        check_newtask_format(&format).map_err(|e| anyhow!("--follow-children: {e}"))?;
+        let prog: &mut TracePoint =
+            self.ebpf.program_mut(FORK_PROGRAM).ok_or_else(|| anyhow!("program {FORK_PROGRAM} missing"))?.try_into()?;
+        prog.load().context("the kernel rejected the eBPF fork program")?;
+        prog.attach("task", "task_newtask").context("cannot attach the fork program to task:task_newtask")?;
+        Ok(())
+    }
+}
+
+/// Where the `task:task_newtask` format is (tracefs, or tracefs under debugfs).
+const NEWTASK_FORMATS: [&str; 2] =
+    ["/sys/kernel/tracing/events/task/task_newtask/format", "/sys/kernel/debug/tracing/events/task/task_newtask/format"];
+
+/// Checks that the tracepoint record has the `pid` and 8-byte `clone_flags` fields at the
+/// offsets the fork program reads (`NEWTASK_PID_OFFSET`, `NEWTASK_FLAGS_OFFSET`).
+pub fn check_newtask_format(format: &str) -> Result<(), String> {
+    let field = |name: &str| {
+        format.lines().find_map(|l| {
+            let decl = l.trim().strip_prefix("field:")?.split(';').next()?;
+            if decl.rsplit(' ').next()? != name {
+                return None;
+            }
+            let num = |key: &str| l.split(key).nth(1)?.split(';').next()?.trim().parse::<usize>().ok();
+            Some((num("offset:")?, num("size:")?))
+        })
+    };
+    let want = [("pid", NEWTASK_PID_OFFSET, 4), ("clone_flags", NEWTASK_FLAGS_OFFSET, 8)];
+    for (name, offset, size) in want {
+        match field(name) {
+            Some((o, s)) if o == offset && s == size => {}
+            Some((o, s)) => {
+                return Err(format!(
+                    "task:task_newtask's {name} field is at offset {o} (size {s}), not {offset} (size {size}) as the fork program reads it"
+                ));
+            }
+            None => return Err(format!("task:task_newtask has no {name} field")),
+        }
+    }
+    Ok(())
 }
 
 /// `BPF_MAP_UPDATE_ELEM` (the `bpf(2)` command number).
@@ -276,6 +359,25 @@ fn raise_memlock_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The format of 6.x kernels (`u64 clone_flags`) and of older ones (`unsigned long`)
+    /// passes; a moved field is refused with a sentence naming it.
+    #[test]
+    fn newtask_format_is_checked() {
+        let f = "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
+                 \tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\
+                 \tfield:pid_t pid;\toffset:8;\tsize:4;\tsigned:1;\n\
+                 \tfield:char comm[16];\toffset:12;\tsize:16;\tsigned:0;\n\
+                 \tfield:u64 clone_flags;\toffset:32;\tsize:8;\tsigned:0;\n";
+        assert_eq!(check_newtask_format(f), Ok(()));
+        assert_eq!(check_newtask_format(&f.replace("u64 clone_flags", "unsigned long clone_flags")), Ok(()));
+        let moved = f.replace("offset:32;", "offset:40;");
+        assert!(check_newtask_format(&moved).unwrap_err().contains("clone_flags field is at offset 40"));
+        assert!(check_newtask_format("").unwrap_err().contains("no pid field"));
+        if let Ok(real) = std::fs::read_to_string(NEWTASK_FORMATS[0]) {
+            assert_eq!(check_newtask_format(&real), Ok(()), "{real}");
+        }
+    }
     use crate::live::perf_event::{SampleEvent, perf_event_open, sampling_attr};
     use etm_bpf_common::{FLAG_READ_BRANCHES, SampleRecord};
     use etm_perf::attr::flag;

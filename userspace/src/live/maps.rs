@@ -50,6 +50,11 @@ impl MapsTracker {
         }
     }
 
+    /// The process whose maps this tracks.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// Whether an unknown address of a sample taken at `sample_time` may trigger a re-read
     /// now: never for a sample older than the last re-read (the maps read then already showed
     /// everything mapped at the sample's time), and at most once per [`RELOAD_MIN_INTERVAL`]
