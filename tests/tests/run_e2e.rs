@@ -200,7 +200,8 @@ fn recorded_run_replays_to_the_same_profile() {
     let live = parse_folded(&std::fs::read_to_string(dump.join("profile.folded")).unwrap());
     let replayed = parse_folded(&std::fs::read_to_string(rdump.join("profile.folded")).unwrap());
     let total: u64 = live.values().sum();
-    assert!(total >= 500, "too few samples: {total}");
+    // ~2,000 at 999 Hz on an idle machine; fewer when other work shares the CPUs.
+    assert!(total >= 200, "too few samples: {total}");
     assert!(ending_with(&live, &["main", "a", "hot1", "spin"]) > total / 3, "{live:#?}");
     assert!(ending_with(&live, &["main", "b", "hot2", "spin"]) > total / 6, "{live:#?}");
     assert_eq!(replayed, live, "replay differs from the live profile");
