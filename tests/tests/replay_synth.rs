@@ -519,7 +519,7 @@ fn functions_csv(path: &Path) -> BTreeMap<String, (u64, f64, f64, f64)> {
     for l in text.lines().skip(1) {
         // C test programs: no quoted fields.
         let f: Vec<&str> = l.split(',').collect();
-        assert_eq!(f.len(), 8, "{l}");
+        assert_eq!(f.len(), 20, "{l}");
         out.insert(
             f[0].to_string(),
             (f[2].parse().unwrap(), f[3].parse().unwrap(), f[4].parse().unwrap(), f[5].parse().unwrap()),
@@ -659,5 +659,169 @@ fn exact_diff_of_two_builds() {
         );
         assert!(lo <= d && d <= hi, "{f}: true change {d} outside [{lo}, {hi}]");
         assert_eq!(e["significant"], sig, "{f}: {e}");
+    }
+}
+
+/// `functions.csv` by column name: function -> column -> field (C test programs: no quoting).
+fn functions_table(path: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines.next().expect("header").split(',').collect();
+    lines
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            assert_eq!(f.len(), head.len(), "{l}");
+            (f[0].to_string(), head.iter().zip(&f).map(|(h, v)| (h.to_string(), v.to_string())).collect())
+        })
+        .collect()
+}
+
+/// A call or a return, by binutils `objdump -d` (the truth's own instruction classes).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Flow {
+    Call,
+    Return,
+}
+
+fn objdump_flow(prog: &Path) -> HashMap<u64, Flow> {
+    let out = run(Command::new("aarch64-linux-gnu-objdump").args(["-d", "--no-show-raw-insn"]).arg(prog));
+    out.lines()
+        .filter_map(|l| {
+            let (addr, rest) = l.trim_start().split_once(":\t")?;
+            let addr = u64::from_str_radix(addr, 16).ok()?;
+            let m = rest.split_whitespace().next()?;
+            match m {
+                "bl" | "blr" | "blraa" | "blrab" | "blraaz" | "blrabz" => Some((addr, Flow::Call)),
+                "ret" | "retaa" | "retab" => Some((addr, Flow::Return)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Per function (named by `nm`): instructions inclusive of callees, calls, distinct blocks and
+/// distinct taken branches, over the traced windows.
+#[derive(Debug, Default, PartialEq)]
+struct TrueCalls {
+    inclusive: BTreeMap<String, u64>,
+    calls: BTreeMap<String, u64>,
+    blocks: BTreeMap<String, u64>,
+    branches: BTreeMap<String, u64>,
+}
+
+/// The truth of [`TrueCalls`] from qemu's instruction log of the whole run: the true call
+/// stack at every instruction (a frame pushed after each call instruction, popped after each
+/// return, by objdump; its function is where its instructions are, by nm), and for each traced
+/// window (the instructions of its ranges, from its first traced instruction) every
+/// instruction counted once for each distinct function of the frames the window sees: those at
+/// or above the lowest stack depth the window reaches. Calls: call instructions whose target
+/// is in the window too, for the function called. Blocks and branches from the windows'
+/// ranges and branches, distinct over the run.
+fn true_calls(prog: &Path, gt: &GroundTruth, fns: &[(u64, u64, String)]) -> TrueCalls {
+    let flow = objdump_flow(prog);
+    let pcs = etm_synth::qemu::run(prog, &[], &etm_synth::qemu::QemuOptions::default()).expect("qemu runs").pcs;
+    let name = |pc: u64| function_of(fns, pc).to_string();
+    let mut t = TrueCalls::default();
+    let mut windows: Vec<(u64, u64, &gtfile::GtWindow)> = gt
+        .windows
+        .iter()
+        .filter(|w| w.fault.is_none() && !w.ranges.is_empty())
+        .map(|w| (w.start_index, w.start_index + w.ranges.iter().map(|r| r.n_insns).sum::<u64>(), w))
+        .collect();
+    windows.sort_by_key(|w| w.0);
+    let (mut blocks, mut branches) = (std::collections::HashSet::new(), std::collections::HashSet::new());
+    for (_, _, w) in &windows {
+        let mut at = w.start_index as usize;
+        for r in &w.ranges {
+            assert_eq!(pcs[at], r.start, "window {}: the truth's ranges follow qemu's log", w.index);
+            at += r.n_insns as usize;
+            if blocks.insert(r.start) {
+                *t.blocks.entry(name(r.start)).or_default() += 1;
+            }
+        }
+        for b in &w.branches {
+            if branches.insert((b.from, b.to)) {
+                *t.branches.entry(name(b.from)).or_default() += 1;
+            }
+        }
+    }
+    let mut stack: Vec<String> = Vec::new();
+    let mut wi = 0;
+    let mut in_window: Vec<Vec<String>> = Vec::new();
+    for (i, &pc) in pcs.iter().enumerate() {
+        let i = i as u64;
+        let top = name(pc);
+        match stack.last_mut() {
+            Some(f) => *f = top,
+            None => stack.push(top),
+        }
+        if let Some(&(lo, hi, _)) = windows.get(wi) {
+            if (lo..hi).contains(&i) {
+                in_window.push(stack.clone());
+                if i + 1 < hi && flow.get(&pc) == Some(&Flow::Call) {
+                    *t.calls.entry(name(pcs[i as usize + 1])).or_default() += 1;
+                }
+            }
+            if i + 1 == hi {
+                let low = in_window.iter().map(Vec::len).min().expect("instructions");
+                for s in &in_window {
+                    let seen: std::collections::BTreeSet<&String> = s[low - 1..].iter().collect();
+                    for f in seen {
+                        *t.inclusive.entry(f.clone()).or_default() += 1;
+                    }
+                }
+                in_window.clear();
+                wi += 1;
+            }
+        }
+        match flow.get(&pc) {
+            Some(Flow::Call) => stack.push(String::new()),
+            Some(Flow::Return) => {
+                stack.pop();
+            }
+            None => {}
+        }
+    }
+    assert_eq!(wi, windows.len(), "every window inside qemu's log");
+    t
+}
+
+/// Inclusive counts, calls, blocks and branches per function from the trace (the shadow call
+/// stack over each window's ranges) equal the truth of qemu's exact path ([`true_calls`]):
+/// the flat workload (calls through a table), recursion, and the A/B program's build A (one
+/// function shared by two callers).
+#[test]
+fn exact_inclusive_and_calls_equal_the_path() {
+    for (name, window, period) in [("flat", 2000, 20_000), ("recursion", 1000, 7919), ("percall_a", 1000, 7919)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let Some(prog) = build(name, tmp.path()) else { return };
+        let sess = tmp.path().join("s");
+        let gt = synth(&prog, &[], &sess, window, period, true);
+        let r = replay(&sess, tmp.path(), name);
+        let table = functions_table(&r.dumps.join("functions.csv"));
+        let col = |c: &str| -> BTreeMap<String, u64> {
+            table.iter().map(|(f, row)| (f.clone(), row[c].parse::<u64>().unwrap())).filter(|(_, n)| *n > 0).collect()
+        };
+        let truth = true_calls(&prog, &gt, &nm_functions(&prog));
+        let ours =
+            TrueCalls { inclusive: col("inclusive"), calls: col("calls"), blocks: col("blocks"), branches: col("branches") };
+        let n_calls: u64 = truth.calls.values().sum();
+        eprintln!(
+            "{name}: {} functions, {n_calls} calls, {} blocks, {} branches in the windows",
+            truth.inclusive.len(),
+            truth.blocks.values().sum::<u64>(),
+            truth.branches.values().sum::<u64>()
+        );
+        assert!(n_calls > 100, "{name}: {n_calls} calls");
+        assert_eq!(ours.inclusive, truth.inclusive, "{name}: inclusive instructions");
+        assert_eq!(ours.calls, truth.calls, "{name}: calls");
+        assert_eq!(ours.blocks, truth.blocks, "{name}: blocks");
+        assert_eq!(ours.branches, truth.branches, "{name}: branches");
+        let m: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(r.dumps.join("manifest.json")).unwrap()).unwrap();
+        let ex = &m["exact"];
+        assert_eq!(ex["blocks_covered"], truth.blocks.values().sum::<u64>(), "{ex}");
+        assert_eq!(ex["branches_covered"], truth.branches.values().sum::<u64>(), "{ex}");
+        assert_eq!(ex["functions"], truth.inclusive.len(), "{ex}");
     }
 }

@@ -431,6 +431,9 @@ fn exact_json(p: &Pipeline) -> serde_json::Value {
         "instructions": c.instructions(),
         "functions": c.functions_seen(),
         "instructions_beyond_function_bound": c.overflow_instructions,
+        "blocks_covered": c.coverage().0,
+        "branches_covered": c.coverage().1,
+        "coverage_beyond_bound": c.coverage_overflow,
     })
 }
 
@@ -441,14 +444,26 @@ fn csv_field(s: &str) -> std::borrow::Cow<'_, str> {
 
 /// `functions.csv`: the exact instruction counts per function from the decoded trace, most
 /// first, with the share of all traced instructions and its 95% interval (segments as the
-/// sampling unit: `etm_profile::exact`).
+/// sampling unit: `etm_profile::exact`); instructions inclusive of callees inside the segments,
+/// calls, instructions per call (self and inclusive, each with its 95% interval; empty without
+/// calls), and the distinct blocks and taken branches covered.
 fn write_functions_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io::Result<()> {
-    writeln!(w, "function,binary,instructions,share,ci95_low,ci95_high,stderr,segments")?;
+    writeln!(
+        w,
+        "function,binary,instructions,share,ci95_low,ci95_high,stderr,segments,inclusive,calls,\
+         self_per_call,self_per_call_ci95_low,self_per_call_ci95_high,self_per_call_stderr,\
+         inclusive_per_call,inclusive_per_call_ci95_low,inclusive_per_call_ci95_high,inclusive_per_call_stderr,\
+         blocks,branches"
+    )?;
+    let ratio = |r: Option<etm_profile::exact::Ratio>| match r {
+        Some(r) => format!("{:.4},{:.4},{:.4},{:.4}", r.value, r.ci.0, r.ci.1, r.stderr),
+        None => ",,,".to_owned(),
+    };
     for f in &s.functions {
         let c = &f.count;
         writeln!(
             w,
-            "{},{},{},{:.6},{:.6},{:.6},{:.6},{}",
+            "{},{},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{}",
             csv_field(&f.function),
             csv_field(&f.binary),
             c.instructions,
@@ -456,7 +471,13 @@ fn write_functions_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io:
             c.ci.0,
             c.ci.1,
             c.stderr,
-            c.segments
+            c.segments,
+            c.inclusive,
+            c.calls,
+            ratio(c.self_per_call),
+            ratio(c.inclusive_per_call),
+            c.blocks,
+            c.branches
         )?;
     }
     Ok(())

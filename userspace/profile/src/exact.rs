@@ -6,9 +6,21 @@
 //! instructions that a function has is the ratio estimator `R = sum_i x_i / sum_i t_i` (x_i its
 //! instructions in segment i, t_i the segment's), and its 95% interval `R ± 1.96 sqrt(V)` with
 //! the cluster-sampling variance `V = n / (n - 1) · sum_i (x_i - R t_i)^2 / (sum_i t_i)^2`
-//! (delta method, `n` segments). Memory: four numbers per function seen, a per-segment list
-//! of the functions it touched; bounded by `max_functions` (beyond it, instructions go to one
-//! `other` bucket, counted).
+//! (delta method, `n` segments).
+//!
+//! Per function also: instructions *inclusive* of its callees inside the segment (the caller
+//! reports them: a shadow call stack over the segment's calls and returns), *calls* (entries by
+//! a call instruction in the segment), and instructions per call, self and inclusive, as the
+//! same ratio estimator with the calls as denominator (`sum_i x_i / sum_i c_i`): a segment
+//! counts the instructions of the calls it overlaps and the calls it sees begin, so over many
+//! segments both are sampled alike and the ratio estimates the mean per call of the whole run.
+//! Coverage: distinct blocks (decoded ranges, by first instruction) and distinct taken
+//! branches (from, to) per function, each set bounded by `max_coverage` entries.
+//!
+//! Memory: a dozen numbers per function seen, a per-segment list of the functions it touched;
+//! bounded by `max_functions` (beyond it, instructions go to one `other` bucket, counted).
+
+use std::collections::HashSet;
 
 /// Index of a function in an [`ExactCounts`] (the caller names them).
 pub type FunctionIndex = u32;
@@ -20,6 +32,41 @@ struct Acc {
     xx: f64,
     xt: f64,
     segments: u64,
+    /// Inclusive y_i and calls c_i: sum y, sum y^2, sum c, sum c^2, sum x c, sum y c.
+    y: u64,
+    yy: f64,
+    c: u64,
+    cc: f64,
+    xc: f64,
+    yc: f64,
+    /// Distinct blocks and taken branches.
+    blocks: u32,
+    branches: u32,
+}
+
+/// A ratio estimate `sum a_i / sum b_i` over the segments, its standard error and 95% interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ratio {
+    pub value: f64,
+    pub stderr: f64,
+    pub ci: (f64, f64),
+}
+
+impl Ratio {
+    /// From the sums over `n` segments: `a = sum a_i`, `aa = sum a_i^2`, `ab = sum a_i b_i`,
+    /// `b = sum b_i`, `bb = sum b_i^2` (`None` when `b` is 0).
+    fn of(n: u64, a: f64, aa: f64, ab: f64, b: f64, bb: f64) -> Option<Ratio> {
+        if b <= 0.0 {
+            return None;
+        }
+        let r = a / b;
+        // sum (a_i - r b_i)^2 = sum a^2 - 2 r sum a b + r^2 sum b^2
+        let ss = (aa - 2.0 * r * ab + r * r * bb).max(0.0);
+        let nf = n as f64;
+        let v = if n > 1 { nf / (nf - 1.0) * ss / (b * b) } else { f64::INFINITY };
+        let h = 1.96 * v.sqrt();
+        Some(Ratio { value: r, stderr: v.sqrt(), ci: (r - h, r + h) })
+    }
 }
 
 /// One function's figures.
@@ -34,14 +81,32 @@ pub struct FunctionCount {
     pub share: f64,
     pub stderr: f64,
     pub ci: (f64, f64),
+    /// Instructions executed while it was on the segment's call stack (module docs).
+    pub inclusive: u64,
+    /// Entries by a call instruction inside the segments.
+    pub calls: u64,
+    /// Instructions per call, self and inclusive (`None` without calls).
+    pub self_per_call: Option<Ratio>,
+    pub inclusive_per_call: Option<Ratio>,
+    /// Distinct blocks and taken branches (sources in this function) covered.
+    pub blocks: u32,
+    pub branches: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cur {
+    f: FunctionIndex,
+    x: u64,
+    y: u64,
+    c: u64,
 }
 
 /// The counts (module docs).
 #[derive(Debug, Clone)]
 pub struct ExactCounts {
     acc: Vec<Acc>,
-    /// The open segment: functions touched (with their count so far) and its total.
-    cur: Vec<(FunctionIndex, u64)>,
+    /// The open segment: functions touched (with their counts so far) and its total.
+    cur: Vec<Cur>,
     cur_pos: Vec<u32>,
     cur_t: u64,
     n: u64,
@@ -50,6 +115,11 @@ pub struct ExactCounts {
     max_functions: usize,
     /// Instructions of functions beyond `max_functions`.
     pub overflow_instructions: u64,
+    blocks: HashSet<u64>,
+    branches: HashSet<(u64, u64)>,
+    max_coverage: usize,
+    /// Blocks and branches not recorded: the coverage sets were full.
+    pub coverage_overflow: u64,
 }
 
 const NONE: u32 = u32::MAX;
@@ -57,6 +127,12 @@ const NONE: u32 = u32::MAX;
 impl ExactCounts {
     /// Counts for at most `max_functions` functions.
     pub fn new(max_functions: usize) -> Self {
+        Self::with_coverage(max_functions, 1 << 20)
+    }
+
+    /// Counts for at most `max_functions` functions, at most `max_coverage` distinct blocks
+    /// and as many distinct branches.
+    pub fn with_coverage(max_functions: usize, max_coverage: usize) -> Self {
         ExactCounts {
             acc: Vec::new(),
             cur: Vec::new(),
@@ -67,50 +143,133 @@ impl ExactCounts {
             tt: 0.0,
             max_functions,
             overflow_instructions: 0,
+            blocks: HashSet::new(),
+            branches: HashSet::new(),
+            max_coverage,
+            coverage_overflow: 0,
         }
+    }
+
+    /// The open segment's entry of `f` (`None` beyond the bound).
+    #[inline]
+    fn cur(&mut self, f: FunctionIndex) -> Option<&mut Cur> {
+        let i = f as usize;
+        if i >= self.max_functions {
+            return None;
+        }
+        if i >= self.cur_pos.len() {
+            self.cur_pos.resize(i + 1, NONE);
+        }
+        let p = match self.cur_pos[i] {
+            NONE => {
+                self.cur_pos[i] = self.cur.len() as u32;
+                self.cur.push(Cur { f, x: 0, y: 0, c: 0 });
+                self.cur.len() - 1
+            }
+            p => p as usize,
+        };
+        Some(&mut self.cur[p])
     }
 
     /// Adds `n` instructions of function `f` to the open segment.
     #[inline]
     pub fn add(&mut self, f: FunctionIndex, n: u64) {
+        self.cur_t += n;
+        match self.cur(f) {
+            Some(c) => c.x += n,
+            None => self.overflow_instructions += n,
+        }
+    }
+
+    /// Adds `n` instructions executed while `f` was on the call stack to the open segment.
+    #[inline]
+    pub fn add_inclusive(&mut self, f: FunctionIndex, n: u64) {
+        if let Some(c) = self.cur(f) {
+            c.y += n;
+        }
+    }
+
+    /// A call of `f` began in the open segment.
+    #[inline]
+    pub fn add_call(&mut self, f: FunctionIndex) {
+        if let Some(c) = self.cur(f) {
+            c.c += 1;
+        }
+    }
+
+    fn acc(&mut self, f: FunctionIndex) -> Option<&mut Acc> {
         let i = f as usize;
         if i >= self.max_functions {
-            self.overflow_instructions += n;
-            self.cur_t += n;
+            return None;
+        }
+        if i >= self.acc.len() {
+            self.acc.resize(i + 1, Acc::default());
+        }
+        Some(&mut self.acc[i])
+    }
+
+    /// A block of `f` (decoded range) starting at `addr` ran: counted once per address.
+    pub fn block(&mut self, f: FunctionIndex, addr: u64) {
+        if self.blocks.contains(&addr) {
             return;
         }
-        if i >= self.cur_pos.len() {
-            self.cur_pos.resize(i + 1, NONE);
+        if self.blocks.len() >= self.max_coverage {
+            self.coverage_overflow += 1;
+            return;
         }
-        match self.cur_pos[i] {
-            NONE => {
-                self.cur_pos[i] = self.cur.len() as u32;
-                self.cur.push((f, n));
-            }
-            p => self.cur[p as usize].1 += n,
+        self.blocks.insert(addr);
+        if let Some(a) = self.acc(f) {
+            a.blocks += 1;
         }
-        self.cur_t += n;
+    }
+
+    /// A taken branch from `from` (in `f`) to `to`: counted once per pair.
+    pub fn branch(&mut self, f: FunctionIndex, from: u64, to: u64) {
+        if self.branches.contains(&(from, to)) {
+            return;
+        }
+        if self.branches.len() >= self.max_coverage {
+            self.coverage_overflow += 1;
+            return;
+        }
+        self.branches.insert((from, to));
+        if let Some(a) = self.acc(f) {
+            a.branches += 1;
+        }
+    }
+
+    /// Distinct blocks and taken branches covered.
+    pub fn coverage(&self) -> (usize, usize) {
+        (self.blocks.len(), self.branches.len())
     }
 
     /// Closes the open segment (a no-op if it counted nothing).
     pub fn end_segment(&mut self) {
-        if self.cur_t == 0 {
+        if self.cur_t == 0 && self.cur.is_empty() {
             return;
         }
         let t = self.cur_t as f64;
-        for &(f, x) in &self.cur {
-            let i = f as usize;
-            if i >= self.acc.len() {
-                self.acc.resize(i + 1, Acc::default());
-            }
-            let a = &mut self.acc[i];
-            a.x += x;
-            a.xx += (x as f64) * (x as f64);
-            a.xt += x as f64 * t;
-            a.segments += 1;
-            self.cur_pos[i] = NONE;
+        let cur = std::mem::take(&mut self.cur);
+        for k in &cur {
+            self.cur_pos[k.f as usize] = NONE;
+            let a = self.acc(k.f).expect("bounded in cur");
+            let (x, y, c) = (k.x as f64, k.y as f64, k.c as f64);
+            a.x += k.x;
+            a.xx += x * x;
+            a.xt += x * t;
+            a.segments += u64::from(k.x > 0);
+            a.y += k.y;
+            a.yy += y * y;
+            a.c += k.c;
+            a.cc += c * c;
+            a.xc += x * c;
+            a.yc += y * c;
         }
+        self.cur = cur;
         self.cur.clear();
+        if self.cur_t == 0 {
+            return;
+        }
         self.n += 1;
         self.t += self.cur_t;
         self.tt += t * t;
@@ -134,25 +293,27 @@ impl ExactCounts {
 
     /// Functions with instructions, most instructions first.
     pub fn functions(&self) -> Vec<FunctionCount> {
-        let (n, t) = (self.n as f64, self.t as f64);
+        let t = self.t as f64;
         let mut v: Vec<FunctionCount> = self
             .acc
             .iter()
             .enumerate()
             .filter(|(_, a)| a.x > 0)
             .map(|(i, a)| {
-                let r = a.x as f64 / t;
-                // sum (x_i - r t_i)^2 = sum x^2 - 2 r sum x t + r^2 sum t^2
-                let ss = (a.xx - 2.0 * r * a.xt + r * r * self.tt).max(0.0);
-                let v = if self.n > 1 { n / (n - 1.0) * ss / (t * t) } else { f64::INFINITY };
-                let h = 1.96 * v.sqrt();
+                let share = Ratio::of(self.n, a.x as f64, a.xx, a.xt, t, self.tt).expect("instructions counted");
                 FunctionCount {
                     function: i as FunctionIndex,
                     instructions: a.x,
                     segments: a.segments,
-                    share: r,
-                    stderr: v.sqrt(),
-                    ci: ((r - h).max(0.0), (r + h).min(1.0)),
+                    share: share.value,
+                    stderr: share.stderr,
+                    ci: (share.ci.0.max(0.0), share.ci.1.min(1.0)),
+                    inclusive: a.y,
+                    calls: a.c,
+                    self_per_call: Ratio::of(self.n, a.x as f64, a.xx, a.xc, a.c as f64, a.cc),
+                    inclusive_per_call: Ratio::of(self.n, a.y as f64, a.yy, a.yc, a.c as f64, a.cc),
+                    blocks: a.blocks,
+                    branches: a.branches,
                 }
             })
             .collect();
@@ -190,6 +351,50 @@ mod tests {
         // The two functions' shares add up to 1, intervals of the same width.
         assert!((fs[0].share + fs[1].share - 1.0).abs() < 1e-12);
         assert!(((fs[0].ci.1 - fs[0].ci.0) - (f.ci.1 - f.ci.0)).abs() < 1e-9);
+        assert_eq!((f.calls, f.self_per_call), (0, None));
+    }
+
+    /// Instructions per call by hand: f has (self x, calls c) = (30, 3), (20, 1), (0, 0) in
+    /// three segments: R = 50/4 = 12.5; residuals (30 - 37.5, 20 - 12.5, 0) -> ss = 112.5;
+    /// V = 3/2 * 112.5 / 16. Inclusive y = (60, 20, 0): R = 20, residuals (0, 0, 0).
+    #[test]
+    fn per_call() {
+        let mut c = ExactCounts::new(10);
+        for (x, y, calls) in [(30, 60, 3), (20, 20, 1), (0, 0, 0)] {
+            c.add(1, x);
+            c.add_inclusive(1, y);
+            for _ in 0..calls {
+                c.add_call(1);
+            }
+            c.add(2, 100 - x);
+            c.end_segment();
+        }
+        let f = *c.functions().iter().find(|f| f.function == 1).unwrap();
+        assert_eq!((f.instructions, f.inclusive, f.calls), (50, 80, 4));
+        let s = f.self_per_call.unwrap();
+        assert!((s.value - 12.5).abs() < 1e-12);
+        assert!((s.stderr - (1.5f64 * 112.5 / 16.0).sqrt()).abs() < 1e-12, "{s:?}");
+        let i = f.inclusive_per_call.unwrap();
+        assert_eq!((i.value, i.stderr), (20.0, 0.0));
+    }
+
+    /// Coverage: distinct addresses once, bounded.
+    #[test]
+    fn coverage_distinct_and_bounded() {
+        let mut c = ExactCounts::with_coverage(10, 2);
+        c.block(1, 0x100);
+        c.block(1, 0x100);
+        c.block(2, 0x200);
+        c.block(2, 0x300);
+        c.branch(1, 0x10c, 0x200);
+        c.branch(1, 0x10c, 0x200);
+        c.add(1, 4);
+        c.add(2, 4);
+        c.end_segment();
+        assert_eq!((c.coverage(), c.coverage_overflow), ((2, 1), 1));
+        let fs = c.functions();
+        let by = |f| fs.iter().find(|x| x.function == f).map(|x| (x.blocks, x.branches)).unwrap();
+        assert_eq!((by(1), by(2)), ((1, 1), (1, 0)));
     }
 
     /// Beyond the bound, instructions are counted apart, still in the totals.

@@ -1329,10 +1329,11 @@ const EXACT_MAX_FUNCTIONS: usize = 1 << 18;
 /// symbol lookups are per distinct block, not per range).
 struct ExactState {
     counts: etm_profile::exact::ExactCounts,
-    open: CpuMap<Vec<(u32, u64)>>,
+    open: CpuMap<crate::shadow::SegmentWalk>,
     index: HashMap<(usize, u64), u32>,
     names: Vec<(String, String)>,
-    cache: Vec<(u64, u32)>,
+    /// (range start, its instructions, function, kind of its last instruction).
+    cache: Vec<(u64, u32, u32, InsnKind)>,
     cache_gen: u64,
 }
 
@@ -1345,7 +1346,7 @@ impl ExactState {
             open: CpuMap::default(),
             index: HashMap::new(),
             names: Vec::new(),
-            cache: vec![(u64::MAX, 0); EXACT_CACHE],
+            cache: vec![(u64::MAX, 0, 0, InsnKind::Other); EXACT_CACHE],
             cache_gen: u64::MAX,
         }
     }
@@ -1360,15 +1361,23 @@ impl ExactState {
         i
     }
 
-    /// The function of the instruction at runtime address `addr`.
-    fn function(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64) -> u32 {
+    /// The function of the range of `n` instructions at runtime address `addr`, and the kind
+    /// of its last instruction.
+    fn function(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
         if self.cache_gen != code.generation {
             self.cache.iter_mut().for_each(|c| c.0 = u64::MAX);
             self.cache_gen = code.generation;
         }
         let slot = (addr >> 2) as usize % EXACT_CACHE;
-        if self.cache[slot].0 == addr {
-            return self.cache[slot].1;
+        let last = || code.read_u32(None, addr + 4 * u64::from(n.max(1) - 1)).map_or(InsnKind::Other, a64_kind);
+        let c = self.cache[slot];
+        if c.0 == addr {
+            if c.1 == n {
+                return (c.2, c.3);
+            }
+            let k = last();
+            self.cache[slot] = (addr, n, c.2, k);
+            return (c.2, k);
         }
         let f = match resolver.resolve(addr) {
             Some((b, link)) => {
@@ -1383,29 +1392,50 @@ impl ExactState {
             }
             None => self.intern((usize::MAX, 0), "", "[unknown]"),
         };
-        self.cache[slot] = (addr, f);
-        f
+        let k = last();
+        self.cache[slot] = (addr, n, f, k);
+        (f, k)
     }
 
     fn ranges(&mut self, cpu: i32, resolver: &Resolver, code: &CodeMap, rs: &[(u64, u32)]) {
         let mut open = std::mem::take(self.open.entry(cpu));
         for &(start, n) in rs {
-            let f = self.function(resolver, code, start);
-            open.push((f, u64::from(n)));
+            let (f, last) = self.function(resolver, code, start, n);
+            self.counts.block(f, start);
+            if let Some(from) = open.range(f, start, n, last) {
+                let (ff, _) = self.function(resolver, code, from, 1);
+                self.counts.branch(ff, from, start);
+            }
         }
         *self.open.entry(cpu) = open;
+    }
+
+    /// The branch chain of `cpu` broke inside its segment (trace lost).
+    fn break_chain(&mut self, cpu: i32) {
+        if let Some(open) = self.open.get_mut(cpu) {
+            open.break_chain();
+        }
     }
 
     /// The segment of `cpu` ended: one sampling unit.
     fn end_segment(&mut self, cpu: i32) {
         let Some(open) = self.open.get_mut(cpu) else { return };
-        if open.is_empty() {
+        if open.own.is_empty() {
             return;
         }
-        for &(f, n) in open.iter() {
+        open.end();
+        for &(f, n) in &open.own {
             self.counts.add(f, n);
         }
-        open.clear();
+        for &(f, n) in &open.inclusive {
+            self.counts.add_inclusive(f, n);
+        }
+        for &f in &open.calls {
+            self.counts.add_call(f);
+        }
+        open.own.clear();
+        open.inclusive.clear();
+        open.calls.clear();
         self.counts.end_segment();
     }
 
@@ -1643,6 +1673,7 @@ impl WindowSink for WinSink<'_, '_> {
     fn discontinuity(&mut self, trace_id: Option<u8>, why: Discontinuity) {
         self.fast = None;
         let Some(cpu) = self.cpu(trace_id) else { return };
+        self.out.exact.break_chain(cpu);
         match why {
             Discontinuity::Overflow => self.out.stats.decode_overflows += 1,
             Discontinuity::NoSync => self.out.stats.decode_nosync += 1,

@@ -1,0 +1,220 @@
+//! A shadow call stack over one segment's decoded instruction ranges (A64: 4-byte
+//! instructions), for the inclusive counts and calls of `etm_profile::exact`.
+//!
+//! What "inside the segment" means: the stack holds the frames the segment *sees*, i.e. that
+//! execute at least one of its instructions. A frame entered by a call in the segment is seen
+//! from its first instruction; the frame running when the segment begins, and every frame a
+//! return below the bottom of the stack lands in, were entered before the segment began and are
+//! seen from the segment's start (all the segment's instructions so far ran above them). A
+//! frame's inclusive count is the segment's instructions from the point it is seen until it
+//! returns or the segment ends; the outermost frame of a function only, so a recursive function
+//! counts each instruction once (also when a return below the bottom lands in another frame of a
+//! function already counted from the start). Frames below the lowest one seen are unknown and get nothing.
+//! A branch to another function that is neither a call nor a return (a tail call) replaces the
+//! top frame. A break in the chain (trace loss) ends every frame, as the end of the segment
+//! does; the frames after it are seen from there. Calls: entries by a call instruction (BL,
+//! BLR) inside the segment, counted for the function the call landed in.
+
+use std::collections::HashMap;
+
+use crate::join::InsnKind;
+
+/// Frames kept; a deeper stack breaks the chain (its frames end there), so memory is bounded.
+const MAX_DEPTH: usize = 4096;
+
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    f: u32,
+    /// Segment instruction count when the frame was first seen.
+    seen: u64,
+    /// No frame of the same function below it.
+    outermost: bool,
+}
+
+/// One CPU's open segment: its counts so far and its call stack.
+#[derive(Debug, Default)]
+pub(crate) struct SegmentWalk {
+    /// Instructions by function (in order, not summed).
+    pub(crate) own: Vec<(u32, u64)>,
+    /// Inclusive instructions by function of the frames ended so far.
+    pub(crate) inclusive: Vec<(u32, u64)>,
+    /// The functions entered by a call.
+    pub(crate) calls: Vec<u32>,
+    stack: Vec<Frame>,
+    active: HashMap<u32, u32>,
+    /// Per function, the instruction count up to which its inclusive count is credited: a
+    /// frame seen from the chain's start (returned into) may cover what an earlier frame of
+    /// the same function was already credited for (a recursive function's frames).
+    credited: HashMap<u32, u64>,
+    /// Instructions so far, and when the current chain began.
+    t: u64,
+    chain_start: u64,
+    /// The last range's last instruction and its kind.
+    prev: Option<(u64, InsnKind)>,
+}
+
+impl SegmentWalk {
+    /// The next range: `n` instructions from `start`, in function `f`, the last of kind
+    /// `last`. Returns the source of the taken branch that led here, if one did.
+    pub(crate) fn range(&mut self, f: u32, start: u64, n: u32, last: InsnKind) -> Option<u64> {
+        let mut taken = None;
+        match self.prev {
+            None => self.push(f, self.t),
+            Some((from, kind)) => {
+                if start != from.wrapping_add(4) {
+                    taken = Some(from);
+                }
+                match kind {
+                    InsnKind::Call => {
+                        self.push(f, self.t);
+                        self.calls.push(f);
+                    }
+                    InsnKind::Return => {
+                        self.pop();
+                        if self.stack.is_empty() {
+                            self.push(f, self.chain_start);
+                        } else if self.top() != Some(f) {
+                            self.replace(f);
+                        }
+                    }
+                    _ if self.top() != Some(f) => self.replace(f),
+                    _ => {}
+                }
+            }
+        }
+        self.own.push((f, u64::from(n)));
+        self.t += u64::from(n);
+        self.prev = Some((start.wrapping_add(4 * u64::from(n.max(1) - 1)), last));
+        taken
+    }
+
+    fn top(&self) -> Option<u32> {
+        self.stack.last().map(|fr| fr.f)
+    }
+
+    fn push(&mut self, f: u32, seen: u64) {
+        if self.stack.len() >= MAX_DEPTH {
+            self.break_chain();
+        }
+        let a = self.active.entry(f).or_default();
+        self.stack.push(Frame { f, seen, outermost: *a == 0 });
+        *a += 1;
+    }
+
+    fn pop(&mut self) {
+        let Some(fr) = self.stack.pop() else { return };
+        if let Some(a) = self.active.get_mut(&fr.f) {
+            *a -= 1;
+            if *a == 0 {
+                self.active.remove(&fr.f);
+            }
+        }
+        if fr.outermost {
+            let c = self.credited.entry(fr.f).or_default();
+            let from = fr.seen.max(*c);
+            if self.t > from {
+                self.inclusive.push((fr.f, self.t - from));
+            }
+            *c = self.t;
+        }
+    }
+
+    fn replace(&mut self, f: u32) {
+        self.pop();
+        self.push(f, self.t);
+    }
+
+    /// The chain broke (trace lost): every frame ends here; what follows is seen afresh.
+    pub(crate) fn break_chain(&mut self) {
+        while !self.stack.is_empty() {
+            self.pop();
+        }
+        self.credited.clear();
+        self.prev = None;
+        self.chain_start = self.t;
+    }
+
+    /// The segment ends: every frame ends; the counts are left for the caller to take.
+    pub(crate) fn end(&mut self) {
+        self.break_chain();
+        self.t = 0;
+        self.chain_start = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use InsnKind::*;
+
+    fn sums(v: &[(u32, u64)]) -> std::collections::BTreeMap<u32, u64> {
+        let mut m = std::collections::BTreeMap::new();
+        for &(f, n) in v {
+            *m.entry(f).or_default() += n;
+        }
+        m
+    }
+
+    /// The segment begins inside g (called by f before it began, f called by m): g runs 3,
+    /// returns to f, f runs 2 and calls h (4, returns), f runs 1 more and returns to m, which
+    /// runs 5. Seen frames: g from the start, f from the start (all so far ran above it), h from
+    /// its call, m from the start. By hand: self g 3, f 3, h 4, m 5 (15); inclusive g 3,
+    /// f 3 + 2 + 4 + 1 = 10, h 4, m 15; one call (h).
+    #[test]
+    fn frames_entered_before_the_segment() {
+        let mut w = SegmentWalk::default();
+        assert_eq!(w.range(1, 0x100, 3, Return), None); // g: ..., ret
+        assert_eq!(w.range(2, 0x208, 2, Call), Some(0x108)); // f after its call of g, bl h
+        w.range(3, 0x300, 4, Return); // h
+        w.range(2, 0x20c, 1, Return); // f after the bl
+        w.range(4, 0x404, 5, Other); // m
+        w.end();
+        assert_eq!(sums(&w.own), [(1, 3), (2, 3), (3, 4), (4, 5)].into());
+        assert_eq!(sums(&w.inclusive), [(1, 3), (2, 10), (3, 4), (4, 15)].into());
+        assert_eq!(w.calls, [3]);
+    }
+
+    /// Recursion counts each instruction once per function; a tail call replaces the frame.
+    #[test]
+    fn recursion_and_tail_call() {
+        let mut w = SegmentWalk::default();
+        w.range(1, 0x100, 2, Call); // r
+        w.range(1, 0x100, 2, Call); // r again (recursive call)
+        w.range(1, 0x100, 3, Jump); // r tail-calls t
+        w.range(2, 0x200, 4, Return); // t returns into r
+        w.range(1, 0x108, 1, Return); // r returns into r
+        w.range(1, 0x108, 1, Other);
+        w.end();
+        // r: every instruction (13) once; t: 4; calls: r, r.
+        assert_eq!(sums(&w.inclusive), [(1, 13), (2, 4)].into());
+        assert_eq!(w.calls, [1, 1]);
+    }
+
+    /// The segment begins deep in a recursion: each return below the bottom lands in another
+    /// frame of the same function, seen from the start; every instruction counts once.
+    #[test]
+    fn returns_below_the_bottom_into_the_same_function() {
+        let mut w = SegmentWalk::default();
+        w.range(1, 0x100, 3, Return);
+        w.range(1, 0x108, 2, Return);
+        w.range(1, 0x108, 2, Call);
+        w.range(2, 0x200, 1, Return);
+        w.range(1, 0x10c, 4, Other);
+        w.end();
+        assert_eq!(sums(&w.inclusive), [(1, 12), (2, 1)].into());
+    }
+
+    /// A break ends the frames; the next frames are seen from there.
+    #[test]
+    fn broken_chain() {
+        let mut w = SegmentWalk::default();
+        w.range(1, 0x100, 2, Call);
+        w.range(2, 0x200, 3, Other);
+        w.break_chain();
+        w.range(3, 0x300, 4, Return);
+        w.range(1, 0x104, 1, Other);
+        w.end();
+        // f1: 2 + 3 before the break, then seen again from the break: 4 + 1.
+        assert_eq!(sums(&w.inclusive), [(1, 10), (2, 3), (3, 4)].into());
+    }
+}
