@@ -519,7 +519,7 @@ fn functions_csv(path: &Path) -> BTreeMap<String, (u64, f64, f64, f64)> {
     for l in text.lines().skip(1) {
         // C test programs: no quoted fields.
         let f: Vec<&str> = l.split(',').collect();
-        assert_eq!(f.len(), 20, "{l}");
+        assert_eq!(f.len(), 21, "{l}");
         out.insert(
             f[0].to_string(),
             (f[2].parse().unwrap(), f[3].parse().unwrap(), f[4].parse().unwrap(), f[5].parse().unwrap()),
@@ -824,4 +824,70 @@ fn exact_inclusive_and_calls_equal_the_path() {
         assert_eq!(ex["branches_covered"], truth.branches.values().sum::<u64>(), "{ex}");
         assert_eq!(ex["functions"], truth.inclusive.len(), "{ex}");
     }
+}
+
+/// Self instructions per call of each called function over the run from `main` to the last
+/// window (the population the windows sample, as in [`run_counts`]): its instructions in
+/// qemu's log over the calls of it (call instructions by objdump, the callee by nm).
+fn true_per_call(prog: &Path, fns: &[(u64, u64, String)], windows: u64, period: u64) -> BTreeMap<String, f64> {
+    let flow = objdump_flow(prog);
+    let pcs = etm_synth::qemu::run(prog, &[], &etm_synth::qemu::QemuOptions::default()).expect("qemu runs").pcs;
+    let main_at = pcs.iter().position(|&pc| function_of(fns, pc) == "main").expect("main runs");
+    let hi = ((windows * period) as usize).min(pcs.len());
+    let (mut own, mut calls): (BTreeMap<&str, u64>, BTreeMap<&str, u64>) = Default::default();
+    for i in main_at..hi {
+        *own.entry(function_of(fns, pcs[i])).or_default() += 1;
+        if flow.get(&pcs[i]) == Some(&Flow::Call) && i + 1 < hi {
+            *calls.entry(function_of(fns, pcs[i + 1])).or_default() += 1;
+        }
+    }
+    calls.iter().map(|(f, &c)| (f.to_string(), own.get(f).copied().unwrap_or(0) as f64 / c as f64)).collect()
+}
+
+/// `diff` on instructions per call (tests/aarch64/percall.c: B runs 6 instructions fewer per
+/// call of `shared`, which `left` and `right` call): `shared`'s change of self instructions
+/// per call is significant, negative, with the true change (qemu's path of each build, calls
+/// by objdump) inside its 95% interval; no other function's change is significant. And for a
+/// B identical to A (the same build sampled at another period): nothing significant, neither
+/// per call nor in the instruction shares.
+#[test]
+fn per_call_diff_of_two_builds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (Some(a), Some(b)) = (build("percall_a", tmp.path()), build("percall_b", tmp.path())) else { return };
+    let window = 1000;
+    let mut truth = Vec::new();
+    let mut dumps = Vec::new();
+    for (tag, prog, period) in [("a", &a, 7919), ("b", &b, 7919), ("a2", &a, 6151)] {
+        let sess = tmp.path().join(format!("s-{tag}"));
+        let gt = synth(prog, &[], &sess, window, period, true);
+        dumps.push(replay(&sess, tmp.path(), tag).dumps);
+        truth.push(true_per_call(prog, &nm_functions(prog), gt.windows.len() as u64, period));
+    }
+    let diff = |x: &Path, y: &Path| -> serde_json::Value {
+        serde_json::from_str(&run(Command::new(etm_bpf_bin()).args(["diff", "--json"]).arg(x).arg(y))).unwrap()
+    };
+    let v = diff(&dumps[0], &dumps[1]);
+    let pc = v["per_call"].as_array().expect("per-call comparison in the diff");
+    assert!(pc.len() >= 3, "{v}");
+    for e in pc {
+        let f = e["function"].as_str().unwrap();
+        let (lo, hi) = (e["ci95"][0].as_f64().unwrap(), e["ci95"][1].as_f64().unwrap());
+        let d = truth[1].get(f).copied().unwrap_or(f64::NAN) - truth[0].get(f).copied().unwrap_or(f64::NAN);
+        eprintln!(
+            "{f}: true {:.3} -> {:.3} (change {d:+.3}), estimate {:+.3} [{lo:+.3}, {hi:+.3}], significant {}",
+            truth[0].get(f).copied().unwrap_or(f64::NAN),
+            truth[1].get(f).copied().unwrap_or(f64::NAN),
+            e["change"].as_f64().unwrap(),
+            e["significant"]
+        );
+        assert_eq!(e["significant"], f == "shared", "{f}: {e}");
+        if f == "shared" {
+            assert!((d + 6.0).abs() < 1e-9, "the builds differ by 6 instructions per call of shared: {d}");
+            assert!(e["change"].as_f64().unwrap() < 0.0 && lo <= d && d <= hi, "{f}: true change {d} outside [{lo}, {hi}]");
+        }
+    }
+    assert!(pc.iter().any(|e| e["function"] == "shared"), "{v}");
+    let v = diff(&dumps[0], &dumps[2]);
+    let sig = |k: &str| v[k].as_array().unwrap().iter().filter(|e| e["significant"] == true).count();
+    assert_eq!((sig("per_call"), sig("exact_functions")), (0, 0), "A against A at another period: {v}");
 }

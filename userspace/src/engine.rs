@@ -445,15 +445,16 @@ fn csv_field(s: &str) -> std::borrow::Cow<'_, str> {
 /// `functions.csv`: the exact instruction counts per function from the decoded trace, most
 /// first, with the share of all traced instructions and its 95% interval (segments as the
 /// sampling unit: `etm_profile::exact`); instructions inclusive of callees inside the segments,
-/// calls, instructions per call (self and inclusive, each with its 95% interval; empty without
-/// calls), and the distinct blocks and taken branches covered.
+/// calls, instructions per call (self and inclusive, each with its 95% interval, from the calls
+/// complete inside a window: `etm_profile::exact`; empty without), the distinct blocks and taken
+/// branches covered, and the complete calls.
 fn write_functions_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io::Result<()> {
     writeln!(
         w,
         "function,binary,instructions,share,ci95_low,ci95_high,stderr,segments,inclusive,calls,\
          self_per_call,self_per_call_ci95_low,self_per_call_ci95_high,self_per_call_stderr,\
          inclusive_per_call,inclusive_per_call_ci95_low,inclusive_per_call_ci95_high,inclusive_per_call_stderr,\
-         blocks,branches"
+         blocks,branches,complete_calls"
     )?;
     let ratio = |r: Option<etm_profile::exact::Ratio>| match r {
         Some(r) => format!("{:.4},{:.4},{:.4},{:.4}", r.value, r.ci.0, r.ci.1, r.stderr),
@@ -463,7 +464,7 @@ fn write_functions_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io:
         let c = &f.count;
         writeln!(
             w,
-            "{},{},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{}",
+            "{},{},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{}",
             csv_field(&f.function),
             csv_field(&f.binary),
             c.instructions,
@@ -477,7 +478,8 @@ fn write_functions_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io:
             ratio(c.self_per_call),
             ratio(c.inclusive_per_call),
             c.blocks,
-            c.branches
+            c.branches,
+            c.complete_calls
         )?;
     }
     Ok(())

@@ -10,10 +10,16 @@
 //!
 //! Per function also: instructions *inclusive* of its callees inside the segment (the caller
 //! reports them: a shadow call stack over the segment's calls and returns), *calls* (entries by
-//! a call instruction in the segment), and instructions per call, self and inclusive, as the
-//! same ratio estimator with the calls as denominator (`sum_i x_i / sum_i c_i`): a segment
-//! counts the instructions of the calls it overlaps and the calls it sees begin, so over many
-//! segments both are sampled alike and the ratio estimates the mean per call of the whole run.
+//! a call instruction in the segment), and instructions per call, self and inclusive, from the
+//! *complete* calls (entered and returned inside a segment: their counts are exact). A call
+//! spanning `L` instructions lies whole inside a segment of `T` with a chance proportional to
+//! `T - L + 1`, so each complete call is weighted `w = T / (T - L + 1)` (Horvitz–Thompson:
+//! long calls are not under-represented); the mean per call is the ratio estimator
+//! `sum_i a_i / sum_i b_i` with `a_i = sum w x` and `b_i = sum w` over the complete calls of
+//! segment `i`, its interval from the same cluster variance. Calls longer than a segment are
+//! never complete: they have no figure (`None`). The partial calls at a segment's edges are
+//! left out on purpose: the trace after a segment's last branch is not decoded, so they are
+//! cut unevenly and would bias the mean.
 //! Coverage: distinct blocks (decoded ranges, by first instruction) and distinct taken
 //! branches (from, to) per function, each set bounded by `max_coverage` entries.
 //!
@@ -32,13 +38,21 @@ struct Acc {
     xx: f64,
     xt: f64,
     segments: u64,
-    /// Inclusive y_i and calls c_i: sum y, sum y^2, sum c, sum c^2, sum x c, sum y c.
+    /// Inclusive instructions and calls.
     y: u64,
-    yy: f64,
     c: u64,
-    cc: f64,
-    xc: f64,
-    yc: f64,
+    /// Complete calls: their number; per segment the weighted own (`a`) and inclusive (`ai`)
+    /// instructions and the weights (`b`): sum a, sum a^2, sum a b, sum ai, sum ai^2,
+    /// sum ai b, sum b, sum b^2.
+    complete: u64,
+    a: f64,
+    aa: f64,
+    ab: f64,
+    ai: f64,
+    aai: f64,
+    aib: f64,
+    b: f64,
+    bb: f64,
     /// Distinct blocks and taken branches.
     blocks: u32,
     branches: u32,
@@ -85,7 +99,9 @@ pub struct FunctionCount {
     pub inclusive: u64,
     /// Entries by a call instruction inside the segments.
     pub calls: u64,
-    /// Instructions per call, self and inclusive (`None` without calls).
+    /// Calls entered and returned inside a segment.
+    pub complete_calls: u64,
+    /// Instructions per call, self and inclusive (`None` without complete calls).
     pub self_per_call: Option<Ratio>,
     pub inclusive_per_call: Option<Ratio>,
     /// Distinct blocks and taken branches (sources in this function) covered.
@@ -99,6 +115,11 @@ struct Cur {
     x: u64,
     y: u64,
     c: u64,
+    /// Complete calls: their number, weighted own and inclusive instructions, weights.
+    k: u64,
+    a: f64,
+    ai: f64,
+    b: f64,
 }
 
 /// The counts (module docs).
@@ -163,7 +184,7 @@ impl ExactCounts {
         let p = match self.cur_pos[i] {
             NONE => {
                 self.cur_pos[i] = self.cur.len() as u32;
-                self.cur.push(Cur { f, x: 0, y: 0, c: 0 });
+                self.cur.push(Cur { f, x: 0, y: 0, c: 0, k: 0, a: 0.0, ai: 0.0, b: 0.0 });
                 self.cur.len() - 1
             }
             p => p as usize,
@@ -194,6 +215,19 @@ impl ExactCounts {
     pub fn add_call(&mut self, f: FunctionIndex) {
         if let Some(c) = self.cur(f) {
             c.c += 1;
+        }
+    }
+
+    /// A call of `f` entered and returned in the open segment, which has `segment`
+    /// instructions in all: its own and its inclusive instructions (module docs).
+    #[inline]
+    pub fn add_complete_call(&mut self, f: FunctionIndex, own: u64, inclusive: u64, segment: u64) {
+        let w = segment as f64 / (segment as f64 - inclusive as f64 + 1.0).max(1.0);
+        if let Some(c) = self.cur(f) {
+            c.k += 1;
+            c.a += w * own as f64;
+            c.ai += w * inclusive as f64;
+            c.b += w;
         }
     }
 
@@ -253,17 +287,22 @@ impl ExactCounts {
         for k in &cur {
             self.cur_pos[k.f as usize] = NONE;
             let a = self.acc(k.f).expect("bounded in cur");
-            let (x, y, c) = (k.x as f64, k.y as f64, k.c as f64);
+            let x = k.x as f64;
             a.x += k.x;
             a.xx += x * x;
             a.xt += x * t;
             a.segments += u64::from(k.x > 0);
             a.y += k.y;
-            a.yy += y * y;
             a.c += k.c;
-            a.cc += c * c;
-            a.xc += x * c;
-            a.yc += y * c;
+            a.complete += k.k;
+            a.a += k.a;
+            a.aa += k.a * k.a;
+            a.ab += k.a * k.b;
+            a.ai += k.ai;
+            a.aai += k.ai * k.ai;
+            a.aib += k.ai * k.b;
+            a.b += k.b;
+            a.bb += k.b * k.b;
         }
         self.cur = cur;
         self.cur.clear();
@@ -310,8 +349,9 @@ impl ExactCounts {
                     ci: (share.ci.0.max(0.0), share.ci.1.min(1.0)),
                     inclusive: a.y,
                     calls: a.c,
-                    self_per_call: Ratio::of(self.n, a.x as f64, a.xx, a.xc, a.c as f64, a.cc),
-                    inclusive_per_call: Ratio::of(self.n, a.y as f64, a.yy, a.yc, a.c as f64, a.cc),
+                    complete_calls: a.complete,
+                    self_per_call: Ratio::of(self.n, a.a, a.aa, a.ab, a.b, a.bb),
+                    inclusive_per_call: Ratio::of(self.n, a.ai, a.aai, a.aib, a.b, a.bb),
                     blocks: a.blocks,
                     branches: a.branches,
                 }
@@ -354,28 +394,39 @@ mod tests {
         assert_eq!((f.calls, f.self_per_call), (0, None));
     }
 
-    /// Instructions per call by hand: f has (self x, calls c) = (30, 3), (20, 1), (0, 0) in
-    /// three segments: R = 50/4 = 12.5; residuals (30 - 37.5, 20 - 12.5, 0) -> ss = 112.5;
-    /// V = 3/2 * 112.5 / 16. Inclusive y = (60, 20, 0): R = 20, residuals (0, 0, 0).
+    /// Instructions per call by hand. Segments of 100 instructions; f's complete calls
+    /// (own, inclusive): segment 1 (10, 20) and (10, 10), segment 2 (21, 51), segment 3 none
+    /// (only calls it saw begin). Weights 100/81, 100/91, 100/50 (2). Self: a = (1000/81 +
+    /// 1000/91, 42, 0), b = (100/81 + 100/91, 2, 0).
     #[test]
     fn per_call() {
         let mut c = ExactCounts::new(10);
-        for (x, y, calls) in [(30, 60, 3), (20, 20, 1), (0, 0, 0)] {
-            c.add(1, x);
-            c.add_inclusive(1, y);
-            for _ in 0..calls {
+        for (calls, seg) in [(&[(10, 20), (10, 10)][..], 2), (&[(21, 51)][..], 1), (&[][..], 3)] {
+            c.add(1, 40);
+            c.add_inclusive(1, 60);
+            for _ in 0..seg {
                 c.add_call(1);
             }
-            c.add(2, 100 - x);
+            for &(own, incl) in calls {
+                c.add_complete_call(1, own, incl, 100);
+            }
+            c.add(2, 60);
             c.end_segment();
         }
         let f = *c.functions().iter().find(|f| f.function == 1).unwrap();
-        assert_eq!((f.instructions, f.inclusive, f.calls), (50, 80, 4));
+        assert_eq!((f.instructions, f.inclusive, f.calls, f.complete_calls), (120, 180, 6, 3));
+        let (w1, w2, w3): (f64, f64, f64) = (100.0 / 81.0, 100.0 / 91.0, 2.0);
+        let (a, b): ([f64; 3], [f64; 3]) = ([10.0 * (w1 + w2), 21.0 * w3, 0.0], [w1 + w2, w3, 0.0]);
+        let r = (a[0] + a[1]) / (b[0] + b[1]);
+        let ss: f64 = (0..3).map(|i| (a[i] - r * b[i]).powi(2)).sum();
         let s = f.self_per_call.unwrap();
-        assert!((s.value - 12.5).abs() < 1e-12);
-        assert!((s.stderr - (1.5f64 * 112.5 / 16.0).sqrt()).abs() < 1e-12, "{s:?}");
+        assert!((s.value - r).abs() < 1e-12, "{s:?}");
+        assert!((s.stderr - (1.5f64 * ss).sqrt() / (b[0] + b[1])).abs() < 1e-12, "{s:?}");
         let i = f.inclusive_per_call.unwrap();
-        assert_eq!((i.value, i.stderr), (20.0, 0.0));
+        let ri = (20.0 * w1 + 10.0 * w2 + 51.0 * w3) / (b[0] + b[1]);
+        assert!((i.value - ri).abs() < 1e-12, "{i:?}");
+        // A function whose calls never completed has no figure.
+        assert_eq!(c.functions().iter().find(|f| f.function == 2).unwrap().self_per_call, None);
     }
 
     /// Coverage: distinct addresses once, bounded.

@@ -1433,9 +1433,14 @@ impl ExactState {
         for &f in &open.calls {
             self.counts.add_call(f);
         }
+        let total = open.own.iter().map(|o| o.1).sum();
+        for &(f, own, inclusive) in &open.complete {
+            self.counts.add_complete_call(f, own, inclusive, total);
+        }
         open.own.clear();
         open.inclusive.clear();
         open.calls.clear();
+        open.complete.clear();
         self.counts.end_segment();
     }
 

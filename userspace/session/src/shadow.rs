@@ -13,7 +13,9 @@
 //! A branch to another function that is neither a call nor a return (a tail call) replaces the
 //! top frame. A break in the chain (trace loss) ends every frame, as the end of the segment
 //! does; the frames after it are seen from there. Calls: entries by a call instruction (BL,
-//! BLR) inside the segment, counted for the function the call landed in.
+//! BLR) inside the segment, counted for the function the call landed in; a call is *complete*
+//! when its frame also returned in the segment (not ended by a tail call or a break): its own
+//! and inclusive instructions are then that call's exactly.
 
 use std::collections::HashMap;
 
@@ -29,6 +31,9 @@ struct Frame {
     seen: u64,
     /// No frame of the same function below it.
     outermost: bool,
+    /// Entered by a call in this chain, and its own instructions so far.
+    by_call: bool,
+    own: u64,
 }
 
 /// One CPU's open segment: its counts so far and its call stack.
@@ -40,6 +45,9 @@ pub(crate) struct SegmentWalk {
     pub(crate) inclusive: Vec<(u32, u64)>,
     /// The functions entered by a call.
     pub(crate) calls: Vec<u32>,
+    /// Calls entered and returned in the segment: (function, its own instructions, its
+    /// inclusive instructions).
+    pub(crate) complete: Vec<(u32, u64, u64)>,
     stack: Vec<Frame>,
     active: HashMap<u32, u32>,
     /// Per function, the instruction count up to which its inclusive count is credited: a
@@ -59,20 +67,24 @@ impl SegmentWalk {
     pub(crate) fn range(&mut self, f: u32, start: u64, n: u32, last: InsnKind) -> Option<u64> {
         let mut taken = None;
         match self.prev {
-            None => self.push(f, self.t),
+            None => self.push(f, self.t, false),
             Some((from, kind)) => {
                 if start != from.wrapping_add(4) {
                     taken = Some(from);
                 }
                 match kind {
                     InsnKind::Call => {
-                        self.push(f, self.t);
+                        self.push(f, self.t, true);
                         self.calls.push(f);
                     }
                     InsnKind::Return => {
-                        self.pop();
+                        if let Some(fr) = self.pop()
+                            && fr.by_call
+                        {
+                            self.complete.push((fr.f, fr.own, self.t - fr.seen));
+                        }
                         if self.stack.is_empty() {
-                            self.push(f, self.chain_start);
+                            self.push(f, self.chain_start, false);
                         } else if self.top() != Some(f) {
                             self.replace(f);
                         }
@@ -84,6 +96,9 @@ impl SegmentWalk {
         }
         self.own.push((f, u64::from(n)));
         self.t += u64::from(n);
+        if let Some(fr) = self.stack.last_mut() {
+            fr.own += u64::from(n);
+        }
         self.prev = Some((start.wrapping_add(4 * u64::from(n.max(1) - 1)), last));
         taken
     }
@@ -92,17 +107,17 @@ impl SegmentWalk {
         self.stack.last().map(|fr| fr.f)
     }
 
-    fn push(&mut self, f: u32, seen: u64) {
+    fn push(&mut self, f: u32, seen: u64, by_call: bool) {
         if self.stack.len() >= MAX_DEPTH {
             self.break_chain();
         }
         let a = self.active.entry(f).or_default();
-        self.stack.push(Frame { f, seen, outermost: *a == 0 });
+        self.stack.push(Frame { f, seen, outermost: *a == 0, by_call, own: 0 });
         *a += 1;
     }
 
-    fn pop(&mut self) {
-        let Some(fr) = self.stack.pop() else { return };
+    fn pop(&mut self) -> Option<Frame> {
+        let fr = self.stack.pop()?;
         if let Some(a) = self.active.get_mut(&fr.f) {
             *a -= 1;
             if *a == 0 {
@@ -117,11 +132,12 @@ impl SegmentWalk {
             }
             *c = self.t;
         }
+        Some(fr)
     }
 
     fn replace(&mut self, f: u32) {
         self.pop();
-        self.push(f, self.t);
+        self.push(f, self.t, false);
     }
 
     /// The chain broke (trace lost): every frame ends here; what follows is seen afresh.
@@ -172,6 +188,7 @@ mod tests {
         assert_eq!(sums(&w.own), [(1, 3), (2, 3), (3, 4), (4, 5)].into());
         assert_eq!(sums(&w.inclusive), [(1, 3), (2, 10), (3, 4), (4, 15)].into());
         assert_eq!(w.calls, [3]);
+        assert_eq!(w.complete, [(3, 4, 4)]);
     }
 
     /// Recursion counts each instruction once per function; a tail call replaces the frame.
@@ -188,6 +205,10 @@ mod tests {
         // r: every instruction (13) once; t: 4; calls: r, r.
         assert_eq!(sums(&w.inclusive), [(1, 13), (2, 4)].into());
         assert_eq!(w.calls, [1, 1]);
+        // The innermost call of r ended by its tail call (not complete), the tail-called t was
+        // entered by a jump (not a call); the middle call of r returned: own 2 + 1, inclusive
+        // 2 + 3 + 4 + 1. The bottom frame was entered before the segment.
+        assert_eq!(w.complete, [(1, 3, 10)]);
     }
 
     /// The segment begins deep in a recursion: each return below the bottom lands in another
