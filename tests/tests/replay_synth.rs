@@ -891,3 +891,41 @@ fn per_call_diff_of_two_builds() {
     let sig = |k: &str| v[k].as_array().unwrap().iter().filter(|e| e["significant"] == true).count();
     assert_eq!((sig("per_call"), sig("exact_functions")), (0, 0), "A against A at another period: {v}");
 }
+
+/// Coverage of the flat workload's functions (256 small ones called through a table), against
+/// the true set (every function of qemu's log from `main` to the last window, named by nm):
+/// the functions the windows' exact counts cover, and the functions the pause samples' leaf
+/// alone would cover (IP sampling at the same number of samples). The windows cover only true
+/// functions and at least 95% of them; the leaves cover fewer (numbers in the README).
+#[test]
+fn coverage_of_windows_and_of_leaves() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(prog) = build("flat", tmp.path()) else { return };
+    let (window, period) = (2000, 20_000);
+    let sess = tmp.path().join("s");
+    let gt = synth(&prog, &[], &sess, window, period, true);
+    let r = replay(&sess, tmp.path(), "flat");
+    let fns = nm_functions(&prog);
+    let (whole, _) = run_counts(&prog, &fns, gt.windows.len() as u64, period);
+    let is_flat = |f: &str| f.starts_with('f') && f[1..].parse::<u32>().is_ok();
+    let truth: std::collections::BTreeSet<&str> = whole.keys().map(String::as_str).filter(|f| is_flat(f)).collect();
+    let table = functions_csv(&r.dumps.join("functions.csv"));
+    let windows: std::collections::BTreeSet<&str> = table.keys().map(String::as_str).filter(|f| is_flat(f)).collect();
+    let leaves: std::collections::BTreeSet<&str> =
+        r.samples.iter().map(|s| function_of(&fns, s.stack[0])).filter(|f| is_flat(f)).collect();
+    eprintln!(
+        "flat: {} samples; true functions {}, covered by the windows {} ({:.1}%), by the pause leaves {} ({:.1}%)",
+        r.samples.len(),
+        truth.len(),
+        windows.len(),
+        100.0 * windows.len() as f64 / truth.len() as f64,
+        leaves.len(),
+        100.0 * leaves.len() as f64 / truth.len() as f64
+    );
+    assert_eq!(truth.len(), 256, "every function of the table runs");
+    assert!(windows.is_subset(&truth) && leaves.is_subset(&truth), "only functions that ran are covered");
+    assert!(windows.len() * 100 >= truth.len() * 95, "windows cover {} of {}", windows.len(), truth.len());
+    assert!(leaves.len() < windows.len(), "leaves {} against windows {}", leaves.len(), windows.len());
+    let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(r.dumps.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["exact"]["functions"], table.len(), "{}", m["exact"]);
+}
