@@ -823,6 +823,37 @@ fn exact_inclusive_and_calls_equal_the_path() {
         assert_eq!(ex["blocks_covered"], truth.blocks.values().sum::<u64>(), "{ex}");
         assert_eq!(ex["branches_covered"], truth.branches.values().sum::<u64>(), "{ex}");
         assert_eq!(ex["functions"], truth.inclusive.len(), "{ex}");
+        // The instruction-weighted flame graph: the folded contexts' instructions by innermost
+        // function are functions.csv's; in the SVG (inferno's frame titles) a function that is
+        // never a caller there has its functions.csv count in all, and the root the total.
+        let own = col("instructions");
+        let mut by_leaf: BTreeMap<String, u64> = BTreeMap::new();
+        let mut callers = std::collections::BTreeSet::new();
+        for l in std::fs::read_to_string(r.dumps.join("instructions.folded")).unwrap().lines() {
+            let (path, n) = l.rsplit_once(' ').unwrap();
+            let (inner, outer) = match path.rsplit_once(';') {
+                Some((outer, inner)) => (inner, Some(outer)),
+                None => (path, None),
+            };
+            callers.extend(outer.into_iter().flat_map(|o| o.split(';')).map(str::to_string));
+            *by_leaf.entry(inner.to_string()).or_default() += n.parse::<u64>().unwrap();
+        }
+        assert_eq!(by_leaf, own, "{name}: instructions.folded by innermost function");
+        let svg = std::fs::read_to_string(r.dumps.join("instructions.svg")).unwrap();
+        let mut widths: BTreeMap<String, u64> = BTreeMap::new();
+        for t in svg.split("<title>").skip(1) {
+            let t = t.split("</title>").next().unwrap();
+            let (f, rest) = t.rsplit_once(" (").unwrap_or_else(|| panic!("{t}"));
+            let n: u64 = rest.split(' ').next().unwrap().replace(',', "").parse().unwrap_or_else(|_| panic!("{t}"));
+            *widths.entry(f.to_string()).or_default() += n;
+        }
+        assert_eq!(widths.get("all").copied(), Some(own.values().sum::<u64>()), "{name}: the root is every instruction");
+        let leaves: Vec<&String> = own.keys().filter(|f| !callers.contains(*f)).collect();
+        // (recursion.c: both functions are callers; flat and percall have leaves)
+        assert!(name == "recursion" || !leaves.is_empty(), "{name}");
+        for f in leaves {
+            assert_eq!(widths.get(f), own.get(f), "{name}: {f}'s width in instructions.svg");
+        }
     }
 }
 

@@ -334,6 +334,8 @@ pub struct DumpSnapshot {
     /// number of segments and instructions they come from.
     pub functions: Vec<etm_session::pipeline::ExactFunction>,
     pub exact_totals: (u64, u64),
+    /// The exact instructions per calling context, as folded lines (`instructions.folded`).
+    pub exact_folded: Vec<String>,
 }
 
 impl Engine {
@@ -354,6 +356,7 @@ impl Engine {
             },
             functions: exact_functions(p),
             exact_totals: (p.exact_counts().segments(), p.exact_counts().instructions()),
+            exact_folded: exact_folded(p),
         }
     }
 }
@@ -395,6 +398,17 @@ pub fn write_snapshot_files(
     if s.exact_totals.0 > 0 {
         write_atomic(&dir.join("functions.csv"), |w| write_functions_csv(s, w))?;
         files.push("functions.csv".into());
+        write_atomic(&dir.join("instructions.folded"), |w| {
+            for l in &s.exact_folded {
+                writeln!(w, "{l}")?;
+            }
+            Ok(())
+        })?;
+        write_atomic(&dir.join("instructions.svg"), |w| {
+            etm_stacks::flame::write_flamegraph_all(&s.exact_folded, &meta.comment, "instructions", w)
+        })?;
+        files.push("instructions.folded".into());
+        files.push("instructions.svg".into());
     }
     files.push("profile.folded".into());
     files.push("profile.svg".into());
@@ -411,6 +425,22 @@ pub fn exact_functions(p: &Pipeline) -> Vec<etm_session::pipeline::ExactFunction
             f.function = d;
         }
     }
+    v
+}
+
+/// The exact instructions per calling context as folded lines (`outermost;...;innermost
+/// instructions`, sorted), the names demangled as in [`exact_functions`].
+fn exact_folded(p: &Pipeline) -> Vec<String> {
+    let mut v: Vec<String> = p
+        .exact_contexts()
+        .into_iter()
+        .map(|(path, n)| {
+            let names: Vec<std::borrow::Cow<'_, str>> =
+                path.into_iter().map(|f| addr2line::demangle_auto(f.into(), None)).collect();
+            format!("{} {n}", names.join(";"))
+        })
+        .collect();
+    v.sort();
     v
 }
 

@@ -23,6 +23,10 @@
 //! Coverage: distinct blocks (decoded ranges, by first instruction) and distinct taken
 //! branches (from, to) per function, each set bounded by `max_coverage` entries.
 //!
+//! Calling contexts: the instructions of each path of the segments' visible call stacks (root
+//! first, as the caller's shadow stack sees them), bounded by `max_contexts` nodes (beyond,
+//! instructions are counted apart): the instruction-weighted flame graph.
+//!
 //! Memory: a dozen numbers per function seen, a per-segment list of the functions it touched;
 //! bounded by `max_functions` (beyond it, instructions go to one `other` bucket, counted).
 
@@ -30,6 +34,15 @@ use std::collections::HashSet;
 
 /// Index of a function in an [`ExactCounts`] (the caller names them).
 pub type FunctionIndex = u32;
+
+/// A calling context: a node of the tree of visible call paths.
+pub type ContextIndex = u32;
+
+/// The parent of the outermost frames.
+pub const ROOT_CONTEXT: ContextIndex = u32::MAX;
+
+/// The context of frames beyond the node bound.
+const OVERFLOW_CONTEXT: ContextIndex = u32::MAX - 1;
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Acc {
@@ -141,7 +154,15 @@ pub struct ExactCounts {
     max_coverage: usize,
     /// Blocks and branches not recorded: the coverage sets were full.
     pub coverage_overflow: u64,
+    /// Context nodes: (parent, function, instructions).
+    contexts: Vec<(ContextIndex, FunctionIndex, u64)>,
+    context_index: std::collections::HashMap<(ContextIndex, FunctionIndex), ContextIndex>,
+    /// Instructions in contexts beyond the node bound.
+    pub context_overflow_instructions: u64,
 }
+
+/// Context nodes kept.
+const MAX_CONTEXTS: usize = 1 << 18;
 
 const NONE: u32 = u32::MAX;
 
@@ -168,7 +189,53 @@ impl ExactCounts {
             branches: HashSet::new(),
             max_coverage,
             coverage_overflow: 0,
+            contexts: Vec::new(),
+            context_index: std::collections::HashMap::new(),
+            context_overflow_instructions: 0,
         }
+    }
+
+    /// The context of a frame of `f` called from context `parent` ([`ROOT_CONTEXT`]: none).
+    pub fn context(&mut self, parent: ContextIndex, f: FunctionIndex) -> ContextIndex {
+        if parent == OVERFLOW_CONTEXT {
+            return OVERFLOW_CONTEXT;
+        }
+        if let Some(&c) = self.context_index.get(&(parent, f)) {
+            return c;
+        }
+        if self.contexts.len() >= MAX_CONTEXTS {
+            return OVERFLOW_CONTEXT;
+        }
+        let c = self.contexts.len() as ContextIndex;
+        self.contexts.push((parent, f, 0));
+        self.context_index.insert((parent, f), c);
+        c
+    }
+
+    /// `n` instructions executed in context `c` (by its innermost function).
+    #[inline]
+    pub fn add_context(&mut self, c: ContextIndex, n: u64) {
+        match self.contexts.get_mut(c as usize) {
+            Some(node) => node.2 += n,
+            None => self.context_overflow_instructions += n,
+        }
+    }
+
+    /// The contexts with instructions: their path (outermost first) and instructions.
+    pub fn context_paths(&self) -> Vec<(Vec<FunctionIndex>, u64)> {
+        self.contexts
+            .iter()
+            .filter(|c| c.2 > 0)
+            .map(|&(mut parent, f, n)| {
+                let mut path = vec![f];
+                while let Some(&(p, g, _)) = self.contexts.get(parent as usize) {
+                    path.push(g);
+                    parent = p;
+                }
+                path.reverse();
+                (path, n)
+            })
+            .collect()
     }
 
     /// The open segment's entry of `f` (`None` beyond the bound).
@@ -446,6 +513,22 @@ mod tests {
         let fs = c.functions();
         let by = |f| fs.iter().find(|x| x.function == f).map(|x| (x.blocks, x.branches)).unwrap();
         assert_eq!((by(1), by(2)), ((1, 1), (1, 0)));
+    }
+
+    /// Contexts: paths outermost first, instructions by innermost function.
+    #[test]
+    fn context_paths() {
+        let mut c = ExactCounts::new(10);
+        let m = c.context(ROOT_CONTEXT, 0);
+        let f = c.context(m, 1);
+        assert_eq!(c.context(m, 1), f);
+        let g = c.context(f, 2);
+        c.add_context(m, 3);
+        c.add_context(g, 4);
+        c.add_context(m, 1);
+        let mut p = c.context_paths();
+        p.sort();
+        assert_eq!(p, [(vec![0], 4), (vec![0, 1, 2], 4)]);
     }
 
     /// Beyond the bound, instructions are counted apart, still in the totals.

@@ -759,6 +759,13 @@ impl Pipeline {
             .collect()
     }
 
+    /// The instructions of each calling context of the decoded trace (the windows' visible
+    /// call paths, outermost first, by function name).
+    pub fn exact_contexts(&self) -> Vec<(Vec<&str>, u64)> {
+        let name = |f: u32| self.exact.names[f as usize].1.as_str();
+        self.exact.counts.context_paths().into_iter().map(|(p, n)| (p.into_iter().map(name).collect(), n)).collect()
+    }
+
     /// The totals behind [`exact_functions`](Self::exact_functions) (segments, instructions).
     pub fn exact_counts(&self) -> &etm_profile::exact::ExactCounts {
         &self.exact.counts
@@ -1402,7 +1409,7 @@ impl ExactState {
         for &(start, n) in rs {
             let (f, last) = self.function(resolver, code, start, n);
             self.counts.block(f, start);
-            if let Some(from) = open.range(f, start, n, last) {
+            if let Some(from) = open.range(f, start, n, last, &mut self.counts) {
                 let (ff, _) = self.function(resolver, code, from, 1);
                 self.counts.branch(ff, from, start);
             }

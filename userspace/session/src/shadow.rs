@@ -19,6 +19,8 @@
 
 use std::collections::HashMap;
 
+use etm_profile::exact::{ContextIndex, ExactCounts, ROOT_CONTEXT};
+
 use crate::join::InsnKind;
 
 /// Frames kept; a deeper stack breaks the chain (its frames end there), so memory is bounded.
@@ -34,6 +36,8 @@ struct Frame {
     /// Entered by a call in this chain, and its own instructions so far.
     by_call: bool,
     own: u64,
+    /// Its calling context (the path of the frames below it).
+    node: ContextIndex,
 }
 
 /// One CPU's open segment: its counts so far and its call stack.
@@ -63,18 +67,19 @@ pub(crate) struct SegmentWalk {
 
 impl SegmentWalk {
     /// The next range: `n` instructions from `start`, in function `f`, the last of kind
-    /// `last`. Returns the source of the taken branch that led here, if one did.
-    pub(crate) fn range(&mut self, f: u32, start: u64, n: u32, last: InsnKind) -> Option<u64> {
+    /// `last`; its instructions go to their calling context in `ctx`. Returns the source of the
+    /// taken branch that led here, if one did.
+    pub(crate) fn range(&mut self, f: u32, start: u64, n: u32, last: InsnKind, ctx: &mut ExactCounts) -> Option<u64> {
         let mut taken = None;
         match self.prev {
-            None => self.push(f, self.t, false),
+            None => self.push(f, self.t, false, ctx),
             Some((from, kind)) => {
                 if start != from.wrapping_add(4) {
                     taken = Some(from);
                 }
                 match kind {
                     InsnKind::Call => {
-                        self.push(f, self.t, true);
+                        self.push(f, self.t, true, ctx);
                         self.calls.push(f);
                     }
                     InsnKind::Return => {
@@ -84,12 +89,12 @@ impl SegmentWalk {
                             self.complete.push((fr.f, fr.own, self.t - fr.seen));
                         }
                         if self.stack.is_empty() {
-                            self.push(f, self.chain_start, false);
+                            self.push(f, self.chain_start, false, ctx);
                         } else if self.top() != Some(f) {
-                            self.replace(f);
+                            self.replace(f, ctx);
                         }
                     }
-                    _ if self.top() != Some(f) => self.replace(f),
+                    _ if self.top() != Some(f) => self.replace(f, ctx),
                     _ => {}
                 }
             }
@@ -98,6 +103,7 @@ impl SegmentWalk {
         self.t += u64::from(n);
         if let Some(fr) = self.stack.last_mut() {
             fr.own += u64::from(n);
+            ctx.add_context(fr.node, u64::from(n));
         }
         self.prev = Some((start.wrapping_add(4 * u64::from(n.max(1) - 1)), last));
         taken
@@ -107,12 +113,13 @@ impl SegmentWalk {
         self.stack.last().map(|fr| fr.f)
     }
 
-    fn push(&mut self, f: u32, seen: u64, by_call: bool) {
+    fn push(&mut self, f: u32, seen: u64, by_call: bool, ctx: &mut ExactCounts) {
         if self.stack.len() >= MAX_DEPTH {
             self.break_chain();
         }
+        let node = ctx.context(self.stack.last().map_or(ROOT_CONTEXT, |fr| fr.node), f);
         let a = self.active.entry(f).or_default();
-        self.stack.push(Frame { f, seen, outermost: *a == 0, by_call, own: 0 });
+        self.stack.push(Frame { f, seen, outermost: *a == 0, by_call, own: 0, node });
         *a += 1;
     }
 
@@ -135,9 +142,9 @@ impl SegmentWalk {
         Some(fr)
     }
 
-    fn replace(&mut self, f: u32) {
+    fn replace(&mut self, f: u32, ctx: &mut ExactCounts) {
         self.pop();
-        self.push(f, self.t, false);
+        self.push(f, self.t, false, ctx);
     }
 
     /// The chain broke (trace lost): every frame ends here; what follows is seen afresh.
@@ -179,28 +186,34 @@ mod tests {
     #[test]
     fn frames_entered_before_the_segment() {
         let mut w = SegmentWalk::default();
-        assert_eq!(w.range(1, 0x100, 3, Return), None); // g: ..., ret
-        assert_eq!(w.range(2, 0x208, 2, Call), Some(0x108)); // f after its call of g, bl h
-        w.range(3, 0x300, 4, Return); // h
-        w.range(2, 0x20c, 1, Return); // f after the bl
-        w.range(4, 0x404, 5, Other); // m
+        let mut c = ExactCounts::new(16);
+        assert_eq!(w.range(1, 0x100, 3, Return, &mut c), None); // g: ..., ret
+        assert_eq!(w.range(2, 0x208, 2, Call, &mut c), Some(0x108)); // f after its call of g, bl h
+        w.range(3, 0x300, 4, Return, &mut c); // h
+        w.range(2, 0x20c, 1, Return, &mut c); // f after the bl
+        w.range(4, 0x404, 5, Other, &mut c); // m
         w.end();
         assert_eq!(sums(&w.own), [(1, 3), (2, 3), (3, 4), (4, 5)].into());
         assert_eq!(sums(&w.inclusive), [(1, 3), (2, 10), (3, 4), (4, 15)].into());
         assert_eq!(w.calls, [3]);
         assert_eq!(w.complete, [(3, 4, 4)]);
+        // Contexts as the frames were seen: g alone, then f (returned into), f;h, then m.
+        let mut p = c.context_paths();
+        p.sort();
+        assert_eq!(p, [(vec![1], 3), (vec![2], 3), (vec![2, 3], 4), (vec![4], 5)]);
     }
 
     /// Recursion counts each instruction once per function; a tail call replaces the frame.
     #[test]
     fn recursion_and_tail_call() {
         let mut w = SegmentWalk::default();
-        w.range(1, 0x100, 2, Call); // r
-        w.range(1, 0x100, 2, Call); // r again (recursive call)
-        w.range(1, 0x100, 3, Jump); // r tail-calls t
-        w.range(2, 0x200, 4, Return); // t returns into r
-        w.range(1, 0x108, 1, Return); // r returns into r
-        w.range(1, 0x108, 1, Other);
+        let mut c = ExactCounts::new(16);
+        w.range(1, 0x100, 2, Call, &mut c); // r
+        w.range(1, 0x100, 2, Call, &mut c); // r again (recursive call)
+        w.range(1, 0x100, 3, Jump, &mut c); // r tail-calls t
+        w.range(2, 0x200, 4, Return, &mut c); // t returns into r
+        w.range(1, 0x108, 1, Return, &mut c); // r returns into r
+        w.range(1, 0x108, 1, Other, &mut c);
         w.end();
         // r: every instruction (13) once; t: 4; calls: r, r.
         assert_eq!(sums(&w.inclusive), [(1, 13), (2, 4)].into());
@@ -216,11 +229,12 @@ mod tests {
     #[test]
     fn returns_below_the_bottom_into_the_same_function() {
         let mut w = SegmentWalk::default();
-        w.range(1, 0x100, 3, Return);
-        w.range(1, 0x108, 2, Return);
-        w.range(1, 0x108, 2, Call);
-        w.range(2, 0x200, 1, Return);
-        w.range(1, 0x10c, 4, Other);
+        let mut c = ExactCounts::new(16);
+        w.range(1, 0x100, 3, Return, &mut c);
+        w.range(1, 0x108, 2, Return, &mut c);
+        w.range(1, 0x108, 2, Call, &mut c);
+        w.range(2, 0x200, 1, Return, &mut c);
+        w.range(1, 0x10c, 4, Other, &mut c);
         w.end();
         assert_eq!(sums(&w.inclusive), [(1, 12), (2, 1)].into());
     }
@@ -229,11 +243,12 @@ mod tests {
     #[test]
     fn broken_chain() {
         let mut w = SegmentWalk::default();
-        w.range(1, 0x100, 2, Call);
-        w.range(2, 0x200, 3, Other);
+        let mut c = ExactCounts::new(16);
+        w.range(1, 0x100, 2, Call, &mut c);
+        w.range(2, 0x200, 3, Other, &mut c);
         w.break_chain();
-        w.range(3, 0x300, 4, Return);
-        w.range(1, 0x104, 1, Other);
+        w.range(3, 0x300, 4, Return, &mut c);
+        w.range(1, 0x104, 1, Other, &mut c);
         w.end();
         // f1: 2 + 3 before the break, then seen again from the break: 4 + 1.
         assert_eq!(sums(&w.inclusive), [(1, 10), (2, 3), (3, 4)].into());

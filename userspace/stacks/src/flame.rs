@@ -16,7 +16,18 @@ fn options(title: &str, count_name: &str) -> Options<'static> {
 
 /// The flame graph of folded `lines` (`a;b;c count`).
 pub fn write_flamegraph<W: Write>(lines: &[String], title: &str, count_name: &str, w: W) -> io::Result<()> {
+    write_with(options(title, count_name), lines, w)
+}
+
+/// [`write_flamegraph`] keeping every frame, however narrow (inferno leaves out frames under
+/// 0.1 pixel by default): the widths of exact counts add up to their totals.
+pub fn write_flamegraph_all<W: Write>(lines: &[String], title: &str, count_name: &str, w: W) -> io::Result<()> {
     let mut o = options(title, count_name);
+    o.min_width = 0.0;
+    write_with(o, lines, w)
+}
+
+fn write_with<W: Write>(mut o: Options<'static>, lines: &[String], w: W) -> io::Result<()> {
     if lines.is_empty() {
         // inferno refuses an empty profile; an empty graph says so.
         return flamegraph::from_lines(&mut o, ["[no samples] 1"].iter().copied(), w).map_err(io::Error::other);
