@@ -899,6 +899,9 @@ fn per_call_diff_of_two_builds() {
     };
     let v = diff(&dumps[0], &dumps[1]);
     let pc = v["per_call"].as_array().expect("per-call comparison in the diff");
+    assert_eq!(v["svg_weight"], "instructions", "diff.svg of the exact counts");
+    let svg = std::fs::read_to_string(v["svg"].as_str().unwrap()).unwrap();
+    assert!(svg.contains("<title>shared (") && svg.contains(" instructions"), "diff.svg names shared with instruction counts");
     assert!(pc.len() >= 3, "{v}");
     for e in pc {
         let f = e["function"].as_str().unwrap();

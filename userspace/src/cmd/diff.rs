@@ -3,7 +3,7 @@
 //! change with its 95% interval and whether it is significant (two-proportion z-test,
 //! Holm–Bonferroni over the functions: `etm_stacks::diff`), largest significant change
 //! first; a text table, `--json`, and a differential flame graph (`--svg`, default
-//! `B/diff.svg`). Functions are matched by name, so builds with different addresses compare.
+//! `B/diff.svg`; of the exact instructions per context when both dumps have them). Functions are matched by name, so builds with different addresses compare.
 //! When both dumps hold `functions.csv` (ETM: exact instruction counts from the trace), the
 //! functions' shares of the traced instructions are compared too, without skid, and so are
 //! the instructions per call of the functions called in both (self per call tested, inclusive
@@ -167,12 +167,20 @@ pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
     };
     let svg = args.svg.clone().unwrap_or_else(|| args.b.join("diff.svg"));
     let title = format!("{} -> {}", args.a.display(), args.b.display());
-    crate::dump::write_atomic(&svg, |w| etm_stacks::flame::write_diff_flamegraph(&ta, &tb, &title, w))
+    // Both dumps with exact counts: the graph is of their instructions per context (no skid).
+    let exact_folded =
+        |d: &Path| std::fs::read(d.join("instructions.folded")).ok().map(|b| String::from_utf8_lossy(&b).into_owned());
+    let (fa, fb, weight) = match (exact_folded(&args.a), exact_folded(&args.b)) {
+        (Some(ia), Some(ib)) => (ia, ib, "instructions"),
+        _ => (ta, tb, "samples"),
+    };
+    crate::dump::write_atomic(&svg, |w| etm_stacks::flame::write_diff_flamegraph(&fa, &fb, &title, weight, w))
         .with_context(|| format!("cannot write the differential flame graph {}", svg.display()))?;
     let mut out = std::io::stdout().lock();
     if args.json {
         let mut v = json(&c);
         v["svg"] = serde_json::json!(svg);
+        v["svg_weight"] = serde_json::json!(weight);
         if let Some(d) = &exact {
             v["exact_functions"] = d
                 .iter()
@@ -209,7 +217,7 @@ pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
         if let Some(d) = &per_call {
             write!(out, "\n{}", per_call_table(d, args.top))?;
         }
-        writeln!(out, "differential flame graph: {}", svg.display())?;
+        writeln!(out, "differential flame graph ({weight}): {}", svg.display())?;
     }
     Ok(ExitCode::SUCCESS)
 }
