@@ -30,7 +30,38 @@
 //! Memory: a dozen numbers per function seen, a per-segment list of the functions it touched;
 //! bounded by `max_functions` (beyond it, instructions go to one `other` bucket, counted).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A fast hasher for integer keys (addresses, indices): multiply-rotate (FxHash's mix), no
+/// protection against adversarial keys, which trace addresses are not.
+#[derive(Default, Clone, Copy)]
+pub struct IntHasher(u64);
+
+impl Hasher for IntHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    #[inline]
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map with [`IntHasher`].
+pub type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+type IntSet<K> = HashSet<K, BuildHasherDefault<IntHasher>>;
 
 /// Index of a function in an [`ExactCounts`] (the caller names them).
 pub type FunctionIndex = u32;
@@ -149,14 +180,14 @@ pub struct ExactCounts {
     max_functions: usize,
     /// Instructions of functions beyond `max_functions`.
     pub overflow_instructions: u64,
-    blocks: HashSet<u64>,
-    branches: HashSet<(u64, u64)>,
+    blocks: IntSet<u64>,
+    branches: IntSet<(u64, u64)>,
     max_coverage: usize,
     /// Blocks and branches not recorded: the coverage sets were full.
     pub coverage_overflow: u64,
     /// Context nodes: (parent, function, instructions).
     contexts: Vec<(ContextIndex, FunctionIndex, u64)>,
-    context_index: std::collections::HashMap<(ContextIndex, FunctionIndex), ContextIndex>,
+    context_index: IntMap<(ContextIndex, FunctionIndex), ContextIndex>,
     /// Instructions in contexts beyond the node bound.
     pub context_overflow_instructions: u64,
 }
@@ -185,12 +216,12 @@ impl ExactCounts {
             tt: 0.0,
             max_functions,
             overflow_instructions: 0,
-            blocks: HashSet::new(),
-            branches: HashSet::new(),
+            blocks: IntSet::default(),
+            branches: IntSet::default(),
             max_coverage,
             coverage_overflow: 0,
             contexts: Vec::new(),
-            context_index: std::collections::HashMap::new(),
+            context_index: IntMap::default(),
             context_overflow_instructions: 0,
         }
     }
@@ -311,14 +342,15 @@ impl ExactCounts {
 
     /// A block of `f` (decoded range) starting at `addr` ran: counted once per address.
     pub fn block(&mut self, f: FunctionIndex, addr: u64) {
-        if self.blocks.contains(&addr) {
-            return;
-        }
         if self.blocks.len() >= self.max_coverage {
-            self.coverage_overflow += 1;
+            if !self.blocks.contains(&addr) {
+                self.coverage_overflow += 1;
+            }
             return;
         }
-        self.blocks.insert(addr);
+        if !self.blocks.insert(addr) {
+            return;
+        }
         if let Some(a) = self.acc(f) {
             a.blocks += 1;
         }
@@ -326,14 +358,15 @@ impl ExactCounts {
 
     /// A taken branch from `from` (in `f`) to `to`: counted once per pair.
     pub fn branch(&mut self, f: FunctionIndex, from: u64, to: u64) {
-        if self.branches.contains(&(from, to)) {
-            return;
-        }
         if self.branches.len() >= self.max_coverage {
-            self.coverage_overflow += 1;
+            if !self.branches.contains(&(from, to)) {
+                self.coverage_overflow += 1;
+            }
             return;
         }
-        self.branches.insert((from, to));
+        if !self.branches.insert((from, to)) {
+            return;
+        }
         if let Some(a) = self.acc(f) {
             a.branches += 1;
         }

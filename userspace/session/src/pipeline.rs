@@ -1339,8 +1339,9 @@ struct ExactState {
     open: CpuMap<crate::shadow::SegmentWalk>,
     index: HashMap<(usize, u64), u32>,
     names: Vec<(String, String)>,
-    /// (range start, its instructions, function, kind of its last instruction).
-    cache: Vec<(u64, u32, u32, InsnKind)>,
+    /// (range start, its instructions, function, kind of its last instruction, the source of
+    /// the last taken branch to it recorded for coverage).
+    cache: Vec<(u64, u32, u32, InsnKind, u64)>,
     cache_gen: u64,
 }
 
@@ -1353,7 +1354,7 @@ impl ExactState {
             open: CpuMap::default(),
             index: HashMap::new(),
             names: Vec::new(),
-            cache: vec![(u64::MAX, 0, 0, InsnKind::Other); EXACT_CACHE],
+            cache: vec![(u64::MAX, 0, 0, InsnKind::Other, u64::MAX); EXACT_CACHE],
             cache_gen: u64::MAX,
         }
     }
@@ -1369,7 +1370,8 @@ impl ExactState {
     }
 
     /// The function of the range of `n` instructions at runtime address `addr`, and the kind
-    /// of its last instruction.
+    /// of its last instruction; a range seen for the first time (not in the cache) is recorded
+    /// for coverage.
     fn function(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
         if self.cache_gen != code.generation {
             self.cache.iter_mut().for_each(|c| c.0 = u64::MAX);
@@ -1383,7 +1385,7 @@ impl ExactState {
                 return (c.2, c.3);
             }
             let k = last();
-            self.cache[slot] = (addr, n, c.2, k);
+            self.cache[slot] = (addr, n, c.2, k, c.4);
             return (c.2, k);
         }
         let f = match resolver.resolve(addr) {
@@ -1400,7 +1402,8 @@ impl ExactState {
             None => self.intern((usize::MAX, 0), "", "[unknown]"),
         };
         let k = last();
-        self.cache[slot] = (addr, n, f, k);
+        self.cache[slot] = (addr, n, f, k, u64::MAX);
+        self.counts.block(f, addr);
         (f, k)
     }
 
@@ -1408,10 +1411,13 @@ impl ExactState {
         let mut open = std::mem::take(self.open.entry(cpu));
         for &(start, n) in rs {
             let (f, last) = self.function(resolver, code, start, n);
-            self.counts.block(f, start);
-            if let Some(from) = open.range(f, start, n, last, &mut self.counts) {
-                let (ff, _) = self.function(resolver, code, from, 1);
-                self.counts.branch(ff, from, start);
+            if let Some((from, ff)) = open.range(f, start, n, last, &mut self.counts) {
+                // The cache entry of the target remembers its last recorded source.
+                let slot = &mut self.cache[(start >> 2) as usize % EXACT_CACHE];
+                if slot.4 != from {
+                    slot.4 = from;
+                    self.counts.branch(ff, from, start);
+                }
             }
         }
         *self.open.entry(cpu) = open;

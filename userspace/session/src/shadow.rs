@@ -17,9 +17,7 @@
 //! when its frame also returned in the segment (not ended by a tail call or a break): its own
 //! and inclusive instructions are then that call's exactly.
 
-use std::collections::HashMap;
-
-use etm_profile::exact::{ContextIndex, ExactCounts, ROOT_CONTEXT};
+use etm_profile::exact::{ContextIndex, ExactCounts, IntMap, ROOT_CONTEXT};
 
 use crate::join::InsnKind;
 
@@ -53,29 +51,29 @@ pub(crate) struct SegmentWalk {
     /// inclusive instructions).
     pub(crate) complete: Vec<(u32, u64, u64)>,
     stack: Vec<Frame>,
-    active: HashMap<u32, u32>,
+    active: IntMap<u32, u32>,
     /// Per function, the instruction count up to which its inclusive count is credited: a
     /// frame seen from the chain's start (returned into) may cover what an earlier frame of
     /// the same function was already credited for (a recursive function's frames).
-    credited: HashMap<u32, u64>,
+    credited: IntMap<u32, u64>,
     /// Instructions so far, and when the current chain began.
     t: u64,
     chain_start: u64,
-    /// The last range's last instruction and its kind.
-    prev: Option<(u64, InsnKind)>,
+    /// The last range's last instruction, its kind and function.
+    prev: Option<(u64, InsnKind, u32)>,
 }
 
 impl SegmentWalk {
     /// The next range: `n` instructions from `start`, in function `f`, the last of kind
     /// `last`; its instructions go to their calling context in `ctx`. Returns the source of the
-    /// taken branch that led here, if one did.
-    pub(crate) fn range(&mut self, f: u32, start: u64, n: u32, last: InsnKind, ctx: &mut ExactCounts) -> Option<u64> {
+    /// taken branch that led here and its function, if one did.
+    pub(crate) fn range(&mut self, f: u32, start: u64, n: u32, last: InsnKind, ctx: &mut ExactCounts) -> Option<(u64, u32)> {
         let mut taken = None;
         match self.prev {
             None => self.push(f, self.t, false, ctx),
-            Some((from, kind)) => {
+            Some((from, kind, from_f)) => {
                 if start != from.wrapping_add(4) {
-                    taken = Some(from);
+                    taken = Some((from, from_f));
                 }
                 match kind {
                     InsnKind::Call => {
@@ -105,7 +103,7 @@ impl SegmentWalk {
             fr.own += u64::from(n);
             ctx.add_context(fr.node, u64::from(n));
         }
-        self.prev = Some((start.wrapping_add(4 * u64::from(n.max(1) - 1)), last));
+        self.prev = Some((start.wrapping_add(4 * u64::from(n.max(1) - 1)), last, f));
         taken
     }
 
@@ -188,7 +186,7 @@ mod tests {
         let mut w = SegmentWalk::default();
         let mut c = ExactCounts::new(16);
         assert_eq!(w.range(1, 0x100, 3, Return, &mut c), None); // g: ..., ret
-        assert_eq!(w.range(2, 0x208, 2, Call, &mut c), Some(0x108)); // f after its call of g, bl h
+        assert_eq!(w.range(2, 0x208, 2, Call, &mut c), Some((0x108, 1))); // f after its call of g, bl h
         w.range(3, 0x300, 4, Return, &mut c); // h
         w.range(2, 0x20c, 1, Return, &mut c); // f after the bl
         w.range(4, 0x404, 5, Other, &mut c); // m
