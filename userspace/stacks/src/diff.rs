@@ -328,13 +328,7 @@ pub fn compare_exact(a: &[ExactRow], b: &[ExactRow], alpha: f64) -> Vec<ExactDif
             }
         })
         .collect();
-    let sig = holm(&out.iter().map(|d| d.p_value).collect::<Vec<_>>(), alpha);
-    for (d, s) in out.iter_mut().zip(sig) {
-        d.significant = s;
-    }
-    out.sort_by(|x, y| {
-        y.significant.cmp(&x.significant).then(y.delta.abs().total_cmp(&x.delta.abs())).then(x.function.cmp(&y.function))
-    });
+    flag_and_sort(&mut out, alpha);
     out
 }
 
@@ -348,6 +342,49 @@ fn z_p(d: f64, se: f64) -> f64 {
     } else {
         1.0
     }
+}
+
+/// A change tested per function: [`ExactDiff`], [`PerCallDiff`].
+trait Tested {
+    fn p_value(&self) -> f64;
+    fn size(&self) -> f64;
+    fn name(&self) -> &str;
+    fn significant(&self) -> bool;
+    fn set_significant(&mut self, s: bool);
+}
+
+macro_rules! tested {
+    ($t:ty) => {
+        impl Tested for $t {
+            fn p_value(&self) -> f64 {
+                self.p_value
+            }
+            fn size(&self) -> f64 {
+                self.delta.abs()
+            }
+            fn name(&self) -> &str {
+                &self.function
+            }
+            fn significant(&self) -> bool {
+                self.significant
+            }
+            fn set_significant(&mut self, s: bool) {
+                self.significant = s;
+            }
+        }
+    };
+}
+tested!(ExactDiff);
+tested!(PerCallDiff);
+
+/// Flags the significant changes (Holm–Bonferroni over all of `out`) and sorts them first,
+/// largest change first, then by name.
+fn flag_and_sort<T: Tested>(out: &mut [T], alpha: f64) {
+    let sig = holm(&out.iter().map(Tested::p_value).collect::<Vec<_>>(), alpha);
+    for (d, s) in out.iter_mut().zip(sig) {
+        d.set_significant(s);
+    }
+    out.sort_by(|x, y| y.significant().cmp(&x.significant()).then(y.size().total_cmp(&x.size())).then(x.name().cmp(y.name())));
 }
 
 /// Holm–Bonferroni at family-wise level `alpha`: which of the p-values are significant (the
@@ -422,13 +459,7 @@ pub fn compare_per_call(a: &[ExactRow], b: &[ExactRow], alpha: f64) -> Vec<PerCa
             })
         })
         .collect();
-    let sig = holm(&out.iter().map(|d| d.p_value).collect::<Vec<_>>(), alpha);
-    for (d, s) in out.iter_mut().zip(sig) {
-        d.significant = s;
-    }
-    out.sort_by(|x, y| {
-        y.significant.cmp(&x.significant).then(y.delta.abs().total_cmp(&x.delta.abs())).then(x.function.cmp(&y.function))
-    });
+    flag_and_sort(&mut out, alpha);
     out
 }
 
