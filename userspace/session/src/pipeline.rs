@@ -1450,10 +1450,7 @@ impl ExactState {
         for &(f, own, inclusive) in &open.complete {
             self.counts.add_complete_call(f, own, inclusive, total);
         }
-        open.own.clear();
-        open.inclusive.clear();
-        open.calls.clear();
-        open.complete.clear();
+        open.clear();
         self.counts.end_segment();
     }
 

@@ -17,7 +17,7 @@
 //! when its frame also returned in the segment (not ended by a tail call or a break): its own
 //! and inclusive instructions are then that call's exactly.
 
-use etm_profile::exact::{ContextIndex, ExactCounts, IntMap, ROOT_CONTEXT};
+use etm_profile::exact::{ContextIndex, ExactCounts, ROOT_CONTEXT};
 
 use crate::join::InsnKind;
 
@@ -51,11 +51,10 @@ pub(crate) struct SegmentWalk {
     /// inclusive instructions).
     pub(crate) complete: Vec<(u32, u64, u64)>,
     stack: Vec<Frame>,
-    active: IntMap<u32, u32>,
-    /// Per function, the instruction count up to which its inclusive count is credited: a
-    /// frame seen from the chain's start (returned into) may cover what an earlier frame of
-    /// the same function was already credited for (a recursive function's frames).
-    credited: IntMap<u32, u64>,
+    /// Where the current chain's entries of `inclusive` begin: a frame seen from the chain's
+    /// start (returned into) covers what earlier frames of its function in the chain were
+    /// already credited for (a recursive function's frames), which is subtracted.
+    chain_inclusive: usize,
     /// Instructions so far, and when the current chain began.
     t: u64,
     chain_start: u64,
@@ -116,26 +115,25 @@ impl SegmentWalk {
             self.break_chain();
         }
         let node = ctx.context(self.stack.last().map_or(ROOT_CONTEXT, |fr| fr.node), f);
-        let a = self.active.entry(f).or_default();
-        self.stack.push(Frame { f, seen, outermost: *a == 0, by_call, own: 0, node });
-        *a += 1;
+        // A scan, no map: the stack holds the frames seen since the chain began.
+        let outermost = !self.stack.iter().any(|fr| fr.f == f);
+        self.stack.push(Frame { f, seen, outermost, by_call, own: 0, node });
     }
 
     fn pop(&mut self) -> Option<Frame> {
         let fr = self.stack.pop()?;
-        if let Some(a) = self.active.get_mut(&fr.f) {
-            *a -= 1;
-            if *a == 0 {
-                self.active.remove(&fr.f);
-            }
-        }
         if fr.outermost {
-            let c = self.credited.entry(fr.f).or_default();
-            let from = fr.seen.max(*c);
-            if self.t > from {
-                self.inclusive.push((fr.f, self.t - from));
+            // Frames seen later than the chain's start begin after every earlier frame of
+            // their function ended: nothing of theirs was credited yet.
+            let done: u64 = if fr.seen == self.chain_start {
+                self.inclusive[self.chain_inclusive..].iter().filter(|e| e.0 == fr.f).map(|e| e.1).sum()
+            } else {
+                0
+            };
+            let n = (self.t - fr.seen).saturating_sub(done);
+            if n > 0 {
+                self.inclusive.push((fr.f, n));
             }
-            *c = self.t;
         }
         Some(fr)
     }
@@ -150,9 +148,9 @@ impl SegmentWalk {
         while !self.stack.is_empty() {
             self.pop();
         }
-        self.credited.clear();
         self.prev = None;
         self.chain_start = self.t;
+        self.chain_inclusive = self.inclusive.len();
     }
 
     /// The segment ends: every frame ends; the counts are left for the caller to take.
@@ -160,6 +158,15 @@ impl SegmentWalk {
         self.break_chain();
         self.t = 0;
         self.chain_start = 0;
+    }
+
+    /// The caller took the counts: the next segment begins.
+    pub(crate) fn clear(&mut self) {
+        self.own.clear();
+        self.inclusive.clear();
+        self.calls.clear();
+        self.complete.clear();
+        self.chain_inclusive = 0;
     }
 }
 
