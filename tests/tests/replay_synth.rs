@@ -519,7 +519,7 @@ fn functions_csv(path: &Path) -> BTreeMap<String, (u64, f64, f64, f64)> {
     for l in text.lines().skip(1) {
         // C test programs: no quoted fields.
         let f: Vec<&str> = l.split(',').collect();
-        assert_eq!(f.len(), 8, "{l}");
+        assert_eq!(f.len(), 21, "{l}");
         out.insert(
             f[0].to_string(),
             (f[2].parse().unwrap(), f[3].parse().unwrap(), f[4].parse().unwrap(), f[5].parse().unwrap()),
@@ -660,4 +660,306 @@ fn exact_diff_of_two_builds() {
         assert!(lo <= d && d <= hi, "{f}: true change {d} outside [{lo}, {hi}]");
         assert_eq!(e["significant"], sig, "{f}: {e}");
     }
+}
+
+/// `functions.csv` by column name: function -> column -> field (C test programs: no quoting).
+fn functions_table(path: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines.next().expect("header").split(',').collect();
+    lines
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            assert_eq!(f.len(), head.len(), "{l}");
+            (f[0].to_string(), head.iter().zip(&f).map(|(h, v)| (h.to_string(), v.to_string())).collect())
+        })
+        .collect()
+}
+
+/// A call or a return, by binutils `objdump -d` (the truth's own instruction classes).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Flow {
+    Call,
+    Return,
+}
+
+fn objdump_flow(prog: &Path) -> HashMap<u64, Flow> {
+    let out = run(Command::new("aarch64-linux-gnu-objdump").args(["-d", "--no-show-raw-insn"]).arg(prog));
+    out.lines()
+        .filter_map(|l| {
+            let (addr, rest) = l.trim_start().split_once(":\t")?;
+            let addr = u64::from_str_radix(addr, 16).ok()?;
+            let m = rest.split_whitespace().next()?;
+            match m {
+                "bl" | "blr" | "blraa" | "blrab" | "blraaz" | "blrabz" => Some((addr, Flow::Call)),
+                "ret" | "retaa" | "retab" => Some((addr, Flow::Return)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Per function (named by `nm`): instructions inclusive of callees, calls, distinct blocks and
+/// distinct taken branches, over the traced windows.
+#[derive(Debug, Default, PartialEq)]
+struct TrueCalls {
+    inclusive: BTreeMap<String, u64>,
+    calls: BTreeMap<String, u64>,
+    blocks: BTreeMap<String, u64>,
+    branches: BTreeMap<String, u64>,
+}
+
+/// The truth of [`TrueCalls`] from qemu's instruction log of the whole run: the true call
+/// stack at every instruction (a frame pushed after each call instruction, popped after each
+/// return, by objdump; its function is where its instructions are, by nm), and for each traced
+/// window (the instructions of its ranges, from its first traced instruction) every
+/// instruction counted once for each distinct function of the frames the window sees: those at
+/// or above the lowest stack depth the window reaches. Calls: call instructions whose target
+/// is in the window too, for the function called. Blocks and branches from the windows'
+/// ranges and branches, distinct over the run.
+fn true_calls(prog: &Path, gt: &GroundTruth, fns: &[(u64, u64, String)]) -> TrueCalls {
+    let flow = objdump_flow(prog);
+    let pcs = etm_synth::qemu::run(prog, &[], &etm_synth::qemu::QemuOptions::default()).expect("qemu runs").pcs;
+    let name = |pc: u64| function_of(fns, pc).to_string();
+    let mut t = TrueCalls::default();
+    let mut windows: Vec<(u64, u64, &gtfile::GtWindow)> = gt
+        .windows
+        .iter()
+        .filter(|w| w.fault.is_none() && !w.ranges.is_empty())
+        .map(|w| (w.start_index, w.start_index + w.ranges.iter().map(|r| r.n_insns).sum::<u64>(), w))
+        .collect();
+    windows.sort_by_key(|w| w.0);
+    let (mut blocks, mut branches) = (std::collections::HashSet::new(), std::collections::HashSet::new());
+    for (_, _, w) in &windows {
+        let mut at = w.start_index as usize;
+        for r in &w.ranges {
+            assert_eq!(pcs[at], r.start, "window {}: the truth's ranges follow qemu's log", w.index);
+            at += r.n_insns as usize;
+            if blocks.insert(r.start) {
+                *t.blocks.entry(name(r.start)).or_default() += 1;
+            }
+        }
+        for b in &w.branches {
+            if branches.insert((b.from, b.to)) {
+                *t.branches.entry(name(b.from)).or_default() += 1;
+            }
+        }
+    }
+    let mut stack: Vec<String> = Vec::new();
+    let mut wi = 0;
+    let mut in_window: Vec<Vec<String>> = Vec::new();
+    for (i, &pc) in pcs.iter().enumerate() {
+        let i = i as u64;
+        let top = name(pc);
+        match stack.last_mut() {
+            Some(f) => *f = top,
+            None => stack.push(top),
+        }
+        if let Some(&(lo, hi, _)) = windows.get(wi) {
+            if (lo..hi).contains(&i) {
+                in_window.push(stack.clone());
+                if i + 1 < hi && flow.get(&pc) == Some(&Flow::Call) {
+                    *t.calls.entry(name(pcs[i as usize + 1])).or_default() += 1;
+                }
+            }
+            if i + 1 == hi {
+                let low = in_window.iter().map(Vec::len).min().expect("instructions");
+                for s in &in_window {
+                    let seen: std::collections::BTreeSet<&String> = s[low - 1..].iter().collect();
+                    for f in seen {
+                        *t.inclusive.entry(f.clone()).or_default() += 1;
+                    }
+                }
+                in_window.clear();
+                wi += 1;
+            }
+        }
+        match flow.get(&pc) {
+            Some(Flow::Call) => stack.push(String::new()),
+            Some(Flow::Return) => {
+                stack.pop();
+            }
+            None => {}
+        }
+    }
+    assert_eq!(wi, windows.len(), "every window inside qemu's log");
+    t
+}
+
+/// Inclusive counts, calls, blocks and branches per function from the trace (the shadow call
+/// stack over each window's ranges) equal the truth of qemu's exact path ([`true_calls`]):
+/// the flat workload (calls through a table), recursion, and the A/B program's build A (one
+/// function shared by two callers).
+#[test]
+fn exact_inclusive_and_calls_equal_the_path() {
+    for (name, window, period) in [("flat", 2000, 20_000), ("recursion", 1000, 7919), ("percall_a", 1000, 7919)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let Some(prog) = build(name, tmp.path()) else { return };
+        let sess = tmp.path().join("s");
+        let gt = synth(&prog, &[], &sess, window, period, true);
+        let r = replay(&sess, tmp.path(), name);
+        let table = functions_table(&r.dumps.join("functions.csv"));
+        let col = |c: &str| -> BTreeMap<String, u64> {
+            table.iter().map(|(f, row)| (f.clone(), row[c].parse::<u64>().unwrap())).filter(|(_, n)| *n > 0).collect()
+        };
+        let truth = true_calls(&prog, &gt, &nm_functions(&prog));
+        let ours =
+            TrueCalls { inclusive: col("inclusive"), calls: col("calls"), blocks: col("blocks"), branches: col("branches") };
+        let n_calls: u64 = truth.calls.values().sum();
+        eprintln!(
+            "{name}: {} functions, {n_calls} calls, {} blocks, {} branches in the windows",
+            truth.inclusive.len(),
+            truth.blocks.values().sum::<u64>(),
+            truth.branches.values().sum::<u64>()
+        );
+        assert!(n_calls > 100, "{name}: {n_calls} calls");
+        assert_eq!(ours.inclusive, truth.inclusive, "{name}: inclusive instructions");
+        assert_eq!(ours.calls, truth.calls, "{name}: calls");
+        assert_eq!(ours.blocks, truth.blocks, "{name}: blocks");
+        assert_eq!(ours.branches, truth.branches, "{name}: branches");
+        let m: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(r.dumps.join("manifest.json")).unwrap()).unwrap();
+        let ex = &m["exact"];
+        assert_eq!(ex["blocks_covered"], truth.blocks.values().sum::<u64>(), "{ex}");
+        assert_eq!(ex["branches_covered"], truth.branches.values().sum::<u64>(), "{ex}");
+        assert_eq!(ex["functions"], truth.inclusive.len(), "{ex}");
+        // The instruction-weighted flame graph: the folded contexts' instructions by innermost
+        // function are functions.csv's; in the SVG (inferno's frame titles) a function that is
+        // never a caller there has its functions.csv count in all, and the root the total.
+        let own = col("instructions");
+        let mut by_leaf: BTreeMap<String, u64> = BTreeMap::new();
+        let mut callers = std::collections::BTreeSet::new();
+        for l in std::fs::read_to_string(r.dumps.join("instructions.folded")).unwrap().lines() {
+            let (path, n) = l.rsplit_once(' ').unwrap();
+            let (inner, outer) = match path.rsplit_once(';') {
+                Some((outer, inner)) => (inner, Some(outer)),
+                None => (path, None),
+            };
+            callers.extend(outer.into_iter().flat_map(|o| o.split(';')).map(str::to_string));
+            *by_leaf.entry(inner.to_string()).or_default() += n.parse::<u64>().unwrap();
+        }
+        assert_eq!(by_leaf, own, "{name}: instructions.folded by innermost function");
+        let svg = std::fs::read_to_string(r.dumps.join("instructions.svg")).unwrap();
+        let mut widths: BTreeMap<String, u64> = BTreeMap::new();
+        for t in svg.split("<title>").skip(1) {
+            let t = t.split("</title>").next().unwrap();
+            let (f, rest) = t.rsplit_once(" (").unwrap_or_else(|| panic!("{t}"));
+            let n: u64 = rest.split(' ').next().unwrap().replace(',', "").parse().unwrap_or_else(|_| panic!("{t}"));
+            *widths.entry(f.to_string()).or_default() += n;
+        }
+        assert_eq!(widths.get("all").copied(), Some(own.values().sum::<u64>()), "{name}: the root is every instruction");
+        let leaves: Vec<&String> = own.keys().filter(|f| !callers.contains(*f)).collect();
+        // (recursion.c: both functions are callers; flat and percall have leaves)
+        assert!(name == "recursion" || !leaves.is_empty(), "{name}");
+        for f in leaves {
+            assert_eq!(widths.get(f), own.get(f), "{name}: {f}'s width in instructions.svg");
+        }
+    }
+}
+
+/// Self instructions per call of each called function over the run from `main` to the last
+/// window (the population the windows sample, as in [`run_counts`]): its instructions in
+/// qemu's log over the calls of it (call instructions by objdump, the callee by nm).
+fn true_per_call(prog: &Path, fns: &[(u64, u64, String)], windows: u64, period: u64) -> BTreeMap<String, f64> {
+    let flow = objdump_flow(prog);
+    let pcs = etm_synth::qemu::run(prog, &[], &etm_synth::qemu::QemuOptions::default()).expect("qemu runs").pcs;
+    let main_at = pcs.iter().position(|&pc| function_of(fns, pc) == "main").expect("main runs");
+    let hi = ((windows * period) as usize).min(pcs.len());
+    let (mut own, mut calls): (BTreeMap<&str, u64>, BTreeMap<&str, u64>) = Default::default();
+    for i in main_at..hi {
+        *own.entry(function_of(fns, pcs[i])).or_default() += 1;
+        if flow.get(&pcs[i]) == Some(&Flow::Call) && i + 1 < hi {
+            *calls.entry(function_of(fns, pcs[i + 1])).or_default() += 1;
+        }
+    }
+    calls.iter().map(|(f, &c)| (f.to_string(), own.get(f).copied().unwrap_or(0) as f64 / c as f64)).collect()
+}
+
+/// `diff` on instructions per call (tests/aarch64/percall.c: B runs 6 instructions fewer per
+/// call of `shared`, which `left` and `right` call): `shared`'s change of self instructions
+/// per call is significant, negative, with the true change (qemu's path of each build, calls
+/// by objdump) inside its 95% interval; no other function's change is significant. And for a
+/// B identical to A (the same build sampled at another period): nothing significant, neither
+/// per call nor in the instruction shares.
+#[test]
+fn per_call_diff_of_two_builds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (Some(a), Some(b)) = (build("percall_a", tmp.path()), build("percall_b", tmp.path())) else { return };
+    let window = 1000;
+    let mut truth = Vec::new();
+    let mut dumps = Vec::new();
+    for (tag, prog, period) in [("a", &a, 7919), ("b", &b, 7919), ("a2", &a, 6151)] {
+        let sess = tmp.path().join(format!("s-{tag}"));
+        let gt = synth(prog, &[], &sess, window, period, true);
+        dumps.push(replay(&sess, tmp.path(), tag).dumps);
+        truth.push(true_per_call(prog, &nm_functions(prog), gt.windows.len() as u64, period));
+    }
+    let diff = |x: &Path, y: &Path| -> serde_json::Value {
+        serde_json::from_str(&run(Command::new(etm_bpf_bin()).args(["diff", "--json"]).arg(x).arg(y))).unwrap()
+    };
+    let v = diff(&dumps[0], &dumps[1]);
+    let pc = v["per_call"].as_array().expect("per-call comparison in the diff");
+    assert_eq!(v["svg_weight"], "instructions", "diff.svg of the exact counts");
+    let svg = std::fs::read_to_string(v["svg"].as_str().unwrap()).unwrap();
+    assert!(svg.contains("<title>shared (") && svg.contains(" instructions"), "diff.svg names shared with instruction counts");
+    assert!(pc.len() >= 3, "{v}");
+    for e in pc {
+        let f = e["function"].as_str().unwrap();
+        let (lo, hi) = (e["ci95"][0].as_f64().unwrap(), e["ci95"][1].as_f64().unwrap());
+        let d = truth[1].get(f).copied().unwrap_or(f64::NAN) - truth[0].get(f).copied().unwrap_or(f64::NAN);
+        eprintln!(
+            "{f}: true {:.3} -> {:.3} (change {d:+.3}), estimate {:+.3} [{lo:+.3}, {hi:+.3}], significant {}",
+            truth[0].get(f).copied().unwrap_or(f64::NAN),
+            truth[1].get(f).copied().unwrap_or(f64::NAN),
+            e["change"].as_f64().unwrap(),
+            e["significant"]
+        );
+        assert_eq!(e["significant"], f == "shared", "{f}: {e}");
+        if f == "shared" {
+            assert!((d + 6.0).abs() < 1e-9, "the builds differ by 6 instructions per call of shared: {d}");
+            assert!(e["change"].as_f64().unwrap() < 0.0 && lo <= d && d <= hi, "{f}: true change {d} outside [{lo}, {hi}]");
+        }
+    }
+    assert!(pc.iter().any(|e| e["function"] == "shared"), "{v}");
+    let v = diff(&dumps[0], &dumps[2]);
+    let sig = |k: &str| v[k].as_array().unwrap().iter().filter(|e| e["significant"] == true).count();
+    assert_eq!((sig("per_call"), sig("exact_functions")), (0, 0), "A against A at another period: {v}");
+}
+
+/// Coverage of the flat workload's functions (256 small ones called through a table), against
+/// the true set (every function of qemu's log from `main` to the last window, named by nm):
+/// the functions the windows' exact counts cover, and the functions the pause samples' leaf
+/// alone would cover (IP sampling at the same number of samples). The windows cover only true
+/// functions and at least 95% of them; the leaves cover fewer (numbers in the README).
+#[test]
+fn coverage_of_windows_and_of_leaves() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(prog) = build("flat", tmp.path()) else { return };
+    let (window, period) = (2000, 20_000);
+    let sess = tmp.path().join("s");
+    let gt = synth(&prog, &[], &sess, window, period, true);
+    let r = replay(&sess, tmp.path(), "flat");
+    let fns = nm_functions(&prog);
+    let (whole, _) = run_counts(&prog, &fns, gt.windows.len() as u64, period);
+    let is_flat = |f: &str| f.starts_with('f') && f[1..].parse::<u32>().is_ok();
+    let truth: std::collections::BTreeSet<&str> = whole.keys().map(String::as_str).filter(|f| is_flat(f)).collect();
+    let table = functions_csv(&r.dumps.join("functions.csv"));
+    let windows: std::collections::BTreeSet<&str> = table.keys().map(String::as_str).filter(|f| is_flat(f)).collect();
+    let leaves: std::collections::BTreeSet<&str> =
+        r.samples.iter().map(|s| function_of(&fns, s.stack[0])).filter(|f| is_flat(f)).collect();
+    eprintln!(
+        "flat: {} samples; true functions {}, covered by the windows {} ({:.1}%), by the pause leaves {} ({:.1}%)",
+        r.samples.len(),
+        truth.len(),
+        windows.len(),
+        100.0 * windows.len() as f64 / truth.len() as f64,
+        leaves.len(),
+        100.0 * leaves.len() as f64 / truth.len() as f64
+    );
+    assert_eq!(truth.len(), 256, "every function of the table runs");
+    assert!(windows.is_subset(&truth) && leaves.is_subset(&truth), "only functions that ran are covered");
+    assert!(windows.len() * 100 >= truth.len() * 95, "windows cover {} of {}", windows.len(), truth.len());
+    assert!(leaves.len() < windows.len(), "leaves {} against windows {}", leaves.len(), windows.len());
+    let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(r.dumps.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["exact"]["functions"], table.len(), "{}", m["exact"]);
 }

@@ -334,6 +334,8 @@ pub struct DumpSnapshot {
     /// number of segments and instructions they come from.
     pub functions: Vec<etm_session::pipeline::ExactFunction>,
     pub exact_totals: (u64, u64),
+    /// The exact instructions per calling context, as folded lines (`instructions.folded`).
+    pub exact_folded: Vec<String>,
 }
 
 impl Engine {
@@ -354,6 +356,7 @@ impl Engine {
             },
             functions: exact_functions(p),
             exact_totals: (p.exact_counts().segments(), p.exact_counts().instructions()),
+            exact_folded: exact_folded(p),
         }
     }
 }
@@ -395,6 +398,17 @@ pub fn write_snapshot_files(
     if s.exact_totals.0 > 0 {
         write_atomic(&dir.join("functions.csv"), |w| write_functions_csv(s, w))?;
         files.push("functions.csv".into());
+        write_atomic(&dir.join("instructions.folded"), |w| {
+            for l in &s.exact_folded {
+                writeln!(w, "{l}")?;
+            }
+            Ok(())
+        })?;
+        write_atomic(&dir.join("instructions.svg"), |w| {
+            etm_stacks::flame::write_flamegraph_all(&s.exact_folded, &meta.comment, "instructions", w)
+        })?;
+        files.push("instructions.folded".into());
+        files.push("instructions.svg".into());
     }
     files.push("profile.folded".into());
     files.push("profile.svg".into());
@@ -411,6 +425,22 @@ pub fn exact_functions(p: &Pipeline) -> Vec<etm_session::pipeline::ExactFunction
             f.function = d;
         }
     }
+    v
+}
+
+/// The exact instructions per calling context as folded lines (`outermost;...;innermost
+/// instructions`, sorted), the names demangled as in [`exact_functions`].
+fn exact_folded(p: &Pipeline) -> Vec<String> {
+    let mut v: Vec<String> = p
+        .exact_contexts()
+        .into_iter()
+        .map(|(path, n)| {
+            let names: Vec<std::borrow::Cow<'_, str>> =
+                path.into_iter().map(|f| addr2line::demangle_auto(f.into(), None)).collect();
+            format!("{} {n}", names.join(";"))
+        })
+        .collect();
+    v.sort();
     v
 }
 
@@ -431,6 +461,9 @@ fn exact_json(p: &Pipeline) -> serde_json::Value {
         "instructions": c.instructions(),
         "functions": c.functions_seen(),
         "instructions_beyond_function_bound": c.overflow_instructions,
+        "blocks_covered": c.coverage().0,
+        "branches_covered": c.coverage().1,
+        "coverage_beyond_bound": c.coverage_overflow,
     })
 }
 
@@ -441,14 +474,27 @@ fn csv_field(s: &str) -> std::borrow::Cow<'_, str> {
 
 /// `functions.csv`: the exact instruction counts per function from the decoded trace, most
 /// first, with the share of all traced instructions and its 95% interval (segments as the
-/// sampling unit: `etm_profile::exact`).
+/// sampling unit: `etm_profile::exact`); instructions inclusive of callees inside the segments,
+/// calls, instructions per call (self and inclusive, each with its 95% interval, from the calls
+/// complete inside a window: `etm_profile::exact`; empty without), the distinct blocks and taken
+/// branches covered, and the complete calls.
 fn write_functions_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io::Result<()> {
-    writeln!(w, "function,binary,instructions,share,ci95_low,ci95_high,stderr,segments")?;
+    writeln!(
+        w,
+        "function,binary,instructions,share,ci95_low,ci95_high,stderr,segments,inclusive,calls,\
+         self_per_call,self_per_call_ci95_low,self_per_call_ci95_high,self_per_call_stderr,\
+         inclusive_per_call,inclusive_per_call_ci95_low,inclusive_per_call_ci95_high,inclusive_per_call_stderr,\
+         blocks,branches,complete_calls"
+    )?;
+    let ratio = |r: Option<etm_profile::exact::Ratio>| match r {
+        Some(r) => format!("{:.4},{:.4},{:.4},{:.4}", r.value, r.ci.0, r.ci.1, r.stderr),
+        None => ",,,".to_owned(),
+    };
     for f in &s.functions {
         let c = &f.count;
         writeln!(
             w,
-            "{},{},{},{:.6},{:.6},{:.6},{:.6},{}",
+            "{},{},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{}",
             csv_field(&f.function),
             csv_field(&f.binary),
             c.instructions,
@@ -456,7 +502,14 @@ fn write_functions_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io:
             c.ci.0,
             c.ci.1,
             c.stderr,
-            c.segments
+            c.segments,
+            c.inclusive,
+            c.calls,
+            ratio(c.self_per_call),
+            ratio(c.inclusive_per_call),
+            c.blocks,
+            c.branches,
+            c.complete_calls
         )?;
     }
     Ok(())

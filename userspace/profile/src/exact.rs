@@ -6,12 +6,74 @@
 //! instructions that a function has is the ratio estimator `R = sum_i x_i / sum_i t_i` (x_i its
 //! instructions in segment i, t_i the segment's), and its 95% interval `R ± 1.96 sqrt(V)` with
 //! the cluster-sampling variance `V = n / (n - 1) · sum_i (x_i - R t_i)^2 / (sum_i t_i)^2`
-//! (delta method, `n` segments). Memory: four numbers per function seen, a per-segment list
-//! of the functions it touched; bounded by `max_functions` (beyond it, instructions go to one
-//! `other` bucket, counted).
+//! (delta method, `n` segments).
+//!
+//! Per function also: instructions *inclusive* of its callees inside the segment (the caller
+//! reports them: a shadow call stack over the segment's calls and returns), *calls* (entries by
+//! a call instruction in the segment), and instructions per call, self and inclusive, from the
+//! *complete* calls (entered and returned inside a segment: their counts are exact). A call
+//! spanning `L` instructions lies whole inside a segment of `T` with a chance proportional to
+//! `T - L + 1`, so each complete call is weighted `w = T / (T - L + 1)` (Horvitz–Thompson:
+//! long calls are not under-represented); the mean per call is the ratio estimator
+//! `sum_i a_i / sum_i b_i` with `a_i = sum w x` and `b_i = sum w` over the complete calls of
+//! segment `i`, its interval from the same cluster variance. Calls longer than a segment are
+//! never complete: they have no figure (`None`). The partial calls at a segment's edges are
+//! left out on purpose: the trace after a segment's last branch is not decoded, so they are
+//! cut unevenly and would bias the mean.
+//! Coverage: distinct blocks (decoded ranges, by first instruction) and distinct taken
+//! branches (from, to) per function, each set bounded by `max_coverage` entries.
+//!
+//! Calling contexts: the instructions of each path of the segments' visible call stacks (root
+//! first, as the caller's shadow stack sees them), bounded by `max_contexts` nodes (beyond,
+//! instructions are counted apart): the instruction-weighted flame graph.
+//!
+//! Memory: a dozen numbers per function seen, a per-segment list of the functions it touched;
+//! bounded by `max_functions` (beyond it, instructions go to one `other` bucket, counted).
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A fast hasher for integer keys (addresses, indices): multiply-rotate (FxHash's mix), no
+/// protection against adversarial keys, which trace addresses are not.
+#[derive(Default, Clone, Copy)]
+pub struct IntHasher(u64);
+
+impl Hasher for IntHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    #[inline]
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map with [`IntHasher`].
+pub type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+type IntSet<K> = HashSet<K, BuildHasherDefault<IntHasher>>;
 
 /// Index of a function in an [`ExactCounts`] (the caller names them).
 pub type FunctionIndex = u32;
+
+/// A calling context: a node of the tree of visible call paths.
+pub type ContextIndex = u32;
+
+/// The parent of the outermost frames.
+pub const ROOT_CONTEXT: ContextIndex = u32::MAX;
+
+/// The context of frames beyond the node bound.
+const OVERFLOW_CONTEXT: ContextIndex = u32::MAX - 1;
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Acc {
@@ -20,6 +82,49 @@ struct Acc {
     xx: f64,
     xt: f64,
     segments: u64,
+    /// Inclusive instructions and calls.
+    y: u64,
+    c: u64,
+    /// Complete calls: their number; per segment the weighted own (`a`) and inclusive (`ai`)
+    /// instructions and the weights (`b`): sum a, sum a^2, sum a b, sum ai, sum ai^2,
+    /// sum ai b, sum b, sum b^2.
+    complete: u64,
+    a: f64,
+    aa: f64,
+    ab: f64,
+    ai: f64,
+    aai: f64,
+    aib: f64,
+    b: f64,
+    bb: f64,
+    /// Distinct blocks and taken branches.
+    blocks: u32,
+    branches: u32,
+}
+
+/// A ratio estimate `sum a_i / sum b_i` over the segments, its standard error and 95% interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ratio {
+    pub value: f64,
+    pub stderr: f64,
+    pub ci: (f64, f64),
+}
+
+impl Ratio {
+    /// From the sums over `n` segments: `a = sum a_i`, `aa = sum a_i^2`, `ab = sum a_i b_i`,
+    /// `b = sum b_i`, `bb = sum b_i^2` (`None` when `b` is 0).
+    fn of(n: u64, a: f64, aa: f64, ab: f64, b: f64, bb: f64) -> Option<Ratio> {
+        if b <= 0.0 {
+            return None;
+        }
+        let r = a / b;
+        // sum (a_i - r b_i)^2 = sum a^2 - 2 r sum a b + r^2 sum b^2
+        let ss = (aa - 2.0 * r * ab + r * r * bb).max(0.0);
+        let nf = n as f64;
+        let v = if n > 1 { nf / (nf - 1.0) * ss / (b * b) } else { f64::INFINITY };
+        let h = 1.96 * v.sqrt();
+        Some(Ratio { value: r, stderr: v.sqrt(), ci: (r - h, r + h) })
+    }
 }
 
 /// One function's figures.
@@ -34,14 +139,39 @@ pub struct FunctionCount {
     pub share: f64,
     pub stderr: f64,
     pub ci: (f64, f64),
+    /// Instructions executed while it was on the segment's call stack (module docs).
+    pub inclusive: u64,
+    /// Entries by a call instruction inside the segments.
+    pub calls: u64,
+    /// Calls entered and returned inside a segment.
+    pub complete_calls: u64,
+    /// Instructions per call, self and inclusive (`None` without complete calls).
+    pub self_per_call: Option<Ratio>,
+    pub inclusive_per_call: Option<Ratio>,
+    /// Distinct blocks and taken branches (sources in this function) covered.
+    pub blocks: u32,
+    pub branches: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cur {
+    f: FunctionIndex,
+    x: u64,
+    y: u64,
+    c: u64,
+    /// Complete calls: their number, weighted own and inclusive instructions, weights.
+    k: u64,
+    a: f64,
+    ai: f64,
+    b: f64,
 }
 
 /// The counts (module docs).
 #[derive(Debug, Clone)]
 pub struct ExactCounts {
     acc: Vec<Acc>,
-    /// The open segment: functions touched (with their count so far) and its total.
-    cur: Vec<(FunctionIndex, u64)>,
+    /// The open segment: functions touched (with their counts so far) and its total.
+    cur: Vec<Cur>,
     cur_pos: Vec<u32>,
     cur_t: u64,
     n: u64,
@@ -50,13 +180,32 @@ pub struct ExactCounts {
     max_functions: usize,
     /// Instructions of functions beyond `max_functions`.
     pub overflow_instructions: u64,
+    blocks: IntSet<u64>,
+    branches: IntSet<(u64, u64)>,
+    max_coverage: usize,
+    /// Blocks and branches not recorded: the coverage sets were full.
+    pub coverage_overflow: u64,
+    /// Context nodes: (parent, function, instructions).
+    contexts: Vec<(ContextIndex, FunctionIndex, u64)>,
+    context_index: IntMap<(ContextIndex, FunctionIndex), ContextIndex>,
+    /// Instructions in contexts beyond the node bound.
+    pub context_overflow_instructions: u64,
 }
+
+/// Context nodes kept.
+const MAX_CONTEXTS: usize = 1 << 18;
 
 const NONE: u32 = u32::MAX;
 
 impl ExactCounts {
     /// Counts for at most `max_functions` functions.
     pub fn new(max_functions: usize) -> Self {
+        Self::with_coverage(max_functions, 1 << 20)
+    }
+
+    /// Counts for at most `max_functions` functions, at most `max_coverage` distinct blocks
+    /// and as many distinct branches.
+    pub fn with_coverage(max_functions: usize, max_coverage: usize) -> Self {
         ExactCounts {
             acc: Vec::new(),
             cur: Vec::new(),
@@ -67,50 +216,199 @@ impl ExactCounts {
             tt: 0.0,
             max_functions,
             overflow_instructions: 0,
+            blocks: IntSet::default(),
+            branches: IntSet::default(),
+            max_coverage,
+            coverage_overflow: 0,
+            contexts: Vec::new(),
+            context_index: IntMap::default(),
+            context_overflow_instructions: 0,
         }
+    }
+
+    /// The context of a frame of `f` called from context `parent` ([`ROOT_CONTEXT`]: none).
+    pub fn context(&mut self, parent: ContextIndex, f: FunctionIndex) -> ContextIndex {
+        if parent == OVERFLOW_CONTEXT {
+            return OVERFLOW_CONTEXT;
+        }
+        if let Some(&c) = self.context_index.get(&(parent, f)) {
+            return c;
+        }
+        if self.contexts.len() >= MAX_CONTEXTS {
+            return OVERFLOW_CONTEXT;
+        }
+        let c = self.contexts.len() as ContextIndex;
+        self.contexts.push((parent, f, 0));
+        self.context_index.insert((parent, f), c);
+        c
+    }
+
+    /// `n` instructions executed in context `c` (by its innermost function).
+    #[inline]
+    pub fn add_context(&mut self, c: ContextIndex, n: u64) {
+        match self.contexts.get_mut(c as usize) {
+            Some(node) => node.2 += n,
+            None => self.context_overflow_instructions += n,
+        }
+    }
+
+    /// The contexts with instructions: their path (outermost first) and instructions.
+    pub fn context_paths(&self) -> Vec<(Vec<FunctionIndex>, u64)> {
+        self.contexts
+            .iter()
+            .filter(|c| c.2 > 0)
+            .map(|&(mut parent, f, n)| {
+                let mut path = vec![f];
+                while let Some(&(p, g, _)) = self.contexts.get(parent as usize) {
+                    path.push(g);
+                    parent = p;
+                }
+                path.reverse();
+                (path, n)
+            })
+            .collect()
+    }
+
+    /// The open segment's entry of `f` (`None` beyond the bound).
+    #[inline]
+    fn cur(&mut self, f: FunctionIndex) -> Option<&mut Cur> {
+        let i = f as usize;
+        if i >= self.max_functions {
+            return None;
+        }
+        if i >= self.cur_pos.len() {
+            self.cur_pos.resize(i + 1, NONE);
+        }
+        let p = match self.cur_pos[i] {
+            NONE => {
+                self.cur_pos[i] = self.cur.len() as u32;
+                self.cur.push(Cur { f, x: 0, y: 0, c: 0, k: 0, a: 0.0, ai: 0.0, b: 0.0 });
+                self.cur.len() - 1
+            }
+            p => p as usize,
+        };
+        Some(&mut self.cur[p])
     }
 
     /// Adds `n` instructions of function `f` to the open segment.
     #[inline]
     pub fn add(&mut self, f: FunctionIndex, n: u64) {
+        self.cur_t += n;
+        match self.cur(f) {
+            Some(c) => c.x += n,
+            None => self.overflow_instructions += n,
+        }
+    }
+
+    /// Adds `n` instructions executed while `f` was on the call stack to the open segment.
+    #[inline]
+    pub fn add_inclusive(&mut self, f: FunctionIndex, n: u64) {
+        if let Some(c) = self.cur(f) {
+            c.y += n;
+        }
+    }
+
+    /// A call of `f` began in the open segment.
+    #[inline]
+    pub fn add_call(&mut self, f: FunctionIndex) {
+        if let Some(c) = self.cur(f) {
+            c.c += 1;
+        }
+    }
+
+    /// A call of `f` entered and returned in the open segment, which has `segment`
+    /// instructions in all: its own and its inclusive instructions (module docs).
+    #[inline]
+    pub fn add_complete_call(&mut self, f: FunctionIndex, own: u64, inclusive: u64, segment: u64) {
+        let w = segment as f64 / (segment as f64 - inclusive as f64 + 1.0).max(1.0);
+        if let Some(c) = self.cur(f) {
+            c.k += 1;
+            c.a += w * own as f64;
+            c.ai += w * inclusive as f64;
+            c.b += w;
+        }
+    }
+
+    fn acc(&mut self, f: FunctionIndex) -> Option<&mut Acc> {
         let i = f as usize;
         if i >= self.max_functions {
-            self.overflow_instructions += n;
-            self.cur_t += n;
+            return None;
+        }
+        if i >= self.acc.len() {
+            self.acc.resize(i + 1, Acc::default());
+        }
+        Some(&mut self.acc[i])
+    }
+
+    /// A block of `f` (decoded range) starting at `addr` ran: counted once per address.
+    pub fn block(&mut self, f: FunctionIndex, addr: u64) {
+        if self.blocks.len() >= self.max_coverage {
+            if !self.blocks.contains(&addr) {
+                self.coverage_overflow += 1;
+            }
             return;
         }
-        if i >= self.cur_pos.len() {
-            self.cur_pos.resize(i + 1, NONE);
+        if !self.blocks.insert(addr) {
+            return;
         }
-        match self.cur_pos[i] {
-            NONE => {
-                self.cur_pos[i] = self.cur.len() as u32;
-                self.cur.push((f, n));
+        if let Some(a) = self.acc(f) {
+            a.blocks += 1;
+        }
+    }
+
+    /// A taken branch from `from` (in `f`) to `to`: counted once per pair.
+    pub fn branch(&mut self, f: FunctionIndex, from: u64, to: u64) {
+        if self.branches.len() >= self.max_coverage {
+            if !self.branches.contains(&(from, to)) {
+                self.coverage_overflow += 1;
             }
-            p => self.cur[p as usize].1 += n,
+            return;
         }
-        self.cur_t += n;
+        if !self.branches.insert((from, to)) {
+            return;
+        }
+        if let Some(a) = self.acc(f) {
+            a.branches += 1;
+        }
+    }
+
+    /// Distinct blocks and taken branches covered.
+    pub fn coverage(&self) -> (usize, usize) {
+        (self.blocks.len(), self.branches.len())
     }
 
     /// Closes the open segment (a no-op if it counted nothing).
     pub fn end_segment(&mut self) {
-        if self.cur_t == 0 {
+        if self.cur_t == 0 && self.cur.is_empty() {
             return;
         }
         let t = self.cur_t as f64;
-        for &(f, x) in &self.cur {
-            let i = f as usize;
-            if i >= self.acc.len() {
-                self.acc.resize(i + 1, Acc::default());
-            }
-            let a = &mut self.acc[i];
-            a.x += x;
-            a.xx += (x as f64) * (x as f64);
-            a.xt += x as f64 * t;
-            a.segments += 1;
-            self.cur_pos[i] = NONE;
+        let cur = std::mem::take(&mut self.cur);
+        for k in &cur {
+            self.cur_pos[k.f as usize] = NONE;
+            let a = self.acc(k.f).expect("bounded in cur");
+            let x = k.x as f64;
+            a.x += k.x;
+            a.xx += x * x;
+            a.xt += x * t;
+            a.segments += u64::from(k.x > 0);
+            a.y += k.y;
+            a.c += k.c;
+            a.complete += k.k;
+            a.a += k.a;
+            a.aa += k.a * k.a;
+            a.ab += k.a * k.b;
+            a.ai += k.ai;
+            a.aai += k.ai * k.ai;
+            a.aib += k.ai * k.b;
+            a.b += k.b;
+            a.bb += k.b * k.b;
         }
+        self.cur = cur;
         self.cur.clear();
+        if self.cur_t == 0 {
+            return;
+        }
         self.n += 1;
         self.t += self.cur_t;
         self.tt += t * t;
@@ -134,25 +432,28 @@ impl ExactCounts {
 
     /// Functions with instructions, most instructions first.
     pub fn functions(&self) -> Vec<FunctionCount> {
-        let (n, t) = (self.n as f64, self.t as f64);
+        let t = self.t as f64;
         let mut v: Vec<FunctionCount> = self
             .acc
             .iter()
             .enumerate()
             .filter(|(_, a)| a.x > 0)
             .map(|(i, a)| {
-                let r = a.x as f64 / t;
-                // sum (x_i - r t_i)^2 = sum x^2 - 2 r sum x t + r^2 sum t^2
-                let ss = (a.xx - 2.0 * r * a.xt + r * r * self.tt).max(0.0);
-                let v = if self.n > 1 { n / (n - 1.0) * ss / (t * t) } else { f64::INFINITY };
-                let h = 1.96 * v.sqrt();
+                let share = Ratio::of(self.n, a.x as f64, a.xx, a.xt, t, self.tt).expect("instructions counted");
                 FunctionCount {
                     function: i as FunctionIndex,
                     instructions: a.x,
                     segments: a.segments,
-                    share: r,
-                    stderr: v.sqrt(),
-                    ci: ((r - h).max(0.0), (r + h).min(1.0)),
+                    share: share.value,
+                    stderr: share.stderr,
+                    ci: (share.ci.0.max(0.0), share.ci.1.min(1.0)),
+                    inclusive: a.y,
+                    calls: a.c,
+                    complete_calls: a.complete,
+                    self_per_call: Ratio::of(self.n, a.a, a.aa, a.ab, a.b, a.bb),
+                    inclusive_per_call: Ratio::of(self.n, a.ai, a.aai, a.aib, a.b, a.bb),
+                    blocks: a.blocks,
+                    branches: a.branches,
                 }
             })
             .collect();
@@ -190,6 +491,77 @@ mod tests {
         // The two functions' shares add up to 1, intervals of the same width.
         assert!((fs[0].share + fs[1].share - 1.0).abs() < 1e-12);
         assert!(((fs[0].ci.1 - fs[0].ci.0) - (f.ci.1 - f.ci.0)).abs() < 1e-9);
+        assert_eq!((f.calls, f.self_per_call), (0, None));
+    }
+
+    /// Instructions per call by hand. Segments of 100 instructions; f's complete calls
+    /// (own, inclusive): segment 1 (10, 20) and (10, 10), segment 2 (21, 51), segment 3 none
+    /// (only calls it saw begin). Weights 100/81, 100/91, 100/50 (2). Self: a = (1000/81 +
+    /// 1000/91, 42, 0), b = (100/81 + 100/91, 2, 0).
+    #[test]
+    fn per_call() {
+        let mut c = ExactCounts::new(10);
+        for (calls, seg) in [(&[(10, 20), (10, 10)][..], 2), (&[(21, 51)][..], 1), (&[][..], 3)] {
+            c.add(1, 40);
+            c.add_inclusive(1, 60);
+            for _ in 0..seg {
+                c.add_call(1);
+            }
+            for &(own, incl) in calls {
+                c.add_complete_call(1, own, incl, 100);
+            }
+            c.add(2, 60);
+            c.end_segment();
+        }
+        let f = *c.functions().iter().find(|f| f.function == 1).unwrap();
+        assert_eq!((f.instructions, f.inclusive, f.calls, f.complete_calls), (120, 180, 6, 3));
+        let (w1, w2, w3): (f64, f64, f64) = (100.0 / 81.0, 100.0 / 91.0, 2.0);
+        let (a, b): ([f64; 3], [f64; 3]) = ([10.0 * (w1 + w2), 21.0 * w3, 0.0], [w1 + w2, w3, 0.0]);
+        let r = (a[0] + a[1]) / (b[0] + b[1]);
+        let ss: f64 = (0..3).map(|i| (a[i] - r * b[i]).powi(2)).sum();
+        let s = f.self_per_call.unwrap();
+        assert!((s.value - r).abs() < 1e-12, "{s:?}");
+        assert!((s.stderr - (1.5f64 * ss).sqrt() / (b[0] + b[1])).abs() < 1e-12, "{s:?}");
+        let i = f.inclusive_per_call.unwrap();
+        let ri = (20.0 * w1 + 10.0 * w2 + 51.0 * w3) / (b[0] + b[1]);
+        assert!((i.value - ri).abs() < 1e-12, "{i:?}");
+        // A function whose calls never completed has no figure.
+        assert_eq!(c.functions().iter().find(|f| f.function == 2).unwrap().self_per_call, None);
+    }
+
+    /// Coverage: distinct addresses once, bounded.
+    #[test]
+    fn coverage_distinct_and_bounded() {
+        let mut c = ExactCounts::with_coverage(10, 2);
+        c.block(1, 0x100);
+        c.block(1, 0x100);
+        c.block(2, 0x200);
+        c.block(2, 0x300);
+        c.branch(1, 0x10c, 0x200);
+        c.branch(1, 0x10c, 0x200);
+        c.add(1, 4);
+        c.add(2, 4);
+        c.end_segment();
+        assert_eq!((c.coverage(), c.coverage_overflow), ((2, 1), 1));
+        let fs = c.functions();
+        let by = |f| fs.iter().find(|x| x.function == f).map(|x| (x.blocks, x.branches)).unwrap();
+        assert_eq!((by(1), by(2)), ((1, 1), (1, 0)));
+    }
+
+    /// Contexts: paths outermost first, instructions by innermost function.
+    #[test]
+    fn context_paths() {
+        let mut c = ExactCounts::new(10);
+        let m = c.context(ROOT_CONTEXT, 0);
+        let f = c.context(m, 1);
+        assert_eq!(c.context(m, 1), f);
+        let g = c.context(f, 2);
+        c.add_context(m, 3);
+        c.add_context(g, 4);
+        c.add_context(m, 1);
+        let mut p = c.context_paths();
+        p.sort();
+        assert_eq!(p, [(vec![0], 4), (vec![0, 1, 2], 4)]);
     }
 
     /// Beyond the bound, instructions are counted apart, still in the totals.

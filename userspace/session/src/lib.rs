@@ -47,6 +47,7 @@ pub mod isa;
 pub mod join;
 pub mod pipeline;
 pub mod session;
+mod shadow;
 
 pub use join::{JoinConfig, JoinStats, Joined, RejectReason};
 pub use pipeline::{Pipeline, PipelineConfig, PipelineStats};

@@ -759,6 +759,13 @@ impl Pipeline {
             .collect()
     }
 
+    /// The instructions of each calling context of the decoded trace (the windows' visible
+    /// call paths, outermost first, by function name).
+    pub fn exact_contexts(&self) -> Vec<(Vec<&str>, u64)> {
+        let name = |f: u32| self.exact.names[f as usize].1.as_str();
+        self.exact.counts.context_paths().into_iter().map(|(p, n)| (p.into_iter().map(name).collect(), n)).collect()
+    }
+
     /// The totals behind [`exact_functions`](Self::exact_functions) (segments, instructions).
     pub fn exact_counts(&self) -> &etm_profile::exact::ExactCounts {
         &self.exact.counts
@@ -1329,10 +1336,12 @@ const EXACT_MAX_FUNCTIONS: usize = 1 << 18;
 /// symbol lookups are per distinct block, not per range).
 struct ExactState {
     counts: etm_profile::exact::ExactCounts,
-    open: CpuMap<Vec<(u32, u64)>>,
+    open: CpuMap<crate::shadow::SegmentWalk>,
     index: HashMap<(usize, u64), u32>,
     names: Vec<(String, String)>,
-    cache: Vec<(u64, u32)>,
+    /// (range start, its instructions, function, kind of its last instruction, the source of
+    /// the last taken branch to it recorded for coverage).
+    cache: Vec<(u64, u32, u32, InsnKind, u64)>,
     cache_gen: u64,
 }
 
@@ -1345,7 +1354,7 @@ impl ExactState {
             open: CpuMap::default(),
             index: HashMap::new(),
             names: Vec::new(),
-            cache: vec![(u64::MAX, 0); EXACT_CACHE],
+            cache: vec![(u64::MAX, 0, 0, InsnKind::Other, u64::MAX); EXACT_CACHE],
             cache_gen: u64::MAX,
         }
     }
@@ -1360,15 +1369,24 @@ impl ExactState {
         i
     }
 
-    /// The function of the instruction at runtime address `addr`.
-    fn function(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64) -> u32 {
+    /// The function of the range of `n` instructions at runtime address `addr`, and the kind
+    /// of its last instruction; a range seen for the first time (not in the cache) is recorded
+    /// for coverage.
+    fn function(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
         if self.cache_gen != code.generation {
             self.cache.iter_mut().for_each(|c| c.0 = u64::MAX);
             self.cache_gen = code.generation;
         }
         let slot = (addr >> 2) as usize % EXACT_CACHE;
-        if self.cache[slot].0 == addr {
-            return self.cache[slot].1;
+        let last = || code.read_u32(None, addr + 4 * u64::from(n.max(1) - 1)).map_or(InsnKind::Other, a64_kind);
+        let c = self.cache[slot];
+        if c.0 == addr {
+            if c.1 == n {
+                return (c.2, c.3);
+            }
+            let k = last();
+            self.cache[slot] = (addr, n, c.2, k, c.4);
+            return (c.2, k);
         }
         let f = match resolver.resolve(addr) {
             Some((b, link)) => {
@@ -1383,27 +1401,54 @@ impl ExactState {
             }
             None => self.intern((usize::MAX, 0), "", "[unknown]"),
         };
-        self.cache[slot] = (addr, f);
-        f
+        let k = last();
+        self.cache[slot] = (addr, n, f, k, u64::MAX);
+        self.counts.block(f, addr);
+        (f, k)
     }
 
     fn ranges(&mut self, cpu: i32, resolver: &Resolver, code: &CodeMap, rs: &[(u64, u32)]) {
         let mut open = std::mem::take(self.open.entry(cpu));
         for &(start, n) in rs {
-            let f = self.function(resolver, code, start);
-            open.push((f, u64::from(n)));
+            let (f, last) = self.function(resolver, code, start, n);
+            if let Some((from, ff)) = open.range(f, start, n, last, &mut self.counts) {
+                // The cache entry of the target remembers its last recorded source.
+                let slot = &mut self.cache[(start >> 2) as usize % EXACT_CACHE];
+                if slot.4 != from {
+                    slot.4 = from;
+                    self.counts.branch(ff, from, start);
+                }
+            }
         }
         *self.open.entry(cpu) = open;
+    }
+
+    /// The branch chain of `cpu` broke inside its segment (trace lost).
+    fn break_chain(&mut self, cpu: i32) {
+        if let Some(open) = self.open.get_mut(cpu) {
+            open.break_chain();
+        }
     }
 
     /// The segment of `cpu` ended: one sampling unit.
     fn end_segment(&mut self, cpu: i32) {
         let Some(open) = self.open.get_mut(cpu) else { return };
-        if open.is_empty() {
+        if open.own.is_empty() {
             return;
         }
-        for &(f, n) in open.iter() {
+        open.end();
+        for &(f, n) in &open.own {
             self.counts.add(f, n);
+        }
+        for &(f, n) in &open.inclusive {
+            self.counts.add_inclusive(f, n);
+        }
+        for &f in &open.calls {
+            self.counts.add_call(f);
+        }
+        let total = open.own.iter().map(|o| o.1).sum();
+        for &(f, own, inclusive) in &open.complete {
+            self.counts.add_complete_call(f, own, inclusive, total);
         }
         open.clear();
         self.counts.end_segment();
@@ -1643,6 +1688,7 @@ impl WindowSink for WinSink<'_, '_> {
     fn discontinuity(&mut self, trace_id: Option<u8>, why: Discontinuity) {
         self.fast = None;
         let Some(cpu) = self.cpu(trace_id) else { return };
+        self.out.exact.break_chain(cpu);
         match why {
             Discontinuity::Overflow => self.out.stats.decode_overflows += 1,
             Discontinuity::NoSync => self.out.stats.decode_nosync += 1,

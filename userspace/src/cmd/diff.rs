@@ -3,16 +3,18 @@
 //! change with its 95% interval and whether it is significant (two-proportion z-test,
 //! Holm–Bonferroni over the functions: `etm_stacks::diff`), largest significant change
 //! first; a text table, `--json`, and a differential flame graph (`--svg`, default
-//! `B/diff.svg`). Functions are matched by name, so builds with different addresses compare.
+//! `B/diff.svg`; of the exact instructions per context when both dumps have them). Functions are matched by name, so builds with different addresses compare.
 //! When both dumps hold `functions.csv` (ETM: exact instruction counts from the trace), the
-//! functions' shares of the traced instructions are compared too, without skid.
+//! functions' shares of the traced instructions are compared too, without skid, and so are
+//! the instructions per call of the functions called in both (self per call tested, inclusive
+//! per call beside it).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use etm_stacks::diff::{Comparison, ExactDiff, compare, compare_exact, parse_functions_csv};
+use etm_stacks::diff::{Comparison, ExactDiff, PerCallDiff, compare, compare_exact, compare_per_call, parse_functions_csv};
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -68,6 +70,27 @@ fn exact_table(d: &[ExactDiff], top: usize) -> String {
             100.0 * f.share_a,
             100.0 * f.share_b,
             change(f.significant, f.delta, f.ci),
+            f.function
+        );
+    }
+    s
+}
+
+fn per_call_table(d: &[PerCallDiff], top: usize) -> String {
+    let mut s = String::from(
+        "instructions per call from the trace (functions.csv): self instructions per call in A and B, change with its 95% \
+         interval, * = significant (z-test, Holm-Bonferroni); inclusive per call beside it; no skid\n",
+    );
+    s += &format!("{:>9} {:>9} {:>26} {:>26}  {}\n", "self A", "self B", "self change", "inclusive change", "function");
+    let ch = |sig: bool, d: f64, ci: (f64, f64)| format!("{}{:+.2} [{:+.2}, {:+.2}]", if sig { "*" } else { "" }, d, ci.0, ci.1);
+    for f in d.iter().take(top) {
+        let incl = f.inclusive_delta.map_or_else(|| "-".to_owned(), |(d, ci)| ch(false, d, ci));
+        s += &format!(
+            "{:>9.2} {:>9.2} {:>26} {:>26}  {}\n",
+            f.self_a,
+            f.self_b,
+            ch(f.significant, f.delta, f.ci),
+            incl,
             f.function
         );
     }
@@ -138,18 +161,26 @@ pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
     let (tb, b) = read_folded(&args.b)?;
     anyhow::ensure!(args.alpha > 0.0 && args.alpha < 1.0, "--alpha must be between 0 and 1, not {}", args.alpha);
     let c = compare(&a, &b, args.alpha);
-    let exact = match (read_exact(&args.a)?, read_exact(&args.b)?) {
-        (Some(ea), Some(eb)) => Some(compare_exact(&ea, &eb, args.alpha)),
-        _ => None,
+    let (exact, per_call) = match (read_exact(&args.a)?, read_exact(&args.b)?) {
+        (Some(ea), Some(eb)) => (Some(compare_exact(&ea, &eb, args.alpha)), Some(compare_per_call(&ea, &eb, args.alpha))),
+        _ => (None, None),
     };
     let svg = args.svg.clone().unwrap_or_else(|| args.b.join("diff.svg"));
     let title = format!("{} -> {}", args.a.display(), args.b.display());
-    crate::dump::write_atomic(&svg, |w| etm_stacks::flame::write_diff_flamegraph(&ta, &tb, &title, w))
+    // Both dumps with exact counts: the graph is of their instructions per context (no skid).
+    let exact_folded =
+        |d: &Path| std::fs::read(d.join("instructions.folded")).ok().map(|b| String::from_utf8_lossy(&b).into_owned());
+    let (fa, fb, weight) = match (exact_folded(&args.a), exact_folded(&args.b)) {
+        (Some(ia), Some(ib)) => (ia, ib, "instructions"),
+        _ => (ta, tb, "samples"),
+    };
+    crate::dump::write_atomic(&svg, |w| etm_stacks::flame::write_diff_flamegraph(&fa, &fb, &title, weight, w))
         .with_context(|| format!("cannot write the differential flame graph {}", svg.display()))?;
     let mut out = std::io::stdout().lock();
     if args.json {
         let mut v = json(&c);
         v["svg"] = serde_json::json!(svg);
+        v["svg_weight"] = serde_json::json!(weight);
         if let Some(d) = &exact {
             v["exact_functions"] = d
                 .iter()
@@ -162,13 +193,31 @@ pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
                 })
                 .collect();
         }
+        if let Some(d) = &per_call {
+            v["per_call"] = d
+                .iter()
+                .map(|f| {
+                    serde_json::json!({
+                        "function": f.function, "calls_a": f.calls_a, "calls_b": f.calls_b,
+                        "self_per_call_a": f.self_a, "self_per_call_b": f.self_b, "change": f.delta,
+                        "ci95": [f.ci.0, f.ci.1], "p_value": f.p_value, "significant": f.significant,
+                        "inclusive_per_call_a": f.inclusive_a, "inclusive_per_call_b": f.inclusive_b,
+                        "inclusive_change": f.inclusive_delta.map(|x| x.0),
+                        "inclusive_ci95": f.inclusive_delta.map(|x| [x.1.0, x.1.1]),
+                    })
+                })
+                .collect();
+        }
         writeln!(out, "{v}")?;
     } else {
         write!(out, "{}", table(&c, args.top))?;
         if let Some(d) = &exact {
             write!(out, "\n{}", exact_table(d, args.top))?;
         }
-        writeln!(out, "differential flame graph: {}", svg.display())?;
+        if let Some(d) = &per_call {
+            write!(out, "\n{}", per_call_table(d, args.top))?;
+        }
+        writeln!(out, "differential flame graph ({weight}): {}", svg.display())?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -183,6 +183,40 @@ pub struct ExactRow {
     /// Share of the traced instructions and its standard error.
     pub share: f64,
     pub stderr: f64,
+    /// Calls seen, and the instructions per call, self and inclusive: (estimate, standard
+    /// error); `None` without calls (or in a `functions.csv` of before these columns).
+    pub calls: u64,
+    pub self_per_call: Option<(f64, f64)>,
+    pub inclusive_per_call: Option<(f64, f64)>,
+}
+
+/// Per-call figures of one name over several rows (binaries): the calls add up, the per-call
+/// estimates are weighted by the calls (variances by the squared weights).
+#[derive(Default)]
+struct PerCallSum {
+    calls: u64,
+    /// (sum c_k v_k, sum c_k^2 se_k^2) for self and inclusive, and whether any row had them.
+    own: (f64, f64, bool),
+    incl: (f64, f64, bool),
+}
+
+impl PerCallSum {
+    fn add(&mut self, calls: u64, own: Option<(f64, f64)>, incl: Option<(f64, f64)>) {
+        self.calls += calls;
+        let c = calls as f64;
+        for (acc, v) in [(&mut self.own, own), (&mut self.incl, incl)] {
+            if let Some((v, se)) = v {
+                acc.0 += c * v;
+                acc.1 += c * c * se * se;
+                acc.2 = true;
+            }
+        }
+    }
+
+    fn get(&self, acc: (f64, f64, bool)) -> Option<(f64, f64)> {
+        let c = self.calls as f64;
+        (acc.2 && c > 0.0).then(|| (acc.0 / c, acc.1.sqrt() / c))
+    }
 }
 
 /// Reads a `functions.csv` (RFC 4180 quoting); rows of one function name in several
@@ -204,7 +238,7 @@ pub fn parse_functions_csv(text: &str) -> Result<Vec<ExactRow>, crate::folded::F
         out.push(cur);
         out
     }
-    let mut m: BTreeMap<String, (u64, f64, f64)> = BTreeMap::new();
+    let mut m: BTreeMap<String, (u64, f64, f64, PerCallSum)> = BTreeMap::new();
     for (i, l) in text.lines().enumerate().skip(1) {
         let f = fields(l);
         let bad = |why| crate::folded::FoldedError { line: i + 1, why };
@@ -214,13 +248,39 @@ pub fn parse_functions_csv(text: &str) -> Result<Vec<ExactRow>, crate::folded::F
         let n: u64 = f[2].parse().map_err(|_| bad("instructions is not a number"))?;
         let share: f64 = f[3].parse().map_err(|_| bad("share is not a number"))?;
         let se: f64 = f[6].parse().map_err(|_| bad("stderr is not a number"))?;
+        // The per-call columns (10: calls; 11, 14: self per call and its stderr; 15, 18:
+        // inclusive), empty without calls.
+        let calls: u64 = match f.get(9) {
+            None => 0,
+            Some(c) => c.parse().map_err(|_| bad("calls is not a number"))?,
+        };
+        let pair = |v: usize, e: usize| -> Result<Option<(f64, f64)>, crate::folded::FoldedError> {
+            match (f.get(v).map(String::as_str), f.get(e).map(String::as_str)) {
+                (None | Some(""), _) => Ok(None),
+                (Some(v), Some(e)) => match (v.parse(), e.parse()) {
+                    (Ok(v), Ok(e)) => Ok(Some((v, e))),
+                    _ => Err(bad("an instructions-per-call field is not a number")),
+                },
+                (Some(_), None) => Err(bad("an instructions-per-call field without its stderr")),
+            }
+        };
+        let (own, incl) = (pair(10, 13)?, pair(14, 17)?);
         let e = m.entry(f[0].clone()).or_default();
         e.0 += n;
         e.1 += share;
         e.2 += se * se;
+        e.3.add(calls, own, incl);
     }
     Ok(m.into_iter()
-        .map(|(function, (instructions, share, var))| ExactRow { function, instructions, share, stderr: var.sqrt() })
+        .map(|(function, (instructions, share, var, pc))| ExactRow {
+            function,
+            instructions,
+            share,
+            stderr: var.sqrt(),
+            calls: pc.calls,
+            self_per_call: pc.get(pc.own),
+            inclusive_per_call: pc.get(pc.incl),
+        })
         .collect())
 }
 
@@ -254,13 +314,7 @@ pub fn compare_exact(a: &[ExactRow], b: &[ExactRow], alpha: f64) -> Vec<ExactDif
             let (ib, sb, vb) = mb.get(f).map_or((0, 0.0, 0.0), |r| (r.instructions, r.share, r.stderr * r.stderr));
             let d = sb - sa;
             let se = (va + vb).sqrt();
-            let p = if se > 0.0 && se.is_finite() {
-                2.0 * (1.0 - normal_cdf((d / se).abs()))
-            } else if d != 0.0 && se == 0.0 {
-                0.0
-            } else {
-                1.0
-            };
+            let p = z_p(d, se);
             ExactDiff {
                 function: f.to_owned(),
                 instr_a: ia,
@@ -274,18 +328,138 @@ pub fn compare_exact(a: &[ExactRow], b: &[ExactRow], alpha: f64) -> Vec<ExactDif
             }
         })
         .collect();
-    let m = out.len();
+    flag_and_sort(&mut out, alpha);
+    out
+}
+
+/// Two-sided p-value of a z-test of the difference `d` of two independent estimates with
+/// standard error `se` (0 when an exact difference is not 0, 1 when undefined).
+fn z_p(d: f64, se: f64) -> f64 {
+    if se > 0.0 && se.is_finite() {
+        2.0 * (1.0 - normal_cdf((d / se).abs()))
+    } else if d != 0.0 && se == 0.0 {
+        0.0
+    } else {
+        1.0
+    }
+}
+
+/// A change tested per function: [`ExactDiff`], [`PerCallDiff`].
+trait Tested {
+    fn p_value(&self) -> f64;
+    fn size(&self) -> f64;
+    fn name(&self) -> &str;
+    fn significant(&self) -> bool;
+    fn set_significant(&mut self, s: bool);
+}
+
+macro_rules! tested {
+    ($t:ty) => {
+        impl Tested for $t {
+            fn p_value(&self) -> f64 {
+                self.p_value
+            }
+            fn size(&self) -> f64 {
+                self.delta.abs()
+            }
+            fn name(&self) -> &str {
+                &self.function
+            }
+            fn significant(&self) -> bool {
+                self.significant
+            }
+            fn set_significant(&mut self, s: bool) {
+                self.significant = s;
+            }
+        }
+    };
+}
+tested!(ExactDiff);
+tested!(PerCallDiff);
+
+/// Flags the significant changes (Holm–Bonferroni over all of `out`) and sorts them first,
+/// largest change first, then by name.
+fn flag_and_sort<T: Tested>(out: &mut [T], alpha: f64) {
+    let sig = holm(&out.iter().map(Tested::p_value).collect::<Vec<_>>(), alpha);
+    for (d, s) in out.iter_mut().zip(sig) {
+        d.set_significant(s);
+    }
+    out.sort_by(|x, y| y.significant().cmp(&x.significant()).then(y.size().total_cmp(&x.size())).then(x.name().cmp(y.name())));
+}
+
+/// Holm–Bonferroni at family-wise level `alpha`: which of the p-values are significant (the
+/// k-th smallest, 0-based, is compared with alpha / (m - k), until the first that fails).
+fn holm(p: &[f64], alpha: f64) -> Vec<bool> {
+    let m = p.len();
     let mut order: Vec<usize> = (0..m).collect();
-    order.sort_by(|&x, &y| out[x].p_value.total_cmp(&out[y].p_value));
+    order.sort_by(|&x, &y| p[x].total_cmp(&p[y]));
+    let mut sig = vec![false; m];
     for (k, &i) in order.iter().enumerate() {
-        if out[i].p_value > alpha / (m - k) as f64 {
+        if p[i] > alpha / (m - k) as f64 {
             break;
         }
-        out[i].significant = true;
+        sig[i] = true;
     }
-    out.sort_by(|x, y| {
-        y.significant.cmp(&x.significant).then(y.delta.abs().total_cmp(&x.delta.abs())).then(x.function.cmp(&y.function))
-    });
+    sig
+}
+
+/// One function's change of instructions per call (exact counts from the trace).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerCallDiff {
+    pub function: String,
+    /// Calls seen in A and B.
+    pub calls_a: u64,
+    pub calls_b: u64,
+    /// Self instructions per call in A and B, the change B - A with its 95% interval, its
+    /// p-value and significance (Holm–Bonferroni over the functions).
+    pub self_a: f64,
+    pub self_b: f64,
+    pub delta: f64,
+    pub ci: (f64, f64),
+    pub p_value: f64,
+    pub significant: bool,
+    /// Inclusive instructions per call in A and B and the change with its 95% interval (not
+    /// tested: a callee's change moves every caller's).
+    pub inclusive_a: Option<f64>,
+    pub inclusive_b: Option<f64>,
+    pub inclusive_delta: Option<(f64, (f64, f64))>,
+}
+
+/// Compares the instructions per call of the functions called in both traces: the change of
+/// the self instructions per call (ratio estimates of each trace, independent: the variances
+/// add), a z-test, Holm–Bonferroni over those functions. Self, not inclusive, is tested: it
+/// places a change in the function whose own instructions changed, where the inclusive change
+/// of every caller follows its callees' (reported beside it).
+pub fn compare_per_call(a: &[ExactRow], b: &[ExactRow], alpha: f64) -> Vec<PerCallDiff> {
+    let mb: BTreeMap<&str, &ExactRow> = b.iter().map(|r| (r.function.as_str(), r)).collect();
+    let mut out: Vec<PerCallDiff> = a
+        .iter()
+        .filter_map(|ra| {
+            let rb = mb.get(ra.function.as_str())?;
+            let ((sa, ea), (sb, eb)) = (ra.self_per_call?, rb.self_per_call?);
+            let d = sb - sa;
+            let se = (ea * ea + eb * eb).sqrt();
+            let incl = ra.inclusive_per_call.zip(rb.inclusive_per_call);
+            Some(PerCallDiff {
+                function: ra.function.clone(),
+                calls_a: ra.calls,
+                calls_b: rb.calls,
+                self_a: sa,
+                self_b: sb,
+                delta: d,
+                ci: (d - 1.96 * se, d + 1.96 * se),
+                p_value: z_p(d, se),
+                significant: false,
+                inclusive_a: ra.inclusive_per_call.map(|x| x.0),
+                inclusive_b: rb.inclusive_per_call.map(|x| x.0),
+                inclusive_delta: incl.map(|((va, ea), (vb, eb))| {
+                    let (d, h) = (vb - va, 1.96 * (ea * ea + eb * eb).sqrt());
+                    (d, (d - h, d + h))
+                }),
+            })
+        })
+        .collect();
+    flag_and_sort(&mut out, alpha);
     out
 }
 
@@ -336,6 +510,41 @@ mod tests {
         assert!((d[0].ci.1 - (-0.1 + 1.96 * 0.02f64.sqrt() * 0.1)).abs() < 1e-9, "{:?}", d[0].ci);
         assert!(!d[1].significant);
         assert!(parse_functions_csv(&format!("{head}f,/b,x,0.5,0,0,0,1\n")).is_err());
+    }
+
+    /// Instructions per call: a change of many standard errors is significant with its
+    /// interval by hand, a small one not; rows without calls are left out; two binaries' rows
+    /// of one name combine weighted by their calls.
+    #[test]
+    fn per_call_changes() {
+        let head = "function,binary,instructions,share,ci95_low,ci95_high,stderr,segments,inclusive,calls,\
+                    s,sl,sh,se,i,il,ih,ie,blocks,branches\n";
+        let a = parse_functions_csv(&format!(
+            "{head}f,/b,500,0.5,0,0,0.01,10,900,50,10.0,0,0,0.3,18.0,0,0,0.4,3,2\n\
+             g,/b,300,0.3,0,0,0.01,10,300,30,10.0,0,0,0.4,10.0,0,0,0.4,3,2\n\
+             h,/b,200,0.2,0,0,0.01,10,200,0,,,,,,,,,1,0\n"
+        ))
+        .unwrap();
+        let b = parse_functions_csv(&format!(
+            "{head}f,/b,400,0.4,0,0,0.01,10,800,50,8.0,0,0,0.4,16.0,0,0,0.3,3,2\n\
+             g,/b,300,0.3,0,0,0.01,10,300,30,10.5,0,0,0.4,10.5,0,0,0.4,3,2\n\
+             h,/b,200,0.2,0,0,0.01,10,200,0,,,,,,,,,1,0\n"
+        ))
+        .unwrap();
+        assert_eq!((a[0].calls, a[0].self_per_call, a[2].self_per_call), (50, Some((10.0, 0.3)), None));
+        let d = compare_per_call(&a, &b, 0.05);
+        assert_eq!(d.len(), 2);
+        assert_eq!((d[0].function.as_str(), d[0].significant, d[1].significant), ("f", true, false));
+        assert!((d[0].delta + 2.0).abs() < 1e-12 && (d[0].ci.0 - (-2.0 - 1.96 * 0.5)).abs() < 1e-9, "{:?}", d[0]);
+        let (di, _) = d[0].inclusive_delta.unwrap();
+        assert!((di + 2.0).abs() < 1e-12);
+        // Two rows of one name: 10 calls at 4.0 (se 1) and 30 at 8.0 (se 1) -> 7.0, se sqrt(1000)/40.
+        let c = parse_functions_csv(&format!(
+            "{head}k,/a,40,0.1,0,0,0.01,10,40,10,4.0,0,0,1,4.0,0,0,1,1,1\nk,/b,240,0.1,0,0,0.01,10,240,30,8.0,0,0,1,8.0,0,0,1,1,1\n"
+        ))
+        .unwrap();
+        let (v, se) = c[0].self_per_call.unwrap();
+        assert!((v - 7.0).abs() < 1e-12 && (se - 1000f64.sqrt() / 40.0).abs() < 1e-12);
     }
 
     /// A real shift is significant with the right sign and interval; equal shares are not;

@@ -16,7 +16,18 @@ fn options(title: &str, count_name: &str) -> Options<'static> {
 
 /// The flame graph of folded `lines` (`a;b;c count`).
 pub fn write_flamegraph<W: Write>(lines: &[String], title: &str, count_name: &str, w: W) -> io::Result<()> {
+    write_with(options(title, count_name), lines, w)
+}
+
+/// [`write_flamegraph`] keeping every frame, however narrow (inferno leaves out frames under
+/// 0.1 pixel by default): the widths of exact counts add up to their totals.
+pub fn write_flamegraph_all<W: Write>(lines: &[String], title: &str, count_name: &str, w: W) -> io::Result<()> {
     let mut o = options(title, count_name);
+    o.min_width = 0.0;
+    write_with(o, lines, w)
+}
+
+fn write_with<W: Write>(mut o: Options<'static>, lines: &[String], w: W) -> io::Result<()> {
     if lines.is_empty() {
         // inferno refuses an empty profile; an empty graph says so.
         return flamegraph::from_lines(&mut o, ["[no samples] 1"].iter().copied(), w).map_err(io::Error::other);
@@ -24,12 +35,12 @@ pub fn write_flamegraph<W: Write>(lines: &[String], title: &str, count_name: &st
     flamegraph::from_lines(&mut o, lines.iter().map(String::as_str), w).map_err(io::Error::other)
 }
 
-/// The differential flame graph from folded `before` to `after`.
-pub fn write_diff_flamegraph<W: Write>(before: &str, after: &str, title: &str, w: W) -> io::Result<()> {
+/// The differential flame graph from folded `before` to `after` (counts of `count_name`).
+pub fn write_diff_flamegraph<W: Write>(before: &str, after: &str, title: &str, count_name: &str, w: W) -> io::Result<()> {
     let mut diff = Vec::new();
     let dopt = inferno::differential::Options { normalize: true, ..Default::default() };
     inferno::differential::from_readers(dopt, before.as_bytes(), after.as_bytes(), &mut diff)?;
-    let mut o = options(title, "samples");
+    let mut o = options(title, count_name);
     flamegraph::from_reader(&mut o, &diff[..], w).map_err(io::Error::other)
 }
 
@@ -47,7 +58,7 @@ mod tests {
         assert!(svg.contains("hot (30 samples, 75.00%)"), "{svg}");
         assert!(svg.contains("cold (10 samples, 25.00%)"));
         let mut d = Vec::new();
-        write_diff_flamegraph("main;hot 30\nmain;cold 10\n", "main;hot 10\nmain;cold 30\n", "d", &mut d).unwrap();
+        write_diff_flamegraph("main;hot 30\nmain;cold 10\n", "main;hot 10\nmain;cold 30\n", "d", "samples", &mut d).unwrap();
         let d = String::from_utf8(d).unwrap();
         assert!(d.contains("hot (10 samples, 25.00%; -50.00%)"), "{d}");
     }

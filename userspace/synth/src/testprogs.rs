@@ -67,6 +67,10 @@ pub const PROGRAMS: &[TestProgram] = &[
     // Two builds of one program whose functions' instruction shares differ by design.
     TestProgram { name: "ab_a", sources: &["ab.c"], flags: &["-DUA=2", "-DUB=1"] },
     TestProgram { name: "ab_b", sources: &["ab.c"], flags: &["-DUA=1", "-DUB=2"] },
+    // Two builds of one program: B runs 6 instructions fewer per call of one function that
+    // two callers share, and nothing else differs.
+    TestProgram { name: "percall_a", sources: &["percall.c"], flags: &["-DPAD=6"] },
+    TestProgram { name: "percall_b", sources: &["percall.c"], flags: &["-DPAD=0"] },
 ];
 
 /// Why a program could not be built.
