@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use etm_decode::decoder::ElementSink;
-use etm_decode::elements::{Element, ElementKind, InstrRange, TraceOnReason, UnsyncReason};
+use etm_decode::elements::{Element, ElementKind, InstrRange, Range, TraceOnReason, UnsyncReason};
 use etm_decode::frame::StreamFormat;
 use etm_decode::image::{MemSpace, MemoryAccess};
 use etm_decode::insn::{ArchVersion, DecodeConfig, InstrType, decode_a64};
@@ -61,7 +61,8 @@ impl DecoderFactory for EtmFactory {
 /// The real decoder for one AUX buffer: `etm_decode`'s deformatter, packet parser and element
 /// decoder, with branch records built from the elements by perf's rules
 /// (those of `etm_decode::branches::BranchBuilder`, inline), streamed to the window sink as the decoder emits
-/// them (no copy of the element stream).
+/// them (no copy of the element stream; the ranges arrive in runs, `ElementSink::ranges`,
+/// with no element built for each).
 ///
 /// Two things perf's rules leave out are completed from the element decoder itself:
 /// * the *last* taken branch of a window: the element decoder emits a branch record only when
@@ -223,13 +224,33 @@ impl Adapter {
     /// Hands the batched branches to the sink.
     #[inline]
     fn flush(&mut self, sink: &mut dyn WindowSink) {
-        if !self.batch.is_empty() {
-            sink.branches(self.batch_id, &self.batch);
-            self.batch.clear();
+        flush_batches(&mut self.batch, &mut self.rbatch, self.batch_id, sink);
+    }
+
+    /// A run of instruction ranges of `trace_id` (the decoder's batch): perf's rule per range
+    /// into the branch and range batches.
+    #[inline]
+    fn ranges(&mut self, trace_id: u8, rs: &[Range], sink: &mut dyn WindowSink) {
+        let Some(st) = self.ids[(trace_id & 0x7f) as usize].as_mut() else { return };
+        let id = if self.raw { None } else { Some(trace_id) };
+        if self.batch_id != id {
+            flush_batches(&mut self.batch, &mut self.rbatch, self.batch_id, sink);
+            self.batch_id = id;
         }
-        if !self.rbatch.is_empty() {
-            sink.ranges(self.batch_id, &self.rbatch);
-            self.rbatch.clear();
+        for r in rs {
+            if self.batch.len() == BATCH || self.rbatch.len() == BATCH {
+                flush_batches(&mut self.batch, &mut self.rbatch, id, sink);
+            }
+            st.last_range_index = r.index;
+            st.ranges += 1;
+            let rec = st.range(&r.range);
+            let done = st.completed.take();
+            self.rbatch.push((r.range.start, r.range.num_instr));
+            if let Some(rec) = rec
+                && done != Some(rec)
+            {
+                self.batch.push(BranchPair { from: rec.0, to: rec.1 });
+            }
         }
     }
 
@@ -260,27 +281,12 @@ impl Adapter {
             return;
         }
         let id = if self.raw { None } else { Some(e.trace_id) };
-        match e.kind {
-            ElementKind::InstrRange(r) => {
-                let st = self.ids[slot].as_mut().expect("checked");
-                st.last_range_index = e.index;
-                st.ranges += 1;
-                let rec = st.range(&r);
-                let done = st.completed.take();
-                if self.batch_id != id || self.batch.len() == BATCH || self.rbatch.len() == BATCH {
-                    self.flush(sink);
-                    self.batch_id = id;
-                }
-                self.rbatch.push((r.start, r.num_instr));
-                if let Some(rec) = rec
-                    && done != Some(rec)
-                {
-                    self.batch.push(BranchPair { from: rec.0, to: rec.1 });
-                }
-                return;
-            }
-            _ => self.flush(sink),
+        if let ElementKind::InstrRange(r) = e.kind {
+            // (the decoder hands ranges to `ranges`; an element built from one, the same)
+            self.ranges(e.trace_id, &[Range { index: e.index, range: r }], sink);
+            return;
         }
+        self.flush(sink);
         match e.kind {
             ElementKind::Timestamp { ts, .. } => {
                 let st = self.ids[slot].as_mut().expect("checked");
@@ -361,6 +367,19 @@ impl Adapter {
     }
 }
 
+/// Hands the batched branches, then the batched ranges, of `id` to the sink.
+#[inline]
+fn flush_batches(batch: &mut Vec<BranchPair>, rbatch: &mut Vec<(u64, u32)>, id: Option<u8>, sink: &mut dyn WindowSink) {
+    if !batch.is_empty() {
+        sink.branches(id, batch);
+        batch.clear();
+    }
+    if !rbatch.is_empty() {
+        sink.ranges(id, rbatch);
+        rbatch.clear();
+    }
+}
+
 /// Bridges the code map to the decoder's memory interface (the target process's code).
 struct Mem<'a>(&'a CodeMap);
 
@@ -408,6 +427,12 @@ impl ElementSink for ElemSink<'_, '_> {
     #[inline]
     fn element(&mut self, e: &Element) -> ControlFlow<()> {
         self.st.element(e, self.code, self.sink);
+        ControlFlow::Continue(())
+    }
+
+    #[inline]
+    fn ranges(&mut self, trace_id: u8, rs: &[Range]) -> ControlFlow<()> {
+        self.st.ranges(trace_id, rs, self.sink);
         ControlFlow::Continue(())
     }
 }
