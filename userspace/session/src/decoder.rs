@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use etm_decode::decoder::ElementSink;
-use etm_decode::elements::{Element, ElementKind, InstrRange, Range, TraceOnReason, UnsyncReason};
+use etm_decode::elements::{Element, ElementKind, Range, TraceOnReason, UnsyncReason};
 use etm_decode::frame::StreamFormat;
 use etm_decode::image::{MemSpace, MemoryAccess};
 use etm_decode::insn::{ArchVersion, DecodeConfig, InstrType, decode_a64};
@@ -131,17 +131,32 @@ impl IdState {
             .filter(|(_, ty)| self.prev_taken && !self.taken_by_exception && matches!(ty, InstrType::Br | InstrType::BrIndirect))
     }
 
-    /// perf's rule for a range: the previous range's taken branch ends here.
+    /// perf's rule for a run of ranges, the previous range's taken branch ending at each: the
+    /// records to `out`, except the one [`Adapter::complete_pending`] already emitted.
     #[inline]
-    fn range(&mut self, r: &InstrRange) -> Option<(u64, u64)> {
-        let rec = match self.prev {
-            Some((from, _)) if self.prev_taken => Some((from, r.start)),
-            _ => None,
-        };
-        self.prev = Some((r.last_instr_addr(), r.last_type));
-        self.prev_taken = r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect);
-        self.taken_by_exception = false;
-        rec
+    fn ranges(&mut self, rs: &[Range], out: &mut Vec<BranchPair>) {
+        let Some(last) = rs.last() else { return };
+        // the chain in locals for the loop
+        let (mut prev, mut prev_taken) = (self.prev, self.prev_taken);
+        let mut done = self.completed.take();
+        for r in rs {
+            let r = &r.range;
+            let rec = match prev {
+                Some((from, _)) if prev_taken => Some((from, r.start)),
+                _ => None,
+            };
+            prev = Some((r.last_instr_addr(), r.last_type));
+            prev_taken = r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect);
+            if let Some(rec) = rec
+                && done != Some(rec)
+            {
+                out.push(BranchPair { from: rec.0, to: rec.1 });
+            }
+            done = None;
+        }
+        (self.prev, self.prev_taken, self.taken_by_exception) = (prev, prev_taken, false);
+        self.ranges += rs.len() as u64;
+        self.last_range_index = last.index;
     }
 
     fn new() -> Self {
@@ -237,20 +252,13 @@ impl Adapter {
             flush_batches(&mut self.batch, &mut self.rbatch, self.batch_id, sink);
             self.batch_id = id;
         }
-        for r in rs {
-            if self.batch.len() == BATCH || self.rbatch.len() == BATCH {
+        // at most BATCH of each handed over at once, as the batches fill
+        for run in rs.chunks(BATCH) {
+            if self.batch.len() + run.len() > BATCH || self.rbatch.len() + run.len() > BATCH {
                 flush_batches(&mut self.batch, &mut self.rbatch, id, sink);
             }
-            st.last_range_index = r.index;
-            st.ranges += 1;
-            let rec = st.range(&r.range);
-            let done = st.completed.take();
-            self.rbatch.push((r.range.start, r.range.num_instr));
-            if let Some(rec) = rec
-                && done != Some(rec)
-            {
-                self.batch.push(BranchPair { from: rec.0, to: rec.1 });
-            }
+            st.ranges(run, &mut self.batch);
+            self.rbatch.extend(run.iter().map(|r| (r.range.start, r.range.num_instr)));
         }
     }
 
