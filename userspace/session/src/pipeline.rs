@@ -1391,7 +1391,12 @@ impl ExactState {
         let mut open = std::mem::take(self.open.entry(cpu));
         for &(start, n) in rs {
             let f = self.function(resolver, code, start);
-            open.push((f, u64::from(n)));
+            // consecutive ranges of one function (a loop, straight-line blocks) as one entry:
+            // the segment's counts are sums per function
+            match open.last_mut() {
+                Some((last, m)) if *last == f => *m += u64::from(n),
+                _ => open.push((f, u64::from(n))),
+            }
         }
         *self.open.entry(cpu) = open;
     }
