@@ -40,11 +40,16 @@ pub fn shared(bits: u32) -> SharedBlockCache {
 
 const VALID: u64 = 1 << 63;
 
+/// A slot: key (start, tag with bit 63 set; 0 = empty) and block side by side, so a lookup
+/// touches one place.
+struct Slot {
+    key: Cell<(u64, u64)>,
+    block: Cell<Block>,
+}
+
 /// The cache.
 pub struct BlockCache {
-    /// (start, tag with bit 63 set; 0 = empty slot) per slot.
-    keys: Box<[Cell<(u64, u64)>]>,
-    blocks: Box<[Cell<Block>]>,
+    slots: Box<[Slot]>,
     mask: usize,
     hits: Cell<u64>,
     misses: Cell<u64>,
@@ -55,8 +60,7 @@ impl BlockCache {
     pub fn new(bits: u32) -> Self {
         let n = 1usize << bits.min(24);
         BlockCache {
-            keys: (0..n).map(|_| Cell::new((0, 0))).collect(),
-            blocks: (0..n).map(|_| Cell::new(Block::default())).collect(),
+            slots: (0..n).map(|_| Slot { key: Cell::new((0, 0)), block: Cell::new(Block::default()) }).collect(),
             mask: n - 1,
             hits: Cell::new(0),
             misses: Cell::new(0),
@@ -64,34 +68,46 @@ impl BlockCache {
     }
 
     #[inline]
-    fn slot(&self, start: u64) -> usize {
-        (start >> 2) as usize & self.mask
+    fn slot(&self, start: u64) -> &Slot {
+        &self.slots[(start >> 2) as usize & self.mask]
     }
 
     /// Looks up the block starting at `start` under `tag`.
     #[inline]
     pub fn get(&self, start: u64, tag: u64) -> Option<Block> {
-        let i = self.slot(start);
-        if self.keys[i].get() == (start, tag | VALID) {
-            self.hits.set(self.hits.get() + 1);
-            Some(self.blocks[i].get())
-        } else {
-            None
+        let b = self.lookup(start, tag);
+        if b.is_some() {
+            self.count_hits(1);
         }
+        b
+    }
+
+    /// [`get`](Self::get) without counting the hit (for a caller that counts its hits with
+    /// [`count_hits`](Self::count_hits) once per run of lookups).
+    #[inline]
+    pub fn lookup(&self, start: u64, tag: u64) -> Option<Block> {
+        let s = self.slot(start);
+        if s.key.get() == (start, tag | VALID) { Some(s.block.get()) } else { None }
+    }
+
+    /// Adds `n` hits to the counter.
+    #[inline]
+    pub fn count_hits(&self, n: u64) {
+        self.hits.set(self.hits.get() + n);
     }
 
     /// Stores a block.
     #[inline]
     pub fn put(&self, start: u64, tag: u64, block: Block) {
-        let i = self.slot(start);
+        let s = self.slot(start);
         self.misses.set(self.misses.get() + 1);
-        self.keys[i].set((start, tag | VALID));
-        self.blocks[i].set(block);
+        s.key.set((start, tag | VALID));
+        s.block.set(block);
     }
 
     /// Forgets everything (e.g. the code image changed).
     pub fn clear(&self) {
-        self.keys.iter().for_each(|k| k.set((0, 0)));
+        self.slots.iter().for_each(|s| s.key.set((0, 0)));
     }
 
     /// Lookups that hit.

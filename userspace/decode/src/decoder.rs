@@ -28,25 +28,40 @@ use std::collections::VecDeque;
 use std::ops::ControlFlow;
 
 use crate::cache::{self, SharedBlockCache};
-use crate::elements::{Element, ElementKind, InstrRange, MemTrans, PeContext, Security, TraceOnReason, UnsyncReason};
+use crate::elements::{Element, ElementKind, InstrRange, MemTrans, PeContext, Range, Security, TraceOnReason, UnsyncReason};
 use crate::image::{MemSpace, MemoryAccess};
 use crate::insn::{ArchVersion, DecodeConfig, InstrSubtype, InstrType, Isa};
-use crate::packet::{Context, Packet};
+use crate::packet::{Atoms, Context, Packet};
 use crate::snapshot::{CoreProfile, EtmConfig};
 pub use crate::walk::DecodeOptions;
 use crate::walk::{self, RawRange, WalkState, WpRes};
 
 /// Receives decoded elements; return `ControlFlow::Break(())` to stop decoding early.
+///
+/// Instruction ranges arrive through [`ranges`](ElementSink::ranges) (never through
+/// [`elements`](ElementSink::elements)), the other kinds through `elements`; the calls follow
+/// trace order. The defaults hand every element, ranges included, to
+/// [`element`](ElementSink::element).
 pub trait ElementSink {
-    /// Called for every element, in trace order.
+    /// Called for every element, in trace order (by the defaults of the batch methods).
     fn element(&mut self, e: &Element) -> ControlFlow<()>;
 
-    /// Called with each batch of elements the decoder produced for one packet (in order);
-    /// the default calls [`element`](ElementSink::element) for each.
+    /// Called with each run of consecutive non-range elements the decoder produced for one
+    /// packet (in order); the default calls [`element`](ElementSink::element) for each.
     #[inline]
     fn elements(&mut self, es: &[Element]) -> ControlFlow<()> {
         for e in es {
             self.element(e)?;
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Called with each run of consecutive instruction ranges of source `trace_id` (in
+    /// order); the default calls [`element`](ElementSink::element) with each as an element.
+    #[inline]
+    fn ranges(&mut self, trace_id: u8, rs: &[Range]) -> ControlFlow<()> {
+        for r in rs {
+            self.element(&r.element(trace_id))?;
         }
         ControlFlow::Continue(())
     }
@@ -265,7 +280,12 @@ pub struct Decoder {
     walk: WalkState,
     ret: RetStack,
     ctx: PeContext,
+    /// Elements other than ranges not yet handed over, each with the length of `ranges` when
+    /// it was added (the ranges before it in trace order) ...
     out: Vec<Element>,
+    out_at: Vec<u32>,
+    /// ... and the ranges (see [`ElementSink::ranges`]).
+    ranges: Vec<Range>,
     cur_index: u64,
     cache: SharedBlockCache,
     /// The part of the cache tag that depends on the instruction-classification options.
@@ -314,6 +334,8 @@ impl Decoder {
             ret: RetStack { active: cfg.ret_stack, ..Default::default() },
             ctx: PeContext::default(),
             out: Vec::with_capacity(64),
+            out_at: Vec::with_capacity(64),
+            ranges: Vec::with_capacity(256),
             cur_index: 0,
             cache,
             cfg_tag: 0,
@@ -439,16 +461,27 @@ impl Decoder {
     /// Drops buffered (unsent) elements, as OpenCSD does when an error resets the decoder.
     fn discard_out(&mut self) {
         for e in &self.out {
-            match e.kind {
-                ElementKind::InstrRange(r) => {
-                    self.stats.ranges -= 1;
-                    self.stats.instructions -= r.num_instr as u64;
-                }
-                ElementKind::AddrNacc { .. } => self.stats.nacc -= 1,
-                _ => {}
+            if let ElementKind::AddrNacc { .. } = e.kind {
+                self.stats.nacc -= 1
             }
         }
+        for r in &self.ranges {
+            self.stats.ranges -= 1;
+            self.stats.instructions -= r.range.num_instr as u64;
+        }
+        self.clear_out();
+    }
+
+    #[inline]
+    fn clear_out(&mut self) {
         self.out.clear();
+        self.out_at.clear();
+        self.ranges.clear();
+    }
+
+    #[inline]
+    fn has_out(&self) -> bool {
+        !self.out.is_empty() || !self.ranges.is_empty()
     }
 
     /// Processes one packet that started at trace index `index`.
@@ -460,9 +493,91 @@ impl Decoder {
         mem: &M,
         sink: &mut S,
     ) -> ControlFlow<()> {
+        self.begin_packet(index);
+        self.run(index, pkt, mem, sink)
+    }
+
+    #[inline]
+    fn begin_packet(&mut self, index: u64) {
         self.cur_index = index;
         self.stats.packets += 1;
         self.stopped = false;
+    }
+
+    /// Processes an atom packet (`Packet::Atom { format, atoms }`, see [`packet`](Self::packet)):
+    /// the entry for the parser's atom fast path ([`crate::packet::PacketSink::atoms`]), with
+    /// no `Packet` to build or match.
+    #[inline]
+    pub fn atoms<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        index: u64,
+        format: u8,
+        atoms: Atoms,
+        mem: &M,
+        sink: &mut S,
+    ) -> ControlFlow<()> {
+        self.begin_packet(index);
+        if self.state == State::Decode && self.atoms_now() && self.commit_atoms_now(atoms, index, mem, sink) {
+            return ControlFlow::Continue(());
+        }
+        // not committed at once, or an error (the decoder was reset: NO_SYNC is reported at
+        // this packet as `packet` does)
+        self.run(index, &Packet::Atom { format, atoms }, mem, sink)
+    }
+
+    /// An atom packet now is committed at once (the common case with TRCIDR8.MAXSPEC == 0:
+    /// an empty P0 stack, or one holding only the address packet after an indirect branch,
+    /// which this applies as the commit would), so it is applied directly instead of being
+    /// stacked and popped.
+    #[inline]
+    fn atoms_now(&mut self) -> bool {
+        if self.cfg.max_spec_depth != 0 || self.res.any() || self.spec_depth != 0 {
+            return false;
+        }
+        match self.p0.len() {
+            0 => true,
+            1 => match self.p0[0].kind {
+                P0Kind::Addr { addr, is } => {
+                    // commit's handling of an address entry
+                    self.ret.pop_pending = false;
+                    self.ret.tinfo_wait_addr = false;
+                    self.set_addr_isa(addr, is);
+                    self.need_addr = false;
+                    self.p0.clear();
+                    true
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// Applies an atom packet committed at once (see [`atoms_now`](Self::atoms_now)); same
+    /// semantics as decode_packet + commit. False on an error (the decoder was reset).
+    #[inline]
+    fn commit_atoms_now<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        atoms: Atoms,
+        index: u64,
+        mem: &M,
+        sink: &mut S,
+    ) -> bool {
+        // (`res.commit` stays 0: nothing else is pending)
+        if self.run_atoms(atoms.bits, atoms.count, index, mem).is_ok() {
+            self.flush(sink);
+            true
+        } else {
+            false
+        }
+    }
+
+    fn run<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        index: u64,
+        pkt: &Packet,
+        mem: &M,
+        sink: &mut S,
+    ) -> ControlFlow<()> {
         loop {
             match self.state {
                 State::NoSync => {
@@ -500,22 +615,10 @@ impl Decoder {
                     break;
                 }
                 State::Decode => {
-                    // Fast path (the common case with TRCIDR8.MAXSPEC == 0): an atom packet
-                    // on an empty P0 stack is committed at once, so it is applied directly
-                    // instead of being stacked and immediately popped. Same semantics as
-                    // decode_packet + commit.
                     if let Packet::Atom { atoms, .. } = pkt
-                        && self.cfg.max_spec_depth == 0
-                        && self.p0.is_empty()
-                        && !self.res.any()
-                        && self.spec_depth == 0
+                        && self.atoms_now()
                     {
-                        let (mut bits, mut num) = (atoms.bits, atoms.count);
-                        self.res.commit = num as i64;
-                        let r = self.apply_atoms(&mut bits, &mut num, index, mem);
-                        if r.is_ok() {
-                            self.res.commit = 0;
-                            self.flush(sink);
+                        if self.commit_atoms_now(*atoms, index, mem, sink) {
                             break;
                         }
                         // error: decoder reset; report NO_SYNC here and re-check this packet
@@ -587,18 +690,49 @@ impl Decoder {
             // Not an OpenCSD element: `flush` counts every element it hands over, so this one
             // is taken back to keep `elements` comparable with trc_pkt_lister's count.
             ElementKind::TraceInfo => self.stats.elements = self.stats.elements.wrapping_sub(1),
+            ElementKind::InstrRange(range) => {
+                self.ranges.push(Range { index, range });
+                return;
+            }
             _ => {}
         }
         self.out.push(Element { index, trace_id: self.cfg.trace_id, kind });
+        self.out_at.push(self.ranges.len() as u32);
     }
 
     #[inline]
     fn flush<S: ElementSink + ?Sized>(&mut self, sink: &mut S) {
-        self.stats.elements += self.out.len() as u64;
-        if !self.stopped && sink.elements(&self.out).is_break() {
+        self.stats.elements += (self.out.len() + self.ranges.len()) as u64;
+        if !self.stopped && self.hand_over(sink).is_break() {
             self.stopped = true;
         }
-        self.out.clear();
+        self.clear_out();
+    }
+
+    /// The buffered output to the sink in trace order: runs of ranges and runs of other
+    /// elements.
+    #[inline]
+    fn hand_over<S: ElementSink + ?Sized>(&self, sink: &mut S) -> ControlFlow<()> {
+        let id = self.cfg.trace_id;
+        let mut r0 = 0;
+        let mut e0 = 0;
+        while e0 < self.out.len() {
+            let at = self.out_at[e0] as usize;
+            if at > r0 {
+                sink.ranges(id, &self.ranges[r0..at])?;
+                r0 = at;
+            }
+            let mut e1 = e0 + 1;
+            while e1 < self.out.len() && self.out_at[e1] as usize == at {
+                e1 += 1;
+            }
+            sink.elements(&self.out[e0..e1])?;
+            e0 = e1;
+        }
+        if r0 < self.ranges.len() {
+            sink.ranges(id, &self.ranges[r0..])?;
+        }
+        ControlFlow::Continue(())
     }
 
     // ---------------------------------------------------------------- packets -> P0 stack
@@ -747,7 +881,7 @@ impl Decoder {
 
     fn resolve<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(&mut self, mem: &M, sink: &mut S) {
         loop {
-            if !self.out.is_empty() {
+            if self.has_out() {
                 self.flush(sink);
             } else if self.res.any() {
                 let mut r = Ok(());
@@ -767,7 +901,7 @@ impl Decoder {
                 }
                 let _ = r;
             }
-            if self.out.is_empty() && !self.res.any() {
+            if !self.has_out() && !self.res.any() {
                 break;
             }
         }
@@ -898,24 +1032,109 @@ impl Decoder {
         mem: &M,
     ) -> Result<(), DecodeErr> {
         let n = (*num as i64).min(self.res.commit.max(0)) as u8;
-        let mut b = *bits;
+        *bits = self.run_atoms(*bits, n, index, mem)?;
+        *num -= n;
+        self.res.commit -= n as i64;
+        Ok(())
+    }
+
+    /// Applies `n` committed atoms (oldest in bit 0 of `bits`); returns the bits left.
+    #[inline]
+    fn run_atoms<M: MemoryAccess + ?Sized>(&mut self, mut b: u32, n: u8, index: u64, mem: &M) -> Result<u32, DecodeErr> {
         // One tag for the whole packet.
         let tag = self.cache_tag(mem);
-        for _ in 0..n {
-            let taken = b & 1 != 0;
-            b >>= 1;
+        let mut k = 0;
+        while k < n {
             if self.ret.pop_pending {
                 // on error the decoder has been reset: nothing to write back
                 self.return_stack_pop()?;
             }
-            if !self.need_ctxt && !self.need_addr {
-                self.process_atom(taken, index, mem, tag)?;
+            if self.need_ctxt || self.need_addr {
+                // no address to walk from: the atom is dropped
+                b >>= 1;
+                k += 1;
+                continue;
+            }
+            if self.walk.isa == Isa::A64 {
+                let done = self.cached_atoms(&mut b, n - k, index, tag);
+                k += done;
+                if done > 0 {
+                    continue;
+                }
+            }
+            // one atom by walking the code (a block not cached yet, or not A64)
+            let taken = b & 1 != 0;
+            b >>= 1;
+            k += 1;
+            self.process_atom(taken, index, mem, tag)?;
+        }
+        Ok(b)
+    }
+
+    /// The hot path of [`apply_atoms`](Self::apply_atoms): up to `max` atoms (oldest in bit 0
+    /// of `bits`, consumed) from an A64 address while their blocks are cached, with the
+    /// address in a local; stops after a taken indirect branch (its target comes from the
+    /// trace) and at the first block not cached. The same ranges and return-stack updates as
+    /// [`process_atom`](Self::process_atom)'s cached case, one per atom. Returns the atoms
+    /// applied.
+    #[inline]
+    fn cached_atoms(&mut self, bits: &mut u32, max: u8, index: u64, tag: u64) -> u8 {
+        let mut addr = self.walk.addr;
+        let mut k = 0;
+        let mut instructions = 0u64;
+        while k < max {
+            let Some(blk) = self.cache.lookup(addr, tag) else { break };
+            let taken = *bits & 1 != 0;
+            *bits >>= 1;
+            k += 1;
+            let last = blk.last;
+            instructions += blk.num_instr as u64;
+            self.ranges.push(Range {
+                index,
+                range: InstrRange {
+                    start: addr,
+                    end: blk.end,
+                    num_instr: blk.num_instr,
+                    isa: Isa::A64,
+                    last_size: 4,
+                    executed: taken,
+                    last_type: last.ty,
+                    last_subtype: last.subtype,
+                    last_cond: last.is_cond,
+                },
+            });
+            addr = blk.end;
+            if taken {
+                match last.ty {
+                    InstrType::Br => {
+                        if last.is_link {
+                            self.ret.push(blk.end, Isa::A64);
+                        }
+                        addr = last.branch_addr;
+                    }
+                    InstrType::BrIndirect => {
+                        self.need_addr = true;
+                        if last.is_link {
+                            self.ret.push(blk.end, Isa::A64);
+                        }
+                        self.ret.set_pop_pending();
+                        if self.cfg.ete && last.subtype == InstrSubtype::V8Eret {
+                            self.add(index, ElementKind::ExceptionRet);
+                        }
+                        break;
+                    }
+                    _ => {}
+                }
             }
         }
-        *bits = b;
-        *num -= n;
-        self.res.commit -= n as i64;
-        Ok(())
+        if k > 0 {
+            self.cache.count_hits(k as u64);
+            self.walk.addr = addr;
+            self.walk.it.remaining = 0;
+            self.stats.ranges += k as u64;
+            self.stats.instructions += instructions;
+        }
+        k
     }
 
     #[inline]
@@ -1195,57 +1414,9 @@ impl Decoder {
         self.add(index, ElementKind::AddrNacc { addr, space });
     }
 
-    #[inline]
+    /// One atom by walking the code to the next waypoint (storing the block in the cache);
+    /// cached A64 blocks take [`cached_atoms`](Self::cached_atoms) instead.
     fn process_atom<M: MemoryAccess + ?Sized>(&mut self, taken: bool, index: u64, mem: &M, tag: u64) -> Result<(), DecodeErr> {
-        let start = self.walk.addr;
-        if self.walk.isa == Isa::A64
-            && let Some(b) = self.cache.get(start, tag)
-        {
-            // hot path: a cached A64 block ending in a waypoint
-            let (end, num_instr) = (b.end, b.num_instr);
-            let (ty, sub, cond, link, target) = (b.last.ty, b.last.subtype, b.last.is_cond, b.last.is_link, b.last.branch_addr);
-            self.walk.it.remaining = 0;
-            self.stats.ranges += 1;
-            self.stats.instructions += num_instr as u64;
-            self.out.push(Element {
-                index,
-                trace_id: self.cfg.trace_id,
-                kind: ElementKind::InstrRange(InstrRange {
-                    start,
-                    end,
-                    num_instr,
-                    isa: Isa::A64,
-                    last_size: 4,
-                    executed: taken,
-                    last_type: ty,
-                    last_subtype: sub,
-                    last_cond: cond,
-                }),
-            });
-            self.walk.addr = end;
-            if taken {
-                match ty {
-                    InstrType::Br => {
-                        self.walk.addr = target;
-                        if link {
-                            self.ret.push(end, Isa::A64);
-                        }
-                    }
-                    InstrType::BrIndirect => {
-                        self.need_addr = true;
-                        if link {
-                            self.ret.push(end, Isa::A64);
-                        }
-                        self.ret.set_pop_pending();
-                        if self.cfg.ete && sub == InstrSubtype::V8Eret {
-                            self.add(index, ElementKind::ExceptionRet);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            return Ok(());
-        }
         let (r, res) = self.walk_wp_in(mem, None, tag)?;
         if res == WpRes::Found {
             let next = self.walk.addr;

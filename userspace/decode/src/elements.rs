@@ -223,6 +223,25 @@ pub struct Element {
     pub kind: ElementKind,
 }
 
+/// An instruction range as the decoder hands it over: ranges, by far the most common element,
+/// go to [`ElementSink::ranges`](crate::decoder::ElementSink::ranges) in batches of these,
+/// without an [`Element`] built for each (the trace ID is the batch's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Range {
+    /// Trace index of the originating packet.
+    pub index: u64,
+    /// The range.
+    pub range: InstrRange,
+}
+
+impl Range {
+    /// The range as an element of source `trace_id`.
+    #[inline]
+    pub fn element(&self, trace_id: u8) -> Element {
+        Element { index: self.index, trace_id, kind: ElementKind::InstrRange(self.range) }
+    }
+}
+
 impl fmt::Display for ElementKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {

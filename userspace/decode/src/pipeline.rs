@@ -10,7 +10,7 @@ use crate::elements::Element;
 use crate::frame::{Deformatter, FrameSink, FrameStats, StreamFormat};
 use crate::image::{MemSpace, MemoryAccess, MemoryImage};
 use crate::insn::ArchVersion;
-use crate::packet::{Packet, PacketDemux, PacketStats};
+use crate::packet::{Atoms, Packet, PacketDemux, PacketSink, PacketStats};
 use crate::snapshot::{EtmConfig, Snapshot, SnapshotError, SnapshotFiles, TraceBuffer};
 
 /// Builds the code image of a snapshot: every `dump` section of every device, in device
@@ -270,23 +270,45 @@ impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> FrameSink for Fs<'_, M, 
         if self.stop {
             return;
         }
-        let (decoders, mem, sink, stop) = (&mut *self.decoders, self.mem, &mut *self.sink, &mut self.stop);
-        self.demux.feed(id, index, bytes, &mut |id: u8, idx: u64, p: &Packet, _raw: &[u8]| {
-            if *stop {
-                return;
+        match self.decoders.get(id) {
+            Some(dec) => {
+                let mut s = IdSink { dec, mem: self.mem, sink: &mut *self.sink, stop: false };
+                self.demux.feed_to(id, index, bytes, &mut s);
+                self.stop = s.stop;
             }
-            if let Some(d) = decoders.get(id)
-                && d.packet(idx, p, mem, sink).is_break()
-            {
-                *stop = true;
-            }
-        });
+            // no decoder for this ID: its packets are parsed (and counted) only
+            None => self.demux.feed_to(id, index, bytes, &mut |_: u64, _: &Packet, _: &[u8]| {}),
+        }
     }
 
     fn reset(&mut self) {
         self.demux.reset_all();
         for d in self.decoders.existing() {
             d.reset();
+        }
+    }
+}
+
+/// The packets of one trace ID to its decoder (atom packets without a `Packet`).
+struct IdSink<'a, M: ?Sized, S: ?Sized> {
+    dec: &'a mut Decoder,
+    mem: &'a M,
+    sink: &'a mut S,
+    stop: bool,
+}
+
+impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> PacketSink for IdSink<'_, M, S> {
+    #[inline]
+    fn packet(&mut self, index: u64, p: &Packet, _raw: &[u8]) {
+        if !self.stop && self.dec.packet(index, p, self.mem, self.sink).is_break() {
+            self.stop = true;
+        }
+    }
+
+    #[inline]
+    fn atoms(&mut self, index: u64, format: u8, atoms: Atoms, _header: u8) {
+        if !self.stop && self.dec.atoms(index, format, atoms, self.mem, self.sink).is_break() {
+            self.stop = true;
         }
     }
 }

@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use etm_decode::decoder::ElementSink;
-use etm_decode::elements::{Element, ElementKind, InstrRange, TraceOnReason, UnsyncReason};
+use etm_decode::elements::{Element, ElementKind, Range, TraceOnReason, UnsyncReason};
 use etm_decode::frame::StreamFormat;
 use etm_decode::image::{MemSpace, MemoryAccess};
 use etm_decode::insn::{ArchVersion, DecodeConfig, InstrType, decode_a64};
@@ -61,7 +61,8 @@ impl DecoderFactory for EtmFactory {
 /// The real decoder for one AUX buffer: `etm_decode`'s deformatter, packet parser and element
 /// decoder, with branch records built from the elements by perf's rules
 /// (those of `etm_decode::branches::BranchBuilder`, inline), streamed to the window sink as the decoder emits
-/// them (no copy of the element stream).
+/// them (no copy of the element stream; the ranges arrive in runs, `ElementSink::ranges`,
+/// with no element built for each).
 ///
 /// Two things perf's rules leave out are completed from the element decoder itself:
 /// * the *last* taken branch of a window: the element decoder emits a branch record only when
@@ -130,17 +131,32 @@ impl IdState {
             .filter(|(_, ty)| self.prev_taken && !self.taken_by_exception && matches!(ty, InstrType::Br | InstrType::BrIndirect))
     }
 
-    /// perf's rule for a range: the previous range's taken branch ends here.
+    /// perf's rule for a run of ranges, the previous range's taken branch ending at each: the
+    /// records to `out`, except the one [`Adapter::complete_pending`] already emitted.
     #[inline]
-    fn range(&mut self, r: &InstrRange) -> Option<(u64, u64)> {
-        let rec = match self.prev {
-            Some((from, _)) if self.prev_taken => Some((from, r.start)),
-            _ => None,
-        };
-        self.prev = Some((r.last_instr_addr(), r.last_type));
-        self.prev_taken = r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect);
-        self.taken_by_exception = false;
-        rec
+    fn ranges(&mut self, rs: &[Range], out: &mut Vec<BranchPair>) {
+        let Some(last) = rs.last() else { return };
+        // the chain in locals for the loop
+        let (mut prev, mut prev_taken) = (self.prev, self.prev_taken);
+        let mut done = self.completed.take();
+        for r in rs {
+            let r = &r.range;
+            let rec = match prev {
+                Some((from, _)) if prev_taken => Some((from, r.start)),
+                _ => None,
+            };
+            prev = Some((r.last_instr_addr(), r.last_type));
+            prev_taken = r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect);
+            if let Some(rec) = rec
+                && done != Some(rec)
+            {
+                out.push(BranchPair { from: rec.0, to: rec.1 });
+            }
+            done = None;
+        }
+        (self.prev, self.prev_taken, self.taken_by_exception) = (prev, prev_taken, false);
+        self.ranges += rs.len() as u64;
+        self.last_range_index = last.index;
     }
 
     fn new() -> Self {
@@ -223,13 +239,26 @@ impl Adapter {
     /// Hands the batched branches to the sink.
     #[inline]
     fn flush(&mut self, sink: &mut dyn WindowSink) {
-        if !self.batch.is_empty() {
-            sink.branches(self.batch_id, &self.batch);
-            self.batch.clear();
+        flush_batches(&mut self.batch, &mut self.rbatch, self.batch_id, sink);
+    }
+
+    /// A run of instruction ranges of `trace_id` (the decoder's batch): perf's rule per range
+    /// into the branch and range batches.
+    #[inline]
+    fn ranges(&mut self, trace_id: u8, rs: &[Range], sink: &mut dyn WindowSink) {
+        let Some(st) = self.ids[(trace_id & 0x7f) as usize].as_mut() else { return };
+        let id = if self.raw { None } else { Some(trace_id) };
+        if self.batch_id != id {
+            flush_batches(&mut self.batch, &mut self.rbatch, self.batch_id, sink);
+            self.batch_id = id;
         }
-        if !self.rbatch.is_empty() {
-            sink.ranges(self.batch_id, &self.rbatch);
-            self.rbatch.clear();
+        // at most BATCH of each handed over at once, as the batches fill
+        for run in rs.chunks(BATCH) {
+            if self.batch.len() + run.len() > BATCH || self.rbatch.len() + run.len() > BATCH {
+                flush_batches(&mut self.batch, &mut self.rbatch, id, sink);
+            }
+            st.ranges(run, &mut self.batch);
+            self.rbatch.extend(run.iter().map(|r| (r.range.start, r.range.num_instr)));
         }
     }
 
@@ -260,27 +289,12 @@ impl Adapter {
             return;
         }
         let id = if self.raw { None } else { Some(e.trace_id) };
-        match e.kind {
-            ElementKind::InstrRange(r) => {
-                let st = self.ids[slot].as_mut().expect("checked");
-                st.last_range_index = e.index;
-                st.ranges += 1;
-                let rec = st.range(&r);
-                let done = st.completed.take();
-                if self.batch_id != id || self.batch.len() == BATCH || self.rbatch.len() == BATCH {
-                    self.flush(sink);
-                    self.batch_id = id;
-                }
-                self.rbatch.push((r.start, r.num_instr));
-                if let Some(rec) = rec
-                    && done != Some(rec)
-                {
-                    self.batch.push(BranchPair { from: rec.0, to: rec.1 });
-                }
-                return;
-            }
-            _ => self.flush(sink),
+        if let ElementKind::InstrRange(r) = e.kind {
+            // (the decoder hands ranges to `ranges`; an element built from one, the same)
+            self.ranges(e.trace_id, &[Range { index: e.index, range: r }], sink);
+            return;
         }
+        self.flush(sink);
         match e.kind {
             ElementKind::Timestamp { ts, .. } => {
                 let st = self.ids[slot].as_mut().expect("checked");
@@ -361,6 +375,19 @@ impl Adapter {
     }
 }
 
+/// Hands the batched branches, then the batched ranges, of `id` to the sink.
+#[inline]
+fn flush_batches(batch: &mut Vec<BranchPair>, rbatch: &mut Vec<(u64, u32)>, id: Option<u8>, sink: &mut dyn WindowSink) {
+    if !batch.is_empty() {
+        sink.branches(id, batch);
+        batch.clear();
+    }
+    if !rbatch.is_empty() {
+        sink.ranges(id, rbatch);
+        rbatch.clear();
+    }
+}
+
 /// Bridges the code map to the decoder's memory interface (the target process's code).
 struct Mem<'a>(&'a CodeMap);
 
@@ -408,6 +435,12 @@ impl ElementSink for ElemSink<'_, '_> {
     #[inline]
     fn element(&mut self, e: &Element) -> ControlFlow<()> {
         self.st.element(e, self.code, self.sink);
+        ControlFlow::Continue(())
+    }
+
+    #[inline]
+    fn ranges(&mut self, trace_id: u8, rs: &[Range]) -> ControlFlow<()> {
+        self.st.ranges(trace_id, rs, self.sink);
         ControlFlow::Continue(())
     }
 }

@@ -296,6 +296,11 @@ impl etm_decode::decoder::ElementSink for CountOnly {
         std::ops::ControlFlow::Continue(())
     }
 
+    /// Ranges are counted by the decoder and are never decode errors.
+    fn ranges(&mut self, _trace_id: u8, _rs: &[etm_decode::elements::Range]) -> std::ops::ControlFlow<()> {
+        std::ops::ControlFlow::Continue(())
+    }
+
     fn elements(&mut self, es: &[etm_decode::elements::Element]) -> std::ops::ControlFlow<()> {
         if self.halt_on_error {
             for e in es {

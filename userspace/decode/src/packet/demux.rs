@@ -1,6 +1,6 @@
 //! One [`PacketParser`] per trace ID, fed from the frame deformatter.
 
-use super::{Packet, PacketParser, PacketStats};
+use super::{Packet, PacketParser, PacketSink, PacketStats};
 use crate::frame::FrameSink;
 use crate::snapshot::EtmConfig;
 
@@ -50,6 +50,16 @@ impl PacketDemux {
     pub fn feed<F: FnMut(u8, u64, &Packet, &[u8])>(&mut self, id: u8, index: u64, bytes: &[u8], sink: &mut F) {
         match self.parsers.get_mut(id as usize).and_then(|p| p.as_mut()) {
             Some(p) => p.feed(index, bytes, &mut |i, pk: &Packet, raw: &[u8]| sink(id, i, pk, raw)),
+            None => self.unknown_id_bytes += bytes.len() as u64,
+        }
+    }
+
+    /// Feeds bytes of trace ID `id` to a sink of that ID's packets (which may take atom
+    /// packets without a [`Packet`], see [`PacketSink::atoms`]).
+    #[inline]
+    pub fn feed_to<S: PacketSink + ?Sized>(&mut self, id: u8, index: u64, bytes: &[u8], sink: &mut S) {
+        match self.parsers.get_mut(id as usize).and_then(|p| p.as_mut()) {
+            Some(p) => p.feed(index, bytes, sink),
             None => self.unknown_id_bytes += bytes.len() as u64,
         }
     }

@@ -10,8 +10,10 @@
 //! * [`PacketParser::new(&EtmConfig)`](PacketParser::new) builds a parser for one trace ID.
 //! * [`PacketParser::feed(index, bytes, &mut sink)`](PacketParser::feed) takes any chunk of
 //!   that trace ID's byte stream; `index` is the trace index of `bytes[0]` (the listing
-//!   `Idx:`). Every complete packet is passed to `sink(&Packet, raw_bytes)`. Chunks may be
-//!   split anywhere: the parser is resumable and gives identical packets.
+//!   `Idx:`). Every complete packet is passed to the [`PacketSink`] (a closure
+//!   `sink(index, &Packet, raw_bytes)`, or a sink that takes single-byte atom packets
+//!   without a `Packet` through [`PacketSink::atoms`]). Chunks may be split anywhere: the
+//!   parser is resumable and gives identical packets.
 //! * [`PacketParser::finish`] at end of trace flushes a partial packet as
 //!   [`Packet::IncompleteEot`]; [`PacketParser::reset`] forgets everything (e.g. on a
 //!   4 x FSYNC barrier or a new AUX buffer) and waits for A-sync again.
@@ -35,6 +37,28 @@ mod parser;
 
 pub use demux::{DemuxSink, PacketDemux};
 pub use parser::{PacketParser, PacketStats};
+
+/// Receives the packets of one parser ([`PacketParser::feed`]). Closures
+/// `FnMut(index, &Packet, raw_bytes)` are sinks; a sink that consumes atom packets (the hot
+/// packet type) without a [`Packet`] built for them implements [`atoms`](PacketSink::atoms).
+pub trait PacketSink {
+    /// A packet that started at trace index `index`, with its raw bytes.
+    fn packet(&mut self, index: u64, packet: &Packet, raw: &[u8]);
+
+    /// A single-byte atom packet (`header` is its byte): the same as
+    /// `packet(index, &Packet::Atom { format, atoms }, &[header])`, which the default does.
+    #[inline]
+    fn atoms(&mut self, index: u64, format: u8, atoms: Atoms, header: u8) {
+        self.packet(index, &Packet::Atom { format, atoms }, &[header]);
+    }
+}
+
+impl<F: FnMut(u64, &Packet, &[u8])> PacketSink for F {
+    #[inline]
+    fn packet(&mut self, index: u64, packet: &Packet, raw: &[u8]) {
+        self(index, packet, raw)
+    }
+}
 
 /// Packet type identifiers, one per OpenCSD `ocsd_etmv4_i_pkt_type` (the listing name is
 /// [`PacketType::name`]). Error packets carry the type that was being parsed.

@@ -5,7 +5,7 @@
 //! synchronisation, error packets and index reporting, so that listings compare
 //! line-for-line with `trc_pkt_lister`.
 
-use super::{AddrForm, Address, Atoms, Context, Exception, Packet, PacketType, QPacket, TraceInfo};
+use super::{AddrForm, Address, Atoms, Context, Exception, Packet, PacketSink, PacketType, QPacket, TraceInfo};
 use crate::snapshot::{CoreProfile, EtmConfig};
 
 /// Maximum bytes buffered for one packet; longer packets are reported as `BadSequence`.
@@ -68,6 +68,9 @@ struct VAddr {
 pub struct PacketParser {
     cfg: EtmConfig,
     table: [(PacketType, H); 256],
+    /// Per header byte, the atom packet it is (format 0: not an atom header): single-byte
+    /// atom packets are decoded by one lookup.
+    atom_table: [(u8, Atoms); 256],
     state: State,
     buf: [u8; MAX_PKT],
     len: usize,
@@ -129,6 +132,7 @@ impl PacketParser {
         let mut p = PacketParser {
             cfg: *cfg,
             table: [(PacketType::Reserved, H::Reserved); 256],
+            atom_table: [(0, Atoms::default()); 256],
             state: State::Hdr,
             buf: [0; MAX_PKT],
             len: 0,
@@ -181,6 +185,11 @@ impl PacketParser {
             stats: PacketStats::default(),
         };
         p.build_table();
+        for b in 0..=255u8 {
+            if let (ty, H::Atom) = p.table[b as usize] {
+                p.atom_table[b as usize] = atom_of(ty, b);
+            }
+        }
         p
     }
 
@@ -226,13 +235,28 @@ impl PacketParser {
 
     /// Feeds `data`, whose first byte has trace index `index`. Each complete packet is passed
     /// to `sink(packet_index, &packet, raw_bytes)`.
-    pub fn feed<F: FnMut(u64, &Packet, &[u8])>(&mut self, index: u64, data: &[u8], sink: &mut F) {
+    pub fn feed<S: PacketSink + ?Sized>(&mut self, index: u64, data: &[u8], sink: &mut S) {
         self.block_index = index;
         self.processed = 0;
         self.stats.bytes += data.len() as u64;
         loop {
             match self.state {
                 State::Hdr => {
+                    if self.is_sync {
+                        // fast path: single-byte atom packets dominate real traces; each is one
+                        // table lookup and goes to the sink without a `Packet` (between
+                        // packets the per-packet state is already initialised)
+                        while let Some(&b) = data.get(self.processed) {
+                            let (format, atoms) = self.atom_table[b as usize];
+                            if format == 0 {
+                                break;
+                            }
+                            let i = self.block_index + self.processed as u64;
+                            self.processed += 1;
+                            self.stats.packets += 1;
+                            sink.atoms(i, format, atoms, b);
+                        }
+                    }
                     if self.processed >= data.len() {
                         break;
                     }
@@ -242,17 +266,6 @@ impl PacketParser {
                         let (t, h) = self.table[b as usize];
                         self.ty = t;
                         self.handler = h;
-                        if h == H::Atom {
-                            // fast path: single-byte atom packets dominate real traces
-                            self.processed += 1;
-                            self.buf[0] = b;
-                            self.len = 1;
-                            self.h_atom(b);
-                            self.emit(sink);
-                            self.init_packet_state();
-                            self.state = State::Hdr;
-                            continue;
-                        }
                     } else {
                         self.handler = H::NotSync;
                         self.ty = PacketType::NotSync;
@@ -300,7 +313,7 @@ impl PacketParser {
     }
 
     /// End of trace: a partial packet is emitted as [`Packet::IncompleteEot`].
-    pub fn finish<F: FnMut(u64, &Packet, &[u8])>(&mut self, sink: &mut F) {
+    pub fn finish<S: PacketSink + ?Sized>(&mut self, sink: &mut S) {
         if self.state == State::SendPkt {
             self.emit(sink);
             self.init_packet_state();
@@ -311,28 +324,28 @@ impl PacketParser {
             self.out = Packet::IncompleteEot(t);
             self.stats.errors += 1;
             self.stats.packets += 1;
-            sink(self.packet_index, &self.out, &self.buf[..self.len]);
+            sink.packet(self.packet_index, &self.out, &self.buf[..self.len]);
             self.init_packet_state();
             self.state = State::Hdr;
         }
     }
 
-    fn emit<F: FnMut(u64, &Packet, &[u8])>(&mut self, sink: &mut F) {
+    fn emit<S: PacketSink + ?Sized>(&mut self, sink: &mut S) {
         self.stats.packets += 1;
         if self.out.is_error() {
             self.stats.errors += 1;
         }
-        sink(self.packet_index, &self.out, &self.buf[..self.len]);
+        sink.packet(self.packet_index, &self.out, &self.buf[..self.len]);
     }
 
-    fn output_unsynced<F: FnMut(u64, &Packet, &[u8])>(&mut self, sink: &mut F) {
+    fn output_unsynced<S: PacketSink + ?Sized>(&mut self, sink: &mut S) {
         let n = self.dump_unsynced.min(self.len);
         self.stats.unsynced_bytes += n as u64;
         if !self.sent_notsync || self.monitor_unsynced {
             self.stats.packets += 1;
             // OpenCSD outputs the packet being built; while unsynced that is NOT_SYNC
             let pkt = if self.ty == PacketType::Async { Packet::Async } else { Packet::NotSync };
-            sink(self.packet_index, &pkt, &self.buf[..n]);
+            sink.packet(self.packet_index, &pkt, &self.buf[..n]);
             self.sent_notsync = true;
         }
         self.buf.copy_within(n..self.len, 0);
@@ -1203,33 +1216,7 @@ impl PacketParser {
     }
 
     fn h_atom(&mut self, b: u8) {
-        use PacketType as T;
-        const F4: [u32; 4] = [0xE, 0x0, 0xA, 0x5];
-        let (format, atoms) = match self.ty {
-            T::AtomF1 => (1, Atoms { bits: (b & 1) as u32, count: 1 }),
-            T::AtomF2 => (2, Atoms { bits: (b & 3) as u32, count: 2 }),
-            T::AtomF3 => (3, Atoms { bits: (b & 7) as u32, count: 3 }),
-            T::AtomF4 => (4, Atoms { bits: F4[(b & 3) as usize], count: 4 }),
-            T::AtomF5 => {
-                let idx = ((b & 0x20) >> 3) | (b & 3);
-                let bits = match idx {
-                    5 => 0x1E,
-                    1 => 0x00,
-                    2 => 0x0A,
-                    3 => 0x15,
-                    _ => 0,
-                };
-                (5, Atoms { bits, count: if matches!(idx, 1 | 2 | 3 | 5) { 5 } else { 0 } })
-            }
-            _ => {
-                let n = (b & 0x1F) as u32 + 3;
-                let mut bits = (1u32 << n) - 1;
-                if b & 0x20 == 0 {
-                    bits |= 1 << n;
-                }
-                (6, Atoms { bits, count: (n + 1) as u8 })
-            }
-        };
+        let (format, atoms) = atom_of(self.ty, b);
         self.send(Packet::Atom { format, atoms });
     }
 
@@ -1243,6 +1230,39 @@ impl PacketParser {
             self.send(Packet::Ite { el, value: v });
         }
     }
+}
+
+/// The atoms of a single-byte atom packet of type `ty` with header `b` (IHI 0064 "Atom
+/// packets", formats 1-6).
+fn atom_of(ty: PacketType, b: u8) -> (u8, Atoms) {
+    use PacketType as T;
+    const F4: [u32; 4] = [0xE, 0x0, 0xA, 0x5];
+    let (format, atoms) = match ty {
+        T::AtomF1 => (1, Atoms { bits: (b & 1) as u32, count: 1 }),
+        T::AtomF2 => (2, Atoms { bits: (b & 3) as u32, count: 2 }),
+        T::AtomF3 => (3, Atoms { bits: (b & 7) as u32, count: 3 }),
+        T::AtomF4 => (4, Atoms { bits: F4[(b & 3) as usize], count: 4 }),
+        T::AtomF5 => {
+            let idx = ((b & 0x20) >> 3) | (b & 3);
+            let bits = match idx {
+                5 => 0x1E,
+                1 => 0x00,
+                2 => 0x0A,
+                3 => 0x15,
+                _ => 0,
+            };
+            (5, Atoms { bits, count: if matches!(idx, 1 | 2 | 3 | 5) { 5 } else { 0 } })
+        }
+        _ => {
+            let n = (b & 0x1F) as u32 + 3;
+            let mut bits = (1u32 << n) - 1;
+            if b & 0x20 == 0 {
+                bits |= 1 << n;
+            }
+            (6, Atoms { bits, count: (n + 1) as u8 })
+        }
+    };
+    (format, atoms)
 }
 
 #[cfg(test)]
