@@ -3,6 +3,7 @@
 //! of the writers under test (a folded-stack parser and a minimal protobuf wire-format decoder
 //! for `profile.proto`, with field numbers taken from github.com/google/pprof).
 
+pub mod peer;
 pub mod pprof_wire;
 
 use std::collections::BTreeMap;
@@ -154,4 +155,44 @@ pub fn parse_folded(text: &str) -> BTreeMap<Vec<String>, u64> {
         *m.entry(path).or_insert(0) += count;
     }
     m
+}
+
+/// `etm-bpf run --pid PID --headless --duration SECS EXTRA... --dump-dir DUMP`; calls
+/// `on_first_line` once the first line is out (profiling has started), asserts success and
+/// returns the manifest (`DUMP/manifest.json`).
+pub fn run_pid_dump(pid: u32, secs: u32, extra: &[&str], dump: &Path, on_first_line: impl FnOnce()) -> serde_json::Value {
+    let mut run = Command::new(etm_bpf_bin())
+        .args(["run", "--pid", &pid.to_string(), "--headless", "--duration", &secs.to_string()])
+        .args(extra)
+        .arg("--dump-dir")
+        .arg(dump)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start etm-bpf");
+    let mut out = BufReader::new(run.stdout.take().expect("piped stdout"));
+    let mut first = String::new();
+    out.read_line(&mut first).expect("read etm-bpf's output");
+    on_first_line();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).expect("read etm-bpf's output");
+    let st = wait_timeout(&mut run, Duration::from_secs(60 + u64::from(secs)));
+    let stderr = read_all(run.stderr.take());
+    assert!(st.success(), "etm-bpf run {extra:?} failed: {st}\n{first}{rest}\n{stderr}");
+    let m = std::fs::read_to_string(dump.join("manifest.json")).expect("read manifest.json");
+    serde_json::from_str(&m).expect("manifest.json is JSON")
+}
+
+/// Builds `tests/workloads/SRC` with `compiler FLAGS` into `out_dir/OUT`. `None` (after
+/// [`etm_testutil::skip`], a failure under CI) if the compiler is not installed.
+pub fn build_with(compiler: &str, src: &str, flags: &[&str], out_dir: &Path, out: &str) -> Option<PathBuf> {
+    if Command::new(compiler).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
+        etm_testutil::skip(format!("no {compiler} (scripts/setup.sh installs it)"));
+        return None;
+    }
+    let src = repo_root().join("tests/workloads").join(src);
+    let out = out_dir.join(out);
+    let st = Command::new(compiler).args(flags).arg("-o").arg(&out).arg(&src).status().expect("run the compiler");
+    assert!(st.success(), "{compiler} failed on {}", src.display());
+    Some(out)
 }

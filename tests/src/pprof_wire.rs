@@ -102,6 +102,9 @@ pub struct PprofSummary {
     pub sample_types: Vec<(String, String)>,
     /// Per stack (function names, outermost first): summed values.
     pub stacks: BTreeMap<Vec<String>, Vec<i64>>,
+    /// Per stack of physical frames (the outermost function of each location, outermost
+    /// location first): summed values.
+    pub physical_stacks: BTreeMap<Vec<String>, Vec<i64>>,
     /// Mapping file names.
     pub mapping_files: Vec<String>,
 }
@@ -145,6 +148,7 @@ pub fn read_pprof_gz(gz: &[u8]) -> Result<PprofSummary, String> {
         locations.insert(int1(&f, 1)?, names);
     }
     let mut stacks: BTreeMap<Vec<String>, Vec<i64>> = BTreeMap::new();
+    let mut physical_stacks: BTreeMap<Vec<String>, Vec<i64>> = BTreeMap::new();
     for v in get(&top, 2) {
         let f = sub(v)?;
         let locs = ints(&get(&f, 1))?;
@@ -154,13 +158,17 @@ pub fn read_pprof_gz(gz: &[u8]) -> Result<PprofSummary, String> {
         }
         // Leaf first in the file; build outermost first.
         let mut path = Vec::new();
+        let mut physical = Vec::new();
         for id in locs.iter().rev() {
             let names = locations.get(id).ok_or(format!("location {id} missing"))?;
             path.extend(names.iter().rev().cloned());
+            physical.extend(names.last().cloned());
         }
-        let e = stacks.entry(path).or_insert_with(|| vec![0; vals.len()]);
-        for (a, b) in e.iter_mut().zip(vals) {
-            *a += b;
+        for (m, p) in [(&mut stacks, path), (&mut physical_stacks, physical)] {
+            let e = m.entry(p).or_insert_with(|| vec![0; vals.len()]);
+            for (a, b) in e.iter_mut().zip(&vals) {
+                *a += b;
+            }
         }
     }
     let mut mapping_files = Vec::new();
@@ -168,7 +176,7 @@ pub fn read_pprof_gz(gz: &[u8]) -> Result<PprofSummary, String> {
         let f = sub(v)?;
         mapping_files.push(s(int1(&f, 5)?)?);
     }
-    Ok(PprofSummary { sample_types, stacks, mapping_files })
+    Ok(PprofSummary { sample_types, stacks, physical_stacks, mapping_files })
 }
 
 #[cfg(test)]
