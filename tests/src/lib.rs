@@ -183,16 +183,17 @@ pub fn run_pid_dump(pid: u32, secs: u32, extra: &[&str], dump: &Path, on_first_l
     serde_json::from_str(&m).expect("manifest.json is JSON")
 }
 
-/// Builds `tests/workloads/SRC` with `compiler FLAGS` into `out_dir/OUT`. `None` (after
-/// [`etm_testutil::skip`], a failure under CI) if the compiler is not installed.
-pub fn build_with(compiler: &str, src: &str, flags: &[&str], out_dir: &Path, out: &str) -> Option<PathBuf> {
+/// Builds `tests/workloads/SRC` with `compiler FLAGS -o out_dir/OUT SRC AFTER` (AFTER:
+/// libraries to link). `None` (after [`etm_testutil::skip`], a failure under CI) if the
+/// compiler is not installed.
+pub fn build_with(compiler: &str, src: &str, flags: &[&str], after: &[&str], out_dir: &Path, out: &str) -> Option<PathBuf> {
     if Command::new(compiler).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
         etm_testutil::skip(format!("no {compiler} (scripts/setup.sh installs it)"));
         return None;
     }
     let src = repo_root().join("tests/workloads").join(src);
     let out = out_dir.join(out);
-    let st = Command::new(compiler).args(flags).arg("-o").arg(&out).arg(&src).status().expect("run the compiler");
+    let st = Command::new(compiler).args(flags).arg("-o").arg(&out).arg(&src).args(after).status().expect("run the compiler");
     assert!(st.success(), "{compiler} failed on {}", src.display());
     Some(out)
 }

@@ -86,7 +86,7 @@ fn cpp_pool(cxx: &str) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let Some(exe) = build_with(cxx, "pool.cpp", &["-O2", "-g", "-pthread"], dir.path(), "pool") else { return };
+    let Some(exe) = build_with(cxx, "pool.cpp", &["-O2", "-g", "-pthread"], &[], dir.path(), "pool") else { return };
     let (_w, ready) = spawn_ready(&exe, &["120", "2"]);
     let pid: u32 = ready.trim().strip_prefix("ready ").and_then(|p| p.parse().ok()).expect("ready PID");
     against_perf_dwarf(pid, dir.path(), pool_ratio);

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use etm_bpf_tests::peer::{
     containing, ending_with, etm_bpf_contexts, largest_differences, perf_record, perf_script_contexts, total_variation, tv_bound,
 };
-use etm_bpf_tests::{build_workload_with, parse_folded, run_pid_dump, send_signal, spawn_ready};
+use etm_bpf_tests::{build_with, build_workload_with, parse_folded, run_pid_dump, send_signal, spawn_ready};
 
 const NO_FP: &[&str] = &["-O2", "-g", "-fomit-frame-pointer", "-fno-optimize-sibling-calls", "-pthread"];
 
@@ -148,6 +148,84 @@ fn dwarf_unwinding_recovers_chains_without_frame_pointers() {
     assert!(full as f64 >= 0.9 * n, "perf: only {full} of {n} with the full chain");
     let ratio = hot1 as f64 / n;
     assert!((ratio - 2.0 / 3.0).abs() <= tolerance(n), "perf: hot1/(hot1+hot2) = {ratio:.3}");
+    let ours = etm_bpf_contexts(&dir.path().join("dump-auto-/profile.pb.gz"));
+    let (tv, bound) = (total_variation(&ours, &perf), tv_bound(&ours, &perf));
+    eprintln!("--unwind auto against perf --call-graph dwarf: TV {tv:.3} (bound {bound:.3})");
+    assert!(tv <= bound, "TV {tv:.3} > {bound:.3}; largest differences (ours - perf):\n{}", largest_differences(&ours, &perf, 8));
+}
+
+/// `--unwind auto` decides per binary: tests/workloads/mixed.c is built with frame pointers
+/// and calls into tests/workloads/mixedlib.c, a shared library built without (truth from the
+/// code: main->fa->lib_work->lib_inner and main->fb->spin run the same loop, 1:1).
+/// * `--unwind fp` loses the library path's callers (fewer than 10% of lib_inner's samples
+///   with the full chain: the check below can fail).
+/// * `--unwind auto`: at least 90% of each path's samples carry the full chain, the split is
+///   1:1 within 4 binomial deviations + 0.02, both kinds of binary are counted, and the
+///   whole contexts equal `perf record --call-graph dwarf`'s within `peer::tv_bound`. That
+///   includes the root frames below main: every stack here ends in the system libc
+///   (`__libc_start_call_main`, `start_thread`), which on Debian 12 has no frame pointers, so
+///   no frame-pointer stack may be taken as it is (`fp_stacks_trusted` = 0 unless that libc
+///   keeps them); with the rule that allowed a last frame without frame pointers, spin's
+///   stacks lacked `__libc_start_main_impl` and `_start` and this comparison failed (TV 0.52).
+#[test]
+fn auto_trusts_frame_pointers_only_through_binaries_that_keep_them() {
+    if etm_bpf_tests::skip_unless_root() {
+        return;
+    }
+    let Some(cc) = etm_bpf_tests::c_compiler() else {
+        etm_testutil::skip("no C compiler");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let lib_flags = ["-O2", "-g", "-fomit-frame-pointer", "-fno-optimize-sibling-calls", "-fPIC", "-shared"];
+    if build_with(cc, "mixedlib.c", &lib_flags, &[], dir.path(), "libmixed.so").is_none() {
+        return;
+    }
+    let exe_flags = ["-O2", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-fno-optimize-sibling-calls"];
+    let link = [format!("-L{d}"), "-lmixed".into(), format!("-Wl,-rpath,{d}")];
+    let link: Vec<&str> = link.iter().map(String::as_str).collect();
+    let Some(exe) = build_with(cc, "mixed.c", &exe_flags, &link, dir.path(), "mixed") else { return };
+    let (_workload, ready) = spawn_ready(&exe, &["120"]);
+    let pid: u32 = ready.trim().strip_prefix("ready ").and_then(|p| p.parse().ok()).expect("ready PID");
+    const LIB: &[&str] = &["main", "fa", "lib_work", "lib_inner"];
+    const EXE: &[&str] = &["main", "fb", "spin"];
+
+    let (fp, _) = profile(pid, "fp", dir.path(), false);
+    let lib_n = containing(&fp, "lib_inner");
+    eprintln!("fp: lib_inner {lib_n}, full chain {}", ending_with(&fp, LIB));
+    assert!(lib_n >= 200, "too few samples in lib_inner: {lib_n}");
+    assert!(ending_with(&fp, LIB) * 10 < lib_n, "--unwind fp: the library's chain is whole; it has frame pointers?");
+
+    let (auto, m) = profile(pid, "auto", dir.path(), false);
+    let total: u64 = auto.values().sum();
+    let (lib_n, exe_n) = (containing(&auto, "lib_inner"), containing(&auto, "spin"));
+    let u = &m["counts"]["unwind"];
+    eprintln!("auto: total {total}, lib_inner {lib_n}, spin {exe_n}, unwind {u}\n{auto:#?}");
+    for (chain, n) in [(LIB, lib_n), (EXE, exe_n)] {
+        let full = ending_with(&auto, chain);
+        assert!(full * 10 >= n * 9, "--unwind auto: only {full} of {n} samples with the full chain {chain:?}");
+    }
+    let n = (lib_n + exe_n) as f64;
+    assert!(n >= 400.0, "too few samples: {n}");
+    let share = lib_n as f64 / n;
+    let tol = 4.0 * (0.25 / n).sqrt() + 0.02;
+    assert!((share - 0.5).abs() <= tol, "lib_inner's share {share:.3}, expected 0.5 +- {tol:.3}");
+    let trusted = u["fp_stacks_trusted"].as_u64().unwrap();
+    assert!(
+        trusted <= total - lib_n,
+        "{trusted} frame-pointer stacks taken, more than the {} samples outside lib_inner",
+        total - lib_n
+    );
+    if u["binaries_with_frame_pointers"].as_u64().unwrap() < 2 {
+        assert_eq!(trusted, 0, "frame-pointer stacks taken though the libc has no frame pointers: {u}");
+    }
+    assert!(u["dwarf_stacks"].as_u64().unwrap() * 10 >= (total - trusted) * 9, "{u}");
+    assert!(u["binaries_with_frame_pointers"].as_u64().unwrap() >= 1, "{u}");
+    assert!(u["binaries_without_frame_pointers"].as_u64().unwrap() >= 1, "{u}");
+
+    let Some(data) = perf_record(pid, dir.path(), "perf-mixed.data", &["--call-graph", "dwarf,16384"], 3) else { return };
+    let perf = perf_script_contexts(&data);
     let ours = etm_bpf_contexts(&dir.path().join("dump-auto-/profile.pb.gz"));
     let (tv, bound) = (total_variation(&ours, &perf), tv_bound(&ours, &perf));
     eprintln!("--unwind auto against perf --call-graph dwarf: TV {tv:.3} (bound {bound:.3})");

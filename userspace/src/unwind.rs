@@ -4,7 +4,7 @@
 //! framehop module per executable mapping. The result is a stack in the form
 //! `bpf_get_stack` gives (the sampled pc, then return addresses), for the same pipeline.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
@@ -23,7 +23,10 @@ pub enum UnwindMode {
     Fp,
     /// DWARF CFI from the copied stack; frame pointers only where no copy was taken.
     Dwarf,
-    /// DWARF from the copied stack when it unwinds past the leaf, else frame pointers.
+    /// Per sample: the frame-pointer stack when every binary it passes through keeps frame
+    /// pointers ([`has_frame_pointers`]) and its chain is plausible
+    /// ([`DwarfUnwinder::fp_chain_trusted`]), else DWARF from the copied stack when that
+    /// unwinds past the leaf, else frame pointers.
     Auto,
 }
 
@@ -107,6 +110,61 @@ pub struct UnwindStats {
     pub unwinds: u64,
     /// Stack bytes the unwinds were given.
     pub copied_bytes: u64,
+    /// `auto`: samples whose frame-pointer stack was taken without a DWARF unwind, every
+    /// binary on it keeping frame pointers (also counted in `fp`).
+    pub fp_trusted: u64,
+    /// Binaries registered whose code keeps frame pointers, and whose code does not.
+    pub fp_binaries: u64,
+    pub no_fp_binaries: u64,
+}
+
+/// FDEs [`has_frame_pointers`] reads at most (from the start of `.eh_frame`).
+const FP_SAMPLE_FDES: usize = 4096;
+
+/// Whether an image's code keeps frame pointers, from its `.eh_frame` call-frame rules: true
+/// when at least half of its FDEs (the first [`FP_SAMPLE_FDES`]) set up a frame record. On
+/// x86-64 that is an FDE whose CFA is ever computed from rbp (`push %rbp; mov %rsp,%rbp`
+/// gives `DW_CFA_def_cfa_register rbp`); code built without frame pointers computes the CFA
+/// from rsp except in functions with variable-size frames. On AArch64 it is an FDE that saves
+/// x29 and x30 as a pair (x30 8 bytes above x29), the frame record `stp x29, x30` makes; code
+/// without frame pointers saves x30 alone or x29 only as a callee-saved register. `None`
+/// without a readable `.eh_frame`.
+pub fn has_frame_pointers(file: &object::File<'_>) -> Option<bool> {
+    use addr2line::gimli::{self, UnwindSection};
+    let sec = file.section_by_name(".eh_frame")?;
+    let data = sec.uncompressed_data().ok()?;
+    let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+    let mut eh = gimli::EhFrame::new(&data, endian);
+    eh.set_address_size(8);
+    let mut bases = gimli::BaseAddresses::default().set_eh_frame(sec.address());
+    if let Some(text) = file.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    let mut ctx = gimli::UnwindContext::new();
+    let mut entries = eh.entries(&bases);
+    let (mut fdes, mut with_fp) = (0usize, 0usize);
+    while fdes < FP_SAMPLE_FDES {
+        let Ok(Some(entry)) = entries.next() else { break };
+        let gimli::CieOrFde::Fde(partial) = entry else { continue };
+        let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset) else { continue };
+        let Ok(mut rows) = fde.rows(&eh, &bases, &mut ctx) else { continue };
+        fdes += 1;
+        while let Ok(Some(row)) = rows.next_row() {
+            let record = if cfg!(target_arch = "aarch64") {
+                match (row.register(gimli::AArch64::X29), row.register(gimli::AArch64::X30)) {
+                    (gimli::RegisterRule::Offset(fp), gimli::RegisterRule::Offset(lr)) => lr == fp + 8,
+                    _ => false,
+                }
+            } else {
+                matches!(row.cfa(), gimli::CfaRule::RegisterAndOffset { register, .. } if *register == gimli::X86_64::RBP)
+            };
+            if record {
+                with_fp += 1;
+                break;
+            }
+        }
+    }
+    (fdes > 0).then_some(with_fp * 2 >= fdes)
 }
 
 /// The unwinder of one target process.
@@ -115,12 +173,23 @@ pub struct DwarfUnwinder {
     cache: Cache,
     /// Start addresses of the mappings registered as modules.
     mapped: HashSet<u64>,
+    /// Registered mappings: start -> (end, whether their binary keeps frame pointers).
+    ranges: BTreeMap<u64, (u64, bool)>,
+    /// [`has_frame_pointers`] per binary name.
+    fp_by_binary: HashMap<String, bool>,
     pub stats: UnwindStats,
 }
 
 impl Default for DwarfUnwinder {
     fn default() -> Self {
-        DwarfUnwinder { unwinder: Arch::new(), cache: Cache::new(), mapped: HashSet::new(), stats: UnwindStats::default() }
+        DwarfUnwinder {
+            unwinder: Arch::new(),
+            cache: Cache::new(),
+            mapped: HashSet::new(),
+            ranges: BTreeMap::new(),
+            fp_by_binary: HashMap::new(),
+            stats: UnwindStats::default(),
+        }
     }
 }
 
@@ -145,11 +214,52 @@ impl DwarfUnwinder {
             .ok_or_else(|| anyhow::anyhow!("no load segment holds file offset {pgoff:#x}"))?;
         let svma = seg.address().wrapping_add(pgoff - seg.file_range().0);
         let bias = addr.wrapping_sub(svma);
+        let fp = match self.fp_by_binary.get(name) {
+            Some(&fp) => fp,
+            None => {
+                let fp = has_frame_pointers(&file).unwrap_or(false);
+                if fp {
+                    self.stats.fp_binaries += 1;
+                } else {
+                    self.stats.no_fp_binaries += 1;
+                }
+                self.fp_by_binary.insert(name.to_string(), fp);
+                fp
+            }
+        };
+        self.ranges.insert(addr, (addr.saturating_add(len), fp));
         let info = ElfSections { file, data: data.clone() };
         let module = framehop::Module::new(name.to_string(), addr..addr.saturating_add(len), bias, info);
         self.unwinder.add_module(module);
         self.mapped.insert(addr);
         Ok(())
+    }
+
+    /// Whether `addr` is in a registered mapping whose binary keeps frame pointers (`Some`),
+    /// or in one whose binary does not (`Some(false)`); `None` outside every mapping.
+    fn keeps_frame_pointers(&self, addr: u64) -> Option<bool> {
+        let (_, &(end, fp)) = self.ranges.range(..=addr).next_back()?;
+        (addr < end).then_some(fp)
+    }
+
+    /// `auto`'s rule for taking a frame-pointer stack (`bpf_get_stack`'s: the sampled pc, then
+    /// return addresses) as it is: the pc and every return address are in binaries that keep
+    /// frame pointers. The walk reads each next frame through the frame pointer of the
+    /// function a return address leads to; past a function without frame pointers it reads
+    /// whatever that register held, and where it stops there (as at `__libc_start_call_main`
+    /// or `start_thread` of a glibc built without frame pointers) the root frames DWARF finds
+    /// are missing. So on a distribution whose libc has no frame pointers (Debian 12) every
+    /// stack is DWARF-unwound.
+    pub fn fp_chain_trusted(&mut self, fp_stack: &[u64]) -> bool {
+        let Some((&pc, rets)) = fp_stack.split_first() else { return false };
+        let trusted = !rets.is_empty()
+            && self.keeps_frame_pointers(pc) == Some(true)
+            && rets.iter().all(|&r| self.keeps_frame_pointers(r.wrapping_sub(1)) == Some(true));
+        if trusted {
+            self.stats.fp_trusted += 1;
+            self.stats.fp += 1;
+        }
+        trusted
     }
 
     /// Unwinds from `regs` over the stack copy `stack` (the bytes from `regs.sp` up) into
@@ -241,5 +351,56 @@ mod tests {
         let me = Arc::new(std::fs::read(std::env::current_exe().unwrap()).unwrap());
         assert!(u.add_mapping("me", &me, 0x1000, 0x1000, 1 << 40).is_err());
         assert!(u.add_mapping("me", &me, 0x1000, 0x1000, 0).is_ok());
+    }
+
+    /// Builds a small C program (several functions calling each other) with `flags`; `None`
+    /// (after saying why) without a C compiler.
+    fn build(dir: &std::path::Path, name: &str, flags: &[&str]) -> Option<Arc<Vec<u8>>> {
+        use std::process::Command;
+        let Some(cc) = ["gcc", "clang-22", "clang", "cc"].into_iter().find(|c| Command::new(c).arg("--version").output().is_ok())
+        else {
+            etm_testutil::skip("no C compiler");
+            return None;
+        };
+        let src = dir.join("f.c");
+        let mut code = String::from("volatile int sink;\n");
+        for i in 0..20 {
+            code += &format!(
+                "__attribute__((noinline)) int f{i}(int x) {{ int a[8]; for (int j = 0; j < 8; j++) a[j] = x + j + sink; sink = a[x & 7]; return {} + a[3]; }}\n",
+                if i == 0 { "x".to_string() } else { format!("f{}(x + 1)", i - 1) }
+            );
+        }
+        code += "int main(int c, char **v) { (void)v; return f19(c); }\n";
+        std::fs::write(&src, code).unwrap();
+        let exe = dir.join(name);
+        let st = Command::new(cc).args(flags).arg("-o").arg(&exe).arg(&src).status().unwrap();
+        assert!(st.success(), "{cc} {flags:?} failed");
+        Some(Arc::new(std::fs::read(&exe).unwrap()))
+    }
+
+    /// The frame-pointer rule against the compiler flags that decide it, with gcc's or clang's
+    /// defaults otherwise; and `auto`'s trust in a chain through the two binaries.
+    #[test]
+    fn frame_pointers_are_told_from_the_call_frame_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(fp) = build(dir.path(), "fp", &["-O2", "-fno-omit-frame-pointer"]) else { return };
+        let Some(nofp) = build(dir.path(), "nofp", &["-O2", "-fomit-frame-pointer"]) else { return };
+        let Some(default) = build(dir.path(), "default", &["-O2"]) else { return };
+        for (bin, want) in [(&fp, true), (&nofp, false), (&default, false)] {
+            assert_eq!(has_frame_pointers(&object::File::parse(&bin[..]).unwrap()), Some(want));
+        }
+        let mut u = DwarfUnwinder::default();
+        u.add_mapping("fp", &fp, 0x10000, 0x1000, 0).unwrap();
+        u.add_mapping("nofp", &nofp, 0x20000, 0x1000, 0).unwrap();
+        assert_eq!((u.stats.fp_binaries, u.stats.no_fp_binaries), (1, 1));
+        // pc and every caller in the frame-pointer binary.
+        assert!(u.fp_chain_trusted(&[0x10010, 0x10020, 0x10030]));
+        assert!(!u.fp_chain_trusted(&[0x10010, 0x10020, 0x20030]), "outermost without frame pointers");
+        assert!(!u.fp_chain_trusted(&[0x20010, 0x10020, 0x10030]), "pc without frame pointers");
+        assert!(!u.fp_chain_trusted(&[0x10010, 0x20020, 0x10030]), "walked on through a function without them");
+        assert!(!u.fp_chain_trusted(&[0x10010, 0x10020, 0x90030]), "outermost in no image");
+        assert!(!u.fp_chain_trusted(&[0x10010]), "only the pc");
+        assert!(!u.fp_chain_trusted(&[]));
+        assert_eq!(u.stats.fp_trusted, 1);
     }
 }
