@@ -107,6 +107,8 @@ pub struct PprofSummary {
     pub physical_stacks: BTreeMap<Vec<String>, Vec<i64>>,
     /// Mapping file names.
     pub mapping_files: Vec<String>,
+    /// Every location: (its mapping's file name, address, function names innermost first).
+    pub locations: Vec<(String, u64, Vec<String>)>,
 }
 
 /// Gunzips and decodes a `profile.pb.gz`.
@@ -135,16 +137,24 @@ pub fn read_pprof_gz(gz: &[u8]) -> Result<PprofSummary, String> {
         let f = sub(v)?;
         functions.insert(int1(&f, 1)?, s(int1(&f, 2)?)?);
     }
+    let mut mapping_file = HashMap::new();
+    for v in get(&top, 3) {
+        let f = sub(v)?;
+        mapping_file.insert(int1(&f, 1)?, s(int1(&f, 5)?)?);
+    }
     // Location id -> function names (line[0] is the innermost inlined function).
     let mut locations: HashMap<u64, Vec<String>> = HashMap::new();
+    let mut all_locations = Vec::new();
     for v in get(&top, 4) {
         let f = sub(v)?;
+        let file = mapping_file.get(&int1(&f, 2)?).cloned().unwrap_or_default();
         let mut names = Vec::new();
         for l in get(&f, 4) {
             let lf = sub(l)?;
             let fid = int1(&lf, 1)?;
             names.push(functions.get(&fid).cloned().ok_or(format!("function {fid} missing"))?);
         }
+        all_locations.push((file, int1(&f, 3)?, names.clone()));
         locations.insert(int1(&f, 1)?, names);
     }
     let mut stacks: BTreeMap<Vec<String>, Vec<i64>> = BTreeMap::new();
@@ -176,7 +186,7 @@ pub fn read_pprof_gz(gz: &[u8]) -> Result<PprofSummary, String> {
         let f = sub(v)?;
         mapping_files.push(s(int1(&f, 5)?)?);
     }
-    Ok(PprofSummary { sample_types, stacks, physical_stacks, mapping_files })
+    Ok(PprofSummary { sample_types, stacks, physical_stacks, mapping_files, locations: all_locations })
 }
 
 #[cfg(test)]
