@@ -9,7 +9,8 @@
 //!   window programs, CALLCHAIN, throttling at a high rate, switch records;
 //! * `etm-bpf run --pid` on the `contexts` workload (frame pointers), whose calling contexts
 //!   and shares are checked against the exact path of the same program under qemu-user
-//!   (`crate::truth`);
+//!   (`crate::truth`); and on the same program built without frame pointers, with
+//!   `--unwind dwarf` and `auto`, against that build's exact path;
 //!
 //! and checks what came back. Under `-icount shift=0` the guest executes one instruction per
 //! ns of its clock and the emulated cycle counter runs at 1 GHz of that clock, so sampling on
@@ -247,6 +248,33 @@ pub fn run(o: &Options) -> anyhow::Result<Report> {
             ],
         )
     });
+    // `--unwind auto` on the same build: its own code has no frame records but the static
+    // libc's functions have (a binary judged as a whole would count as having frame pointers).
+    steps.push(step("rate-auto", &["/init", "write", "/proc/sys/kernel/perf_event_max_sample_rate", "100000"]));
+    steps.push(Step {
+        spawn: true,
+        ..step("workload-nofp-auto", &["/lab/progs/contexts-nofp", &WORKLOAD_ITERS.to_string(), "3000"])
+    });
+    steps.push(Step {
+        timeout_s: 900,
+        files: vec!["/tmp/out-auto/profile.folded".into(), "/tmp/out-auto/manifest.json".into()],
+        ..step(
+            "run-nofp-auto",
+            &[
+                "/lab/bin/etm-bpf",
+                "run",
+                "--pid",
+                "{pid:workload-nofp-auto}",
+                "--headless",
+                "--duration",
+                "600",
+                "--freq",
+                &freq,
+                "--dump-dir",
+                "/tmp/out-auto",
+            ],
+        )
+    });
     img.file("/lab/steps.json", serde_json::to_string_pretty(&steps)?.as_bytes(), false);
     let initrd = o.out.join("initrd.gz");
     std::fs::write(&initrd, img.finish())?;
@@ -345,9 +373,11 @@ fn check_results(
     }
 
     // run --pid on the workload, with frame pointers (auto) and without (--unwind dwarf).
-    for (name, workload, file, truth) in
-        [("run", "workload", "/tmp/out", truth), ("run-nofp", "workload-nofp", "/tmp/out-nofp", truth_nofp)]
-    {
+    for (name, workload, file, truth) in [
+        ("run", "workload", "/tmp/out", truth),
+        ("run-nofp", "workload-nofp", "/tmp/out-nofp", truth_nofp),
+        ("run-nofp-auto", "workload-nofp-auto", "/tmp/out-auto", truth_nofp),
+    ] {
         check_run(rep, &get(name), &get(workload), name, file, truth);
     }
 }
@@ -376,7 +406,7 @@ fn check_run(
     let other = counts.get("(other)").copied().unwrap_or(0);
     let obs = truth::shares(&counts);
     rep.check(n >= 800, format!("{name}: {n} samples in the workload's contexts ({other} elsewhere)"));
-    if name == "run-nofp" {
+    if name.starts_with("run-nofp") {
         let dwarf = u["dwarf_stacks"].as_u64().unwrap_or(0);
         rep.check(dwarf * 10 >= (n + other) * 9, format!("{name}: {dwarf} of {} stacks DWARF-unwound", n + other));
     }
