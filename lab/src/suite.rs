@@ -9,7 +9,8 @@
 //!   window programs, CALLCHAIN, throttling at a high rate, switch records;
 //! * `etm-bpf run --pid` on the `contexts` workload (frame pointers), whose calling contexts
 //!   and shares are checked against the exact path of the same program under qemu-user
-//!   (`crate::truth`);
+//!   (`crate::truth`); and on the same program built without frame pointers, with
+//!   `--unwind dwarf` and `auto`, against that build's exact path;
 //!
 //! and checks what came back. Under `-icount shift=0` the guest executes one instruction per
 //! ns of its clock and the emulated cycle counter runs at 1 GHz of that clock, so sampling on
@@ -164,6 +165,11 @@ pub fn run(o: &Options) -> anyhow::Result<Report> {
         .map_err(|e| anyhow::anyhow!("building the workload: {e}"))?;
     let truth_counts = truth::program_counts(&workload, &[TRUTH_ITERS.to_string()], "main", 100_000_000)?;
     let truth = truth::shares(&truth_counts);
+    // The same program without frame pointers, for `run --unwind dwarf`, and its own exact profile.
+    let nofp =
+        etm_synth::testprogs::build_with(prog, etm_synth::testprogs::Compiler::Gcc, &work, &["-fomit-frame-pointer"], "-nofp")
+            .map_err(|e| anyhow::anyhow!("building the workload without frame pointers: {e}"))?;
+    let truth_nofp = truth::shares(&truth::program_counts(&nofp, &[TRUTH_ITERS.to_string()], "main", 100_000_000)?);
 
     // The initramfs.
     let mut img = Initramfs::default();
@@ -178,6 +184,7 @@ pub fn run(o: &Options) -> anyhow::Result<Report> {
     img.copy("/lab/bin/etm-bpf-unit", &strip(&art.bpf_unit, &work)?)?;
     img.copy("/lab/bin/etm-live-unit", &strip(&art.live_unit, &work)?)?;
     img.copy("/lab/progs/contexts", &workload)?;
+    img.copy("/lab/progs/contexts-nofp", &nofp)?;
     // The unit tests find their fixtures at the path compiled into them.
     let fixtures = o.root.join("userspace/perf/tests/fixtures");
     img.copy_tree(&fixtures.to_string_lossy(), &fixtures)?;
@@ -215,18 +222,78 @@ pub fn run(o: &Options) -> anyhow::Result<Report> {
             ],
         )
     });
+    // The first run's interrupts made the kernel lower perf_event_max_sample_rate below
+    // --freq (the next open failed with EINVAL): back to the default first.
+    steps.push(step("rate", &["/init", "write", "/proc/sys/kernel/perf_event_max_sample_rate", "100000"]));
+    steps.push(Step { spawn: true, ..step("workload-nofp", &["/lab/progs/contexts-nofp", &WORKLOAD_ITERS.to_string(), "3000"]) });
+    steps.push(Step {
+        timeout_s: 900,
+        files: vec!["/tmp/out-nofp/profile.folded".into(), "/tmp/out-nofp/manifest.json".into()],
+        ..step(
+            "run-nofp",
+            &[
+                "/lab/bin/etm-bpf",
+                "run",
+                "--pid",
+                "{pid:workload-nofp}",
+                "--headless",
+                "--duration",
+                "600",
+                "--freq",
+                &freq,
+                "--unwind",
+                "dwarf",
+                "--dump-dir",
+                "/tmp/out-nofp",
+            ],
+        )
+    });
+    // `--unwind auto` on the same build: its own code has no frame records but the static
+    // libc's functions have (a binary judged as a whole would count as having frame pointers).
+    steps.push(step("rate-auto", &["/init", "write", "/proc/sys/kernel/perf_event_max_sample_rate", "100000"]));
+    steps.push(Step {
+        spawn: true,
+        ..step("workload-nofp-auto", &["/lab/progs/contexts-nofp", &WORKLOAD_ITERS.to_string(), "3000"])
+    });
+    steps.push(Step {
+        timeout_s: 900,
+        files: vec!["/tmp/out-auto/profile.folded".into(), "/tmp/out-auto/manifest.json".into()],
+        ..step(
+            "run-nofp-auto",
+            &[
+                "/lab/bin/etm-bpf",
+                "run",
+                "--pid",
+                "{pid:workload-nofp-auto}",
+                "--headless",
+                "--duration",
+                "600",
+                "--freq",
+                &freq,
+                "--dump-dir",
+                "/tmp/out-auto",
+            ],
+        )
+    });
     img.file("/lab/steps.json", serde_json::to_string_pretty(&steps)?.as_bytes(), false);
     let initrd = o.out.join("initrd.gz");
     std::fs::write(&initrd, img.finish())?;
 
     let log = o.out.join("console.log");
     let r = host::boot(&o.machine, &kernel.image, &initrd, &log)?;
-    check_results(&mut rep, o, &qemu, &r, &truth);
+    check_results(&mut rep, o, &qemu, &r, &truth, &truth_nofp);
     let _ = std::fs::write(o.out.join("report.txt"), rep.lines.join("\n") + "\n");
     Ok(rep)
 }
 
-fn check_results(rep: &mut Report, o: &Options, qemu: &str, r: &Results, truth: &BTreeMap<String, f64>) {
+fn check_results(
+    rep: &mut Report,
+    o: &Options,
+    qemu: &str,
+    r: &Results,
+    truth: &BTreeMap<String, f64>,
+    truth_nofp: &BTreeMap<String, f64>,
+) {
     let boot = r.boot.clone().unwrap_or_default();
     rep.info(format!(
         "guest: Linux {} (Debian linux-binary {} {}), {qemu}, {} {} -smp {} -m {}M{}, {} s wall",
@@ -305,31 +372,53 @@ fn check_results(rep: &mut Report, o: &Options, qemu: &str, r: &Results, truth: 
         }
     }
 
-    // run --pid on the workload.
-    let run = get("run");
-    let wl = get("workload");
-    rep.check(run.rc == "0", format!("run --pid: rc {} ({:.1} s guest); workload rc {}", run.rc, run.secs, wl.rc));
-    if run.rc != "0" {
-        rep.info(format!("run stderr: {}", run.text("stderr").lines().rev().take(5).collect::<Vec<_>>().join(" | ")));
+    // run --pid on the workload, with frame pointers (auto) and without (--unwind dwarf).
+    for (name, workload, file, truth) in [
+        ("run", "workload", "/tmp/out", truth),
+        ("run-nofp", "workload-nofp", "/tmp/out-nofp", truth_nofp),
+        ("run-nofp-auto", "workload-nofp-auto", "/tmp/out-auto", truth_nofp),
+    ] {
+        check_run(rep, &get(name), &get(workload), name, file, truth);
     }
-    let manifest: serde_json::Value = serde_json::from_str(&run.text("/tmp/out/manifest.json")).unwrap_or_default();
+}
+
+/// The checks of one `run --pid` step: the contexts of `DIR/profile.folded` against `truth`.
+fn check_run(
+    rep: &mut Report,
+    run: &host::StepResult,
+    wl: &host::StepResult,
+    name: &str,
+    dir: &str,
+    truth: &BTreeMap<String, f64>,
+) {
+    rep.check(run.rc == "0", format!("{name} --pid: rc {} ({:.1} s guest); workload rc {}", run.rc, run.secs, wl.rc));
+    if run.rc != "0" {
+        rep.info(format!("{name} stderr: {}", run.text("stderr").lines().rev().take(5).collect::<Vec<_>>().join(" | ")));
+    }
+    let manifest: serde_json::Value = serde_json::from_str(&run.text(&format!("{dir}/manifest.json"))).unwrap_or_default();
     let event = manifest["event"].as_str().unwrap_or("?").to_string();
-    rep.check(event == "cycles", format!("run sampled on {event} (the emulated PMU's cycles)"));
-    let folded = run.text("/tmp/out/profile.folded");
+    rep.check(event == "cycles", format!("{name} sampled on {event} (the emulated PMU's cycles)"));
+    let u = &manifest["counts"]["unwind"];
+    rep.info(format!("{name}: counts.unwind {u}"));
+    let folded = run.text(&format!("{dir}/profile.folded"));
     let counts = truth::folded_counts(&folded, "main");
     let n: u64 = counts.iter().filter(|(k, _)| *k != "(other)").map(|(_, v)| v).sum();
     let other = counts.get("(other)").copied().unwrap_or(0);
     let obs = truth::shares(&counts);
-    rep.check(n >= 800, format!("run: {n} samples in the workload's contexts ({other} elsewhere)"));
+    rep.check(n >= 800, format!("{name}: {n} samples in the workload's contexts ({other} elsewhere)"));
+    if name.starts_with("run-nofp") {
+        let dwarf = u["dwarf_stacks"].as_u64().unwrap_or(0);
+        rep.check(dwarf * 10 >= (n + other) * 9, format!("{name}: {dwarf} of {} stacks DWARF-unwound", n + other));
+    }
     for (ctx, &p) in truth.iter().filter(|(_, p)| **p >= 0.02) {
         let q = obs.get(ctx).copied().unwrap_or(0.0);
         // Binomial: 4 standard deviations of a share from n samples, plus 1.5 points for what
         // is not a draw from the instruction shares (freq-mode period changes, the skid of
         // the emulated overflow to the end of a translation block).
         let tol = 4.0 * (p * (1.0 - p) / n.max(1) as f64).sqrt() + 0.015;
-        rep.check((q - p).abs() <= tol, format!("context {ctx}: sampled {:.3}, exact {p:.3} (tolerance {tol:.3})", q));
+        rep.check((q - p).abs() <= tol, format!("{name}: context {ctx}: sampled {:.3}, exact {p:.3} (tolerance {tol:.3})", q));
     }
     for (ctx, &q) in obs.iter().filter(|(k, _)| !truth.contains_key(*k)) {
-        rep.check(q < 0.01, format!("context {ctx} is not in the exact path but has {q:.3} of the samples"));
+        rep.check(q < 0.01, format!("{name}: context {ctx} is not in the exact path but has {q:.3} of the samples"));
     }
 }

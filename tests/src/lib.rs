@@ -3,6 +3,7 @@
 //! of the writers under test (a folded-stack parser and a minimal protobuf wire-format decoder
 //! for `profile.proto`, with field numbers taken from github.com/google/pprof).
 
+pub mod peer;
 pub mod pprof_wire;
 
 use std::collections::BTreeMap;
@@ -175,4 +176,45 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     // After the comm: state is field 3, utime 14 and stime 15 (1-based over the whole line).
     let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
     Some(ticks as f64 / 100.0)
+}
+
+/// `etm-bpf run --pid PID --headless --duration SECS EXTRA... --dump-dir DUMP`; calls
+/// `on_first_line` once the first line is out (profiling has started), asserts success and
+/// returns the manifest (`DUMP/manifest.json`).
+pub fn run_pid_dump(pid: u32, secs: u32, extra: &[&str], dump: &Path, on_first_line: impl FnOnce()) -> serde_json::Value {
+    let mut run = Command::new(etm_bpf_bin())
+        .args(["run", "--pid", &pid.to_string(), "--headless", "--duration", &secs.to_string()])
+        .args(extra)
+        .arg("--dump-dir")
+        .arg(dump)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start etm-bpf");
+    let mut out = BufReader::new(run.stdout.take().expect("piped stdout"));
+    let mut first = String::new();
+    out.read_line(&mut first).expect("read etm-bpf's output");
+    on_first_line();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).expect("read etm-bpf's output");
+    let st = wait_timeout(&mut run, Duration::from_secs(60 + u64::from(secs)));
+    let stderr = read_all(run.stderr.take());
+    assert!(st.success(), "etm-bpf run {extra:?} failed: {st}\n{first}{rest}\n{stderr}");
+    let m = std::fs::read_to_string(dump.join("manifest.json")).expect("read manifest.json");
+    serde_json::from_str(&m).expect("manifest.json is JSON")
+}
+
+/// Builds `tests/workloads/SRC` with `compiler FLAGS -o out_dir/OUT SRC AFTER` (AFTER:
+/// libraries to link). `None` (after [`etm_testutil::skip`], a failure under CI) if the
+/// compiler is not installed.
+pub fn build_with(compiler: &str, src: &str, flags: &[&str], after: &[&str], out_dir: &Path, out: &str) -> Option<PathBuf> {
+    if Command::new(compiler).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
+        etm_testutil::skip(format!("no {compiler} (scripts/setup.sh installs it)"));
+        return None;
+    }
+    let src = repo_root().join("tests/workloads").join(src);
+    let out = out_dir.join(out);
+    let st = Command::new(compiler).args(flags).arg("-o").arg(&out).arg(&src).args(after).status().expect("run the compiler");
+    assert!(st.success(), "{compiler} failed on {}", src.display());
+    Some(out)
 }

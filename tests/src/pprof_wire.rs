@@ -102,8 +102,13 @@ pub struct PprofSummary {
     pub sample_types: Vec<(String, String)>,
     /// Per stack (function names, outermost first): summed values.
     pub stacks: BTreeMap<Vec<String>, Vec<i64>>,
+    /// Per stack of physical frames (the outermost function of each location, outermost
+    /// location first): summed values.
+    pub physical_stacks: BTreeMap<Vec<String>, Vec<i64>>,
     /// Mapping file names.
     pub mapping_files: Vec<String>,
+    /// Every location: (its mapping's file name, address, function names innermost first).
+    pub locations: Vec<(String, u64, Vec<String>)>,
 }
 
 /// Gunzips and decodes a `profile.pb.gz`.
@@ -132,19 +137,28 @@ pub fn read_pprof_gz(gz: &[u8]) -> Result<PprofSummary, String> {
         let f = sub(v)?;
         functions.insert(int1(&f, 1)?, s(int1(&f, 2)?)?);
     }
+    let mut mapping_file = HashMap::new();
+    for v in get(&top, 3) {
+        let f = sub(v)?;
+        mapping_file.insert(int1(&f, 1)?, s(int1(&f, 5)?)?);
+    }
     // Location id -> function names (line[0] is the innermost inlined function).
     let mut locations: HashMap<u64, Vec<String>> = HashMap::new();
+    let mut all_locations = Vec::new();
     for v in get(&top, 4) {
         let f = sub(v)?;
+        let file = mapping_file.get(&int1(&f, 2)?).cloned().unwrap_or_default();
         let mut names = Vec::new();
         for l in get(&f, 4) {
             let lf = sub(l)?;
             let fid = int1(&lf, 1)?;
             names.push(functions.get(&fid).cloned().ok_or(format!("function {fid} missing"))?);
         }
+        all_locations.push((file, int1(&f, 3)?, names.clone()));
         locations.insert(int1(&f, 1)?, names);
     }
     let mut stacks: BTreeMap<Vec<String>, Vec<i64>> = BTreeMap::new();
+    let mut physical_stacks: BTreeMap<Vec<String>, Vec<i64>> = BTreeMap::new();
     for v in get(&top, 2) {
         let f = sub(v)?;
         let locs = ints(&get(&f, 1))?;
@@ -154,13 +168,17 @@ pub fn read_pprof_gz(gz: &[u8]) -> Result<PprofSummary, String> {
         }
         // Leaf first in the file; build outermost first.
         let mut path = Vec::new();
+        let mut physical = Vec::new();
         for id in locs.iter().rev() {
             let names = locations.get(id).ok_or(format!("location {id} missing"))?;
             path.extend(names.iter().rev().cloned());
+            physical.extend(names.last().cloned());
         }
-        let e = stacks.entry(path).or_insert_with(|| vec![0; vals.len()]);
-        for (a, b) in e.iter_mut().zip(vals) {
-            *a += b;
+        for (m, p) in [(&mut stacks, path), (&mut physical_stacks, physical)] {
+            let e = m.entry(p).or_insert_with(|| vec![0; vals.len()]);
+            for (a, b) in e.iter_mut().zip(&vals) {
+                *a += b;
+            }
         }
     }
     let mut mapping_files = Vec::new();
@@ -168,7 +186,7 @@ pub fn read_pprof_gz(gz: &[u8]) -> Result<PprofSummary, String> {
         let f = sub(v)?;
         mapping_files.push(s(int1(&f, 5)?)?);
     }
-    Ok(PprofSummary { sample_types, stacks, mapping_files })
+    Ok(PprofSummary { sample_types, stacks, physical_stacks, mapping_files, locations: all_locations })
 }
 
 #[cfg(test)]

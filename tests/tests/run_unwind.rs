@@ -12,21 +12,13 @@
 //!   within the sum of both tolerances (skipped if perf cannot record).
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::time::Duration;
 
-use etm_bpf_tests::{build_workload_with, etm_bpf_bin, parse_folded, send_signal, spawn_ready, wait_timeout};
+use etm_bpf_tests::peer::{
+    containing, ending_with, etm_bpf_contexts, largest_differences, perf_record, perf_script_contexts, total_variation, tv_bound,
+};
+use etm_bpf_tests::{build_with, build_workload_with, parse_folded, run_pid_dump, send_signal, spawn_ready};
 
 const NO_FP: &[&str] = &["-O2", "-g", "-fomit-frame-pointer", "-fno-optimize-sibling-calls", "-pthread"];
-
-fn ending_with(m: &BTreeMap<Vec<String>, u64>, suffix: &[&str]) -> u64 {
-    m.iter().filter(|(p, _)| p.len() >= suffix.len() && p[p.len() - suffix.len()..] == *suffix).map(|(_, c)| c).sum()
-}
-
-fn containing(m: &BTreeMap<Vec<String>, u64>, f: &str) -> u64 {
-    m.iter().filter(|(p, _)| p.iter().any(|x| x == f)).map(|(_, c)| c).sum()
-}
 
 /// run_e2e's tolerance for the 2:1 proportion over `n` samples.
 fn tolerance(n: f64) -> f64 {
@@ -81,28 +73,13 @@ fn profile_with(
     extra: &[&str],
 ) -> (BTreeMap<Vec<String>, u64>, serde_json::Value) {
     let dump = dir.join(format!("dump-{mode}-{}", extra.join("")));
-    let mut run = Command::new(etm_bpf_bin())
-        .args(["run", "--pid", &pid.to_string(), "--headless", "--duration", "3", "--unwind", mode])
-        .args(extra)
-        .arg("--dump-dir")
-        .arg(&dump)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start etm-bpf");
-    let mut out = BufReader::new(run.stdout.take().unwrap());
-    let mut first = String::new();
-    out.read_line(&mut first).unwrap();
-    if signal {
-        send_signal(pid, "USR1");
-    }
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
-    let st = wait_timeout(&mut run, Duration::from_secs(60));
-    let stderr = etm_bpf_tests::read_all(run.stderr.take());
-    assert!(st.success(), "etm-bpf --unwind {mode} failed: {st}\n{first}{rest}\n{stderr}");
+    let args: Vec<&str> = ["--unwind", mode].into_iter().chain(extra.iter().copied()).collect();
+    let m = run_pid_dump(pid, 3, &args, &dump, || {
+        if signal {
+            send_signal(pid, "USR1");
+        }
+    });
     let folded = parse_folded(&std::fs::read_to_string(dump.join("profile.folded")).unwrap());
-    let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dump.join("manifest.json")).unwrap()).unwrap();
     (folded, m)
 }
 
@@ -160,8 +137,9 @@ fn dwarf_unwinding_recovers_chains_without_frame_pointers() {
         assert_eq!(m["dropped"], 0, "samples dropped: {}", m["counts"]);
     }
 
-    // Peer: perf's own DWARF unwinding of the same process.
-    let Some(perf) = perf_dwarf_chains(pid, dir.path()) else { return };
+    // Peer: perf's own DWARF unwinding of the same process (the late thread runs in both).
+    let Some(data) = perf_record(pid, dir.path(), "perf.data", &["--call-graph", "dwarf,16384"], 3) else { return };
+    let perf = perf_script_contexts(&data);
     let (hot1, hot2) = (containing(&perf, "hot1"), containing(&perf, "hot2"));
     let full: u64 = CHAINS[..2].iter().map(|(_, c)| ending_with(&perf, c)).sum();
     eprintln!("perf --call-graph dwarf: hot1 {hot1} hot2 {hot2} full {full}");
@@ -170,52 +148,86 @@ fn dwarf_unwinding_recovers_chains_without_frame_pointers() {
     assert!(full as f64 >= 0.9 * n, "perf: only {full} of {n} with the full chain");
     let ratio = hot1 as f64 / n;
     assert!((ratio - 2.0 / 3.0).abs() <= tolerance(n), "perf: hot1/(hot1+hot2) = {ratio:.3}");
+    let ours = etm_bpf_contexts(&dir.path().join("dump-auto-/profile.pb.gz"));
+    let (tv, bound) = (total_variation(&ours, &perf), tv_bound(&ours, &perf));
+    eprintln!("--unwind auto against perf --call-graph dwarf: TV {tv:.3} (bound {bound:.3})");
+    assert!(tv <= bound, "TV {tv:.3} > {bound:.3}; largest differences (ours - perf):\n{}", largest_differences(&ours, &perf, 8));
 }
 
-/// `perf record -e cpu-clock --call-graph dwarf -p PID` for 2 s, read back with `perf
-/// script` into root-first stacks of symbol names; `None` (after saying why) if perf cannot
-/// record here.
-fn perf_dwarf_chains(pid: u32, dir: &std::path::Path) -> Option<BTreeMap<Vec<String>, u64>> {
-    let data = dir.join("perf.data");
-    let rec = Command::new("perf")
-        .args(["record", "-q", "-e", "cpu-clock", "-F", "999", "--call-graph", "dwarf,16384", "-p", &pid.to_string(), "-o"])
-        .arg(&data)
-        .args(["--", "sleep", "2"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output();
-    match rec {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => {
-            etm_testutil::skip(format!("perf record failed: {}", String::from_utf8_lossy(&o.stderr)));
-            return None;
-        }
-        Err(e) => {
-            etm_testutil::skip(format!("no perf: {e}"));
-            return None;
-        }
+/// `--unwind auto` decides per binary: tests/workloads/mixed.c is built with frame pointers
+/// and calls into tests/workloads/mixedlib.c, a shared library built without (truth from the
+/// code: main->fa->lib_work->lib_inner and main->fb->spin run the same loop, 1:1).
+/// * `--unwind fp` loses the library path's callers (fewer than 10% of lib_inner's samples
+///   with the full chain: the check below can fail).
+/// * `--unwind auto`: at least 90% of each path's samples carry the full chain, the split is
+///   1:1 within 4 binomial deviations + 0.02, both kinds of binary are counted, and the
+///   whole contexts equal `perf record --call-graph dwarf`'s within `peer::tv_bound`. That
+///   includes the root frames below main: every stack here ends in the system libc
+///   (`__libc_start_call_main`, `start_thread`), which on Debian 12 has no frame pointers, so
+///   no frame-pointer stack may be taken as it is (`fp_stacks_trusted` = 0 unless that libc
+///   keeps them); with the rule that allowed a last frame without frame pointers, spin's
+///   stacks lacked `__libc_start_main_impl` and `_start` and this comparison failed (TV 0.52).
+#[test]
+fn auto_trusts_frame_pointers_only_through_binaries_that_keep_them() {
+    if etm_bpf_tests::skip_unless_root() {
+        return;
     }
-    let out = Command::new("perf").args(["script", "-F", "ip,sym", "-i"]).arg(&data).output().ok()?;
-    if !out.status.success() {
-        etm_testutil::skip("perf script failed");
-        return None;
+    let Some(cc) = etm_bpf_tests::c_compiler() else {
+        etm_testutil::skip("no C compiler");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let lib_flags = ["-O2", "-g", "-fomit-frame-pointer", "-fno-optimize-sibling-calls", "-fPIC", "-shared"];
+    if build_with(cc, "mixedlib.c", &lib_flags, &[], dir.path(), "libmixed.so").is_none() {
+        return;
     }
-    let mut m = BTreeMap::new();
-    let mut cur: Vec<String> = Vec::new();
-    let text = String::from_utf8_lossy(&out.stdout);
-    for line in text.lines().chain(std::iter::once("")) {
-        let t = line.trim();
-        if t.is_empty() {
-            if !cur.is_empty() {
-                cur.reverse();
-                *m.entry(std::mem::take(&mut cur)).or_insert(0) += 1;
-            }
-            continue;
-        }
-        let mut it = t.split_whitespace();
-        let _ip = it.next();
-        let sym = it.next().unwrap_or("[unknown]");
-        cur.push(sym.split("+0x").next().unwrap_or(sym).to_string());
+    let exe_flags = ["-O2", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-fno-optimize-sibling-calls"];
+    let link = [format!("-L{d}"), "-lmixed".into(), format!("-Wl,-rpath,{d}")];
+    let link: Vec<&str> = link.iter().map(String::as_str).collect();
+    let Some(exe) = build_with(cc, "mixed.c", &exe_flags, &link, dir.path(), "mixed") else { return };
+    let (_workload, ready) = spawn_ready(&exe, &["120"]);
+    let pid: u32 = ready.trim().strip_prefix("ready ").and_then(|p| p.parse().ok()).expect("ready PID");
+    const LIB: &[&str] = &["main", "fa", "lib_work", "lib_inner"];
+    const EXE: &[&str] = &["main", "fb", "spin"];
+
+    let (fp, _) = profile(pid, "fp", dir.path(), false);
+    let lib_n = containing(&fp, "lib_inner");
+    eprintln!("fp: lib_inner {lib_n}, full chain {}", ending_with(&fp, LIB));
+    assert!(lib_n >= 200, "too few samples in lib_inner: {lib_n}");
+    assert!(ending_with(&fp, LIB) * 10 < lib_n, "--unwind fp: the library's chain is whole; it has frame pointers?");
+
+    let (auto, m) = profile(pid, "auto", dir.path(), false);
+    let total: u64 = auto.values().sum();
+    let (lib_n, exe_n) = (containing(&auto, "lib_inner"), containing(&auto, "spin"));
+    let u = &m["counts"]["unwind"];
+    eprintln!("auto: total {total}, lib_inner {lib_n}, spin {exe_n}, unwind {u}\n{auto:#?}");
+    for (chain, n) in [(LIB, lib_n), (EXE, exe_n)] {
+        let full = ending_with(&auto, chain);
+        assert!(full * 10 >= n * 9, "--unwind auto: only {full} of {n} samples with the full chain {chain:?}");
     }
-    Some(m)
+    let n = (lib_n + exe_n) as f64;
+    assert!(n >= 400.0, "too few samples: {n}");
+    let share = lib_n as f64 / n;
+    let tol = 4.0 * (0.25 / n).sqrt() + 0.02;
+    assert!((share - 0.5).abs() <= tol, "lib_inner's share {share:.3}, expected 0.5 +- {tol:.3}");
+    let trusted = u["fp_stacks_trusted"].as_u64().unwrap();
+    assert!(
+        trusted <= total - lib_n,
+        "{trusted} frame-pointer stacks taken, more than the {} samples outside lib_inner",
+        total - lib_n
+    );
+    if u["binaries_with_frame_pointers"].as_u64().unwrap() < 2 {
+        assert_eq!(trusted, 0, "frame-pointer stacks taken though the libc has no frame pointers: {u}");
+    }
+    assert!(u["dwarf_stacks"].as_u64().unwrap() * 10 >= (total - trusted) * 9, "{u}");
+    assert!(u["binaries_with_frame_pointers"].as_u64().unwrap() >= 1, "{u}");
+    assert!(u["binaries_without_frame_pointers"].as_u64().unwrap() >= 1, "{u}");
+
+    let Some(data) = perf_record(pid, dir.path(), "perf-mixed.data", &["--call-graph", "dwarf,16384"], 3) else { return };
+    let perf = perf_script_contexts(&data);
+    let ours = etm_bpf_contexts(&dir.path().join("dump-auto-/profile.pb.gz"));
+    let (tv, bound) = (total_variation(&ours, &perf), tv_bound(&ours, &perf));
+    eprintln!("--unwind auto against perf --call-graph dwarf: TV {tv:.3} (bound {bound:.3})");
+    assert!(tv <= bound, "TV {tv:.3} > {bound:.3}; largest differences (ours - perf):\n{}", largest_differences(&ours, &perf, 8));
 }

@@ -4,7 +4,7 @@
 //! framehop module per executable mapping. The result is a stack in the form
 //! `bpf_get_stack` gives (the sampled pc, then return addresses), for the same pipeline.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
@@ -23,7 +23,9 @@ pub enum UnwindMode {
     Fp,
     /// DWARF CFI from the copied stack; frame pointers only where no copy was taken.
     Dwarf,
-    /// DWARF from the copied stack when it unwinds past the leaf, else frame pointers.
+    /// Per sample: the frame-pointer stack when every function it passes through sets up a
+    /// frame record ([`DwarfUnwinder::fp_chain_trusted`]), else DWARF from the copied stack
+    /// when that unwinds past the leaf, else frame pointers.
     Auto,
 }
 
@@ -107,6 +109,78 @@ pub struct UnwindStats {
     pub unwinds: u64,
     /// Stack bytes the unwinds were given.
     pub copied_bytes: u64,
+    /// `auto`: samples whose frame-pointer stack was taken without a DWARF unwind, every
+    /// binary on it keeping frame pointers (also counted in `fp`).
+    pub fp_trusted: u64,
+    /// Binaries registered whose code keeps frame pointers, and whose code does not.
+    pub fp_binaries: u64,
+    pub no_fp_binaries: u64,
+}
+
+/// One function of an image: `(start, end, sets up a frame record, declares itself the
+/// outermost frame)` ([`frame_records`]).
+pub type FrameRecord = (u64, u64, bool, bool);
+
+/// The functions of an image by their `.eh_frame` FDEs: `(start, end, frame record)` in
+/// link-time addresses, sorted by start. A function sets up a frame record when on x86-64 its
+/// CFA is computed from rbp at some row (`push %rbp; mov %rsp,%rbp` gives
+/// `DW_CFA_def_cfa_register rbp`; code built without frame pointers computes it from rsp,
+/// except in functions with variable-size frames), on AArch64 when it saves x29 and x30 as a
+/// pair (x30 8 bytes above x29: `stp x29, x30`; code without frame pointers saves x30 alone,
+/// or x29 only as a callee-saved register). A function declares itself the outermost frame
+/// when its return address is undefined at some row (`.cfi_undefined`, as glibc's `_start`
+/// and the child side of `clone3` do). `None` without a readable `.eh_frame`.
+pub fn frame_records(file: &object::File<'_>) -> Option<Vec<FrameRecord>> {
+    use addr2line::gimli::{self, UnwindSection};
+    let sec = file.section_by_name(".eh_frame")?;
+    let data = sec.uncompressed_data().ok()?;
+    let endian = if file.is_little_endian() { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+    let mut eh = gimli::EhFrame::new(&data, endian);
+    eh.set_address_size(8);
+    let mut bases = gimli::BaseAddresses::default().set_eh_frame(sec.address());
+    if let Some(text) = file.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    let mut ctx = gimli::UnwindContext::new();
+    let mut entries = eh.entries(&bases);
+    let mut out = Vec::new();
+    while let Ok(Some(entry)) = entries.next() {
+        let gimli::CieOrFde::Fde(partial) = entry else { continue };
+        let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset) else { continue };
+        let Ok(mut rows) = fde.rows(&eh, &bases, &mut ctx) else { continue };
+        let ra = fde.cie().return_address_register();
+        let (mut record, mut root) = (false, false);
+        while let Ok(Some(row)) = rows.next_row() {
+            // `.cfi_undefined rip` / `x30`: the entry point or a new thread's first frame.
+            root |= matches!(row.register(ra), gimli::RegisterRule::Undefined);
+            record = record
+                || if cfg!(target_arch = "aarch64") {
+                    match (row.register(gimli::AArch64::X29), row.register(gimli::AArch64::X30)) {
+                        (gimli::RegisterRule::Offset(fp), gimli::RegisterRule::Offset(lr)) => lr == fp + 8,
+                        _ => false,
+                    }
+                } else {
+                    matches!(row.cfa(), gimli::CfaRule::RegisterAndOffset { register, .. } if *register == gimli::X86_64::RBP)
+                };
+        }
+        out.push((fde.initial_address(), fde.end_address(), record, root));
+    }
+    out.sort_unstable();
+    Some(out)
+}
+
+/// Whether an image's code keeps frame pointers as a whole (counted in the manifest): at
+/// least half of its functions ([`frame_records`]) set up a frame record.
+pub fn has_frame_pointers(records: &[FrameRecord]) -> bool {
+    !records.is_empty() && records.iter().filter(|r| r.2).count() * 2 >= records.len()
+}
+
+/// The function of `fdes` ([`frame_records`]) holding link-time address `svma`; `None`
+/// outside every FDE.
+fn record_at(fdes: &[FrameRecord], svma: u64) -> Option<FrameRecord> {
+    let i = fdes.partition_point(|f| f.0 <= svma).checked_sub(1)?;
+    let f = fdes[i];
+    (f.0 <= svma && svma < f.1).then_some(f)
 }
 
 /// The unwinder of one target process.
@@ -115,12 +189,23 @@ pub struct DwarfUnwinder {
     cache: Cache,
     /// Start addresses of the mappings registered as modules.
     mapped: HashSet<u64>,
+    /// Registered mappings: start -> (end, load bias, their binary's [`frame_records`]).
+    ranges: BTreeMap<u64, (u64, u64, Arc<Vec<FrameRecord>>)>,
+    /// [`frame_records`] per binary name.
+    records_by_binary: HashMap<String, Arc<Vec<FrameRecord>>>,
     pub stats: UnwindStats,
 }
 
 impl Default for DwarfUnwinder {
     fn default() -> Self {
-        DwarfUnwinder { unwinder: Arch::new(), cache: Cache::new(), mapped: HashSet::new(), stats: UnwindStats::default() }
+        DwarfUnwinder {
+            unwinder: Arch::new(),
+            cache: Cache::new(),
+            mapped: HashSet::new(),
+            ranges: BTreeMap::new(),
+            records_by_binary: HashMap::new(),
+            stats: UnwindStats::default(),
+        }
     }
 }
 
@@ -145,11 +230,66 @@ impl DwarfUnwinder {
             .ok_or_else(|| anyhow::anyhow!("no load segment holds file offset {pgoff:#x}"))?;
         let svma = seg.address().wrapping_add(pgoff - seg.file_range().0);
         let bias = addr.wrapping_sub(svma);
+        let records = match self.records_by_binary.get(name) {
+            Some(r) => r.clone(),
+            None => {
+                let r = Arc::new(frame_records(&file).unwrap_or_default());
+                if has_frame_pointers(&r) {
+                    self.stats.fp_binaries += 1;
+                } else {
+                    self.stats.no_fp_binaries += 1;
+                }
+                self.records_by_binary.insert(name.to_string(), r.clone());
+                r
+            }
+        };
+        self.ranges.insert(addr, (addr.saturating_add(len), bias, records));
         let info = ElfSections { file, data: data.clone() };
         let module = framehop::Module::new(name.to_string(), addr..addr.saturating_add(len), bias, info);
         self.unwinder.add_module(module);
         self.mapped.insert(addr);
         Ok(())
+    }
+
+    /// The function holding `addr` in a registered mapping ([`frame_records`]); `None` outside
+    /// every mapping or FDE.
+    fn function_at(&self, addr: u64) -> Option<FrameRecord> {
+        let (_, (end, bias, records)) = self.ranges.range(..=addr).next_back()?;
+        if addr >= *end {
+            return None;
+        }
+        record_at(records, addr.wrapping_sub(*bias))
+    }
+
+    /// Whether the function holding `addr` sets up a frame record; `None` outside every
+    /// mapping or FDE.
+    fn keeps_frame_pointers(&self, addr: u64) -> Option<bool> {
+        self.function_at(addr).map(|f| f.2)
+    }
+
+    /// `auto`'s rule for taking a frame-pointer stack (`bpf_get_stack`'s: the sampled pc, then
+    /// return addresses) as it is: the function of the pc and of every return address sets up
+    /// a frame record ([`frame_records`]), except that the outermost may instead declare
+    /// itself the outermost frame (`_start`, a new thread's first function, which end the
+    /// chain by zeroing the frame pointer). Judged per function, as a binary can mix both
+    /// kinds (a static program's own code without frame pointers over a libc with them). The
+    /// walk reads each next frame through the frame pointer of the function a return address
+    /// leads to; past a function without frame pointers it reads whatever that register held,
+    /// and where it stops there (as at `__libc_start_call_main` or `start_thread` of a glibc
+    /// built without frame pointers) the root frames DWARF finds are missing. So on a
+    /// distribution whose libc has no frame pointers (Debian 12's x86-64 one) every stack is
+    /// DWARF-unwound.
+    pub fn fp_chain_trusted(&mut self, fp_stack: &[u64]) -> bool {
+        let Some((&last, inner)) = fp_stack.split_last() else { return false };
+        let trusted = fp_stack.len() >= 2
+            && self.keeps_frame_pointers(fp_stack[0]) == Some(true)
+            && inner.get(1..).unwrap_or(&[]).iter().all(|&r| self.keeps_frame_pointers(r.wrapping_sub(1)) == Some(true))
+            && self.function_at(last.wrapping_sub(1)).is_some_and(|f| f.2 || f.3);
+        if trusted {
+            self.stats.fp_trusted += 1;
+            self.stats.fp += 1;
+        }
+        trusted
     }
 
     /// Unwinds from `regs` over the stack copy `stack` (the bytes from `regs.sp` up) into
@@ -241,5 +381,77 @@ mod tests {
         let me = Arc::new(std::fs::read(std::env::current_exe().unwrap()).unwrap());
         assert!(u.add_mapping("me", &me, 0x1000, 0x1000, 1 << 40).is_err());
         assert!(u.add_mapping("me", &me, 0x1000, 0x1000, 0).is_ok());
+    }
+
+    /// Builds a small C program (several functions calling each other) with `flags`; `None`
+    /// (after saying why) without a C compiler.
+    fn build(dir: &std::path::Path, name: &str, flags: &[&str]) -> Option<Arc<Vec<u8>>> {
+        use std::process::Command;
+        let Some(cc) = ["gcc", "clang-22", "clang", "cc"].into_iter().find(|c| Command::new(c).arg("--version").output().is_ok())
+        else {
+            etm_testutil::skip("no C compiler");
+            return None;
+        };
+        let src = dir.join("f.c");
+        let mut code = String::from("volatile int sink;\n");
+        for i in 0..20 {
+            code += &format!(
+                "__attribute__((noinline)) int f{i}(int x) {{ int a[8]; for (int j = 0; j < 8; j++) a[j] = x + j + sink; sink = a[x & 7]; return {} + a[3]; }}\n",
+                if i == 0 { "x".to_string() } else { format!("f{}(x + 1)", i - 1) }
+            );
+        }
+        code += "int main(int c, char **v) { (void)v; return f19(c); }\n";
+        std::fs::write(&src, code).unwrap();
+        let exe = dir.join(name);
+        let st = Command::new(cc).args(flags).arg("-o").arg(&exe).arg(&src).status().unwrap();
+        assert!(st.success(), "{cc} {flags:?} failed");
+        Some(Arc::new(std::fs::read(&exe).unwrap()))
+    }
+
+    /// The frame-pointer rule against the compiler flags that decide it, with gcc's or clang's
+    /// defaults otherwise; and `auto`'s trust in a chain through the two binaries.
+    #[test]
+    fn frame_pointers_are_told_from_the_call_frame_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(fp) = build(dir.path(), "fp", &["-O2", "-fno-omit-frame-pointer"]) else { return };
+        let Some(nofp) = build(dir.path(), "nofp", &["-O2", "-fomit-frame-pointer"]) else { return };
+        let Some(default) = build(dir.path(), "default", &["-O2"]) else { return };
+        for (bin, want) in [(&fp, true), (&nofp, false), (&default, false)] {
+            assert_eq!(has_frame_pointers(&frame_records(&object::File::parse(&bin[..]).unwrap()).unwrap()), want);
+        }
+        use object::ObjectSymbol;
+        // Each binary's code segment mapped at `base + p_vaddr`; functions found by name.
+        let mut u = DwarfUnwinder::default();
+        let mut map = |name: &str, bin: &Arc<Vec<u8>>, base: u64| {
+            let f = object::File::parse(&bin[..]).unwrap();
+            let text = f.section_by_name(".text").unwrap().address();
+            let seg = f.segments().find(|s| s.address() <= text && text < s.address() + s.size()).unwrap();
+            u.add_mapping(name, bin, base + seg.address(), seg.size(), seg.file_range().0).unwrap();
+            let syms: HashMap<String, u64> =
+                f.symbols().filter_map(|s| Some((s.name().ok()?.to_string(), base + s.address()))).collect();
+            move |func: &str, off: u64| syms[func] + off
+        };
+        let fp_at = map("fp", &fp, 0x100000);
+        let nofp_at = map("nofp", &nofp, 0x800000);
+        assert_eq!((u.stats.fp_binaries, u.stats.no_fp_binaries), (1, 1));
+        // The pc and every caller (a return address follows its call: +1 of r - 1) in
+        // functions with frame records.
+        let (pc, r1, r2) = (fp_at("f3", 4), fp_at("f4", 9), fp_at("f5", 9));
+        assert!(u.fp_chain_trusted(&[pc, r1, r2]));
+        assert!(!u.fp_chain_trusted(&[pc, r1, nofp_at("f5", 9)]), "outermost without frame pointers");
+        assert!(!u.fp_chain_trusted(&[nofp_at("f3", 4), r1, r2]), "pc without frame pointers");
+        assert!(!u.fp_chain_trusted(&[pc, nofp_at("f4", 9), r2]), "walked on through a function without them");
+        assert!(!u.fp_chain_trusted(&[pc, r1, 0x90_0000_0000]), "outermost in no image");
+        assert!(!u.fp_chain_trusted(&[pc]), "only the pc");
+        assert!(!u.fp_chain_trusted(&[]));
+        assert_eq!(u.stats.fp_trusted, 1, "before the _start case");
+        // Per function: the frame-pointer binary's own startup code (`_start`, from crt1.o,
+        // built without) has no frame record though its binary counts as having them.
+        assert_eq!(u.keeps_frame_pointers(fp_at("_start", 1)), Some(false));
+        // ... but declares itself the outermost frame, so a chain may end there.
+        assert!(u.function_at(fp_at("_start", 1)).unwrap().3);
+        assert!(!u.function_at(nofp_at("f5", 4)).unwrap().3);
+        assert!(u.fp_chain_trusted(&[pc, r1, fp_at("_start", 9)]));
+        assert_eq!(u.keeps_frame_pointers(fp_at("f7", 4)), Some(true));
     }
 }

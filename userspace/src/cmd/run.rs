@@ -428,7 +428,8 @@ impl Feed {
     }
 
     /// Which stack a record contributes: the DWARF unwind of its stack copy (`--unwind
-    /// dwarf`, or `auto` when it got past the sampled function), else the frame-pointer one.
+    /// dwarf`, or `auto` when the frame-pointer stack is not to be trusted as it is and the
+    /// unwind got past the sampled function), else the frame-pointer one.
     /// The maps are re-read first if the copy's pc is in no known image.
     fn choose_stack(&mut self, bytes: &[u8], fp_stack: &[u64]) -> Chosen {
         if self.unwind == UnwindMode::Fp {
@@ -438,6 +439,9 @@ impl Feed {
         let Some(u) = self.engine.unwinder_mut() else {
             return Chosen::Fp;
         };
+        if self.unwind == UnwindMode::Auto && u.fp_chain_trusted(fp_stack) {
+            return Chosen::Fp;
+        }
         let Some((regs, copy)) = parsed.filter(|(r, c)| r.flags & etm_bpf_common::USTACK_REGS != 0 && !c.is_empty()) else {
             u.stats.no_copy += 1;
             u.stats.fp += 1;
@@ -479,6 +483,9 @@ fn unwind_json(e: &Engine, k: &BpfCounters) -> serde_json::Value {
         "records_without_copy": u.no_copy,
         "unwind_ns_per_sample": u.unwind_ns.checked_div(u.unwinds).unwrap_or(0),
         "copy_bytes_per_sample": u.copied_bytes.checked_div(u.unwinds).unwrap_or(0),
+        "fp_stacks_trusted": u.fp_trusted,
+        "binaries_with_frame_pointers": u.fp_binaries,
+        "binaries_without_frame_pointers": u.no_fp_binaries,
         "kernel_copy_errors": k.ustack_err,
         "kernel_mode_samples": k.ustack_kernel,
         "kernel_copies_shortened": k.ustack_short,

@@ -98,10 +98,22 @@ pub fn source_dir() -> PathBuf {
 
 /// Build `prog` with `compiler` into `out_dir`; returns the binary's path.
 pub fn build(prog: &TestProgram, compiler: Compiler, out_dir: &Path) -> Result<PathBuf, BuildError> {
+    build_with(prog, compiler, out_dir, &[], "")
+}
+
+/// [`build`] with `extra` flags after the usual ones (e.g. `-fomit-frame-pointer`, which
+/// overrides `-fno-omit-frame-pointer`), into `<name>-<compiler><suffix>`.
+pub fn build_with(
+    prog: &TestProgram,
+    compiler: Compiler,
+    out_dir: &Path,
+    extra: &[&str],
+    suffix: &str,
+) -> Result<PathBuf, BuildError> {
     let src = source_dir();
-    let out = out_dir.join(format!("{}-{}", prog.name, compiler.name()));
+    let out = out_dir.join(format!("{}-{}{suffix}", prog.name, compiler.name()));
     let mut cmd = compiler.command();
-    cmd.args(["-O2", "-static", "-fno-omit-frame-pointer", "-o"]).arg(&out);
+    cmd.args(["-O2", "-static", "-fno-omit-frame-pointer"]).args(extra).arg("-o").arg(&out);
     for s in prog.sources {
         cmd.arg(src.join(s));
     }
