@@ -224,15 +224,7 @@ fn count(m: &Contexts, k: &Vec<String>) -> f64 {
     m.get(k).copied().unwrap_or(0) as f64
 }
 
-/// Samples whose context contains frame `f`.
-pub fn containing(m: &Contexts, f: &str) -> u64 {
-    m.iter().filter(|(p, _)| p.iter().any(|x| x == f)).map(|(_, c)| c).sum()
-}
-
-/// Samples whose context ends with `suffix` (root first).
-pub fn ending_with(m: &Contexts, suffix: &[&str]) -> u64 {
-    m.iter().filter(|(p, _)| p.len() >= suffix.len() && p[p.len() - suffix.len()..] == *suffix).map(|(_, c)| c).sum()
-}
+pub use crate::{containing, ending_with};
 
 #[cfg(test)]
 mod tests {
