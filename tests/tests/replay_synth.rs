@@ -266,6 +266,66 @@ fn replay_is_deterministic() {
     }
 }
 
+/// `--no-exact` leaves out the exact counts and nothing else: the same samples and the same
+/// profile files, no `functions.csv` or `instructions.*`, and the manifest says so.
+#[test]
+fn replay_without_exact_counts_keeps_the_profile() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(prog) = build("indirect", tmp.path()) else { return };
+    let sess = tmp.path().join("session");
+    synth(&prog, &[], &sess, 1000, 20_000, true);
+    let a = replay(&sess, tmp.path(), "a");
+    let b = replay_with(&sess, tmp.path(), "b", &["--no-exact"]);
+    assert!(!a.samples.is_empty());
+    assert_eq!(a.samples, b.samples);
+    let names = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> =
+            std::fs::read_dir(d).unwrap().map(|f| f.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    };
+    let (na, nb) = (names(&a.dumps), names(&b.dumps));
+    let exact_files = ["functions.csv", "instructions.folded", "instructions.svg"];
+    for f in exact_files {
+        assert!(na.iter().any(|n| n == f), "{f} missing with exact counts: {na:?}");
+    }
+    let expected: Vec<&String> = na.iter().filter(|n| !exact_files.contains(&n.as_str())).collect();
+    assert_eq!(nb.iter().collect::<Vec<_>>(), expected);
+    // The manifests without their exact summary (and the list of files written) are equal.
+    let manifest = |d: &Path| -> serde_json::Value {
+        fn strip(v: &mut serde_json::Value) {
+            if let Some(o) = v.as_object_mut() {
+                o.remove("exact");
+                o.remove("files");
+                o.values_mut().for_each(strip);
+            }
+        }
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("manifest.json")).unwrap()).unwrap();
+        strip(&mut v);
+        v
+    };
+    let mb: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(b.dumps.join("manifest.json")).unwrap()).unwrap();
+    let exact = |v: &serde_json::Value| -> Option<serde_json::Value> {
+        fn find(v: &serde_json::Value) -> Option<&serde_json::Value> {
+            let o = v.as_object()?;
+            o.get("exact").or_else(|| o.values().find_map(find))
+        }
+        find(v).cloned()
+    };
+    let eb = exact(&mb).expect("an exact summary in the manifest");
+    assert_eq!(eb["enabled"], false, "{eb}");
+    assert_eq!(eb["instructions"], 0, "{eb}");
+    assert_eq!(manifest(&a.dumps), manifest(&b.dumps));
+    for n in &nb {
+        if n != "manifest.json" {
+            assert!(
+                std::fs::read(a.dumps.join(n)).unwrap() == std::fs::read(b.dumps.join(n)).unwrap(),
+                "{n} differs with --no-exact"
+            );
+        }
+    }
+}
+
 /// The live driver's watermark ("all trace of this CPU up to T is in") joins each sample as
 /// soon as it arrives, with exactly the same result as waiting for the next window.
 #[test]

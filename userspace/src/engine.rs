@@ -457,6 +457,7 @@ pub fn exact_shares(p: &Pipeline) -> std::collections::HashMap<String, f64> {
 fn exact_json(p: &Pipeline) -> serde_json::Value {
     let c = p.exact_counts();
     serde_json::json!({
+        "enabled": p.exact_enabled(),
         "segments": c.segments(),
         "instructions": c.instructions(),
         "functions": c.functions_seen(),

@@ -137,6 +137,9 @@ pub struct PipelineConfig {
     /// AArch64 (ETM exists on Arm only), otherwise branch records go unchecked (counted
     /// [`JoinStats::unverified`](crate::join::JoinStats::unverified)).
     pub arch: Option<CodeArch>,
+    /// Exact per-function counts from the decoded ranges (self, inclusive, calls, coverage:
+    /// `functions.csv`). Off saves their cost per decoded range (bench/README.md, "Replay").
+    pub exact: bool,
 }
 
 impl Default for PipelineConfig {
@@ -150,6 +153,7 @@ impl Default for PipelineConfig {
             trie_nodes: 1 << 20,
             decoder: None,
             arch: None,
+            exact: true,
         }
     }
 }
@@ -720,6 +724,7 @@ impl Pipeline {
         let factory = cfg.decoder.clone().or_else(crate::decoder::default_factory);
         let arch = cfg.arch.or((!cfg.cpus.is_empty()).then_some(CodeArch::Aarch64));
         Pipeline {
+            exact: ExactState::new(cfg.exact),
             joiner: Joiner::new(cfg.join),
             profile: HybridProfile::new(cfg.profile),
             trie: ContextTrie::new(cfg.trie_nodes),
@@ -742,7 +747,6 @@ impl Pipeline {
             scratch_lbr: Vec::new(),
             scratch_types: Vec::new(),
             observer: None,
-            exact: ExactState::new(),
         }
     }
 
@@ -764,6 +768,11 @@ impl Pipeline {
     pub fn exact_contexts(&self) -> Vec<(Vec<&str>, u64)> {
         let name = |f: u32| self.exact.names[f as usize].1.as_str();
         self.exact.counts.context_paths().into_iter().map(|(p, n)| (p.into_iter().map(name).collect(), n)).collect()
+    }
+
+    /// Whether exact counts are kept ([`PipelineConfig::exact`]).
+    pub fn exact_enabled(&self) -> bool {
+        self.cfg.exact
     }
 
     /// The totals behind [`exact_functions`](Self::exact_functions) (segments, instructions).
@@ -1343,13 +1352,16 @@ struct ExactState {
     /// the last taken branch to it recorded for coverage).
     cache: Vec<(u64, u32, u32, InsnKind, u64)>,
     cache_gen: u64,
+    /// [`PipelineConfig::exact`].
+    enabled: bool,
 }
 
 const EXACT_CACHE: usize = 4096;
 
 impl ExactState {
-    fn new() -> Self {
+    fn new(enabled: bool) -> Self {
         ExactState {
+            enabled,
             counts: etm_profile::exact::ExactCounts::new(EXACT_MAX_FUNCTIONS),
             open: CpuMap::default(),
             index: HashMap::new(),
@@ -1408,6 +1420,9 @@ impl ExactState {
     }
 
     fn ranges(&mut self, cpu: i32, resolver: &Resolver, code: &CodeMap, rs: &[(u64, u32)]) {
+        if !self.enabled {
+            return;
+        }
         let mut open = std::mem::take(self.open.entry(cpu));
         for &(start, n) in rs {
             let (f, last) = self.function(resolver, code, start, n);

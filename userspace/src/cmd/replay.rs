@@ -53,6 +53,9 @@ pub struct ReplayArgs {
     /// CPU's next window; needs sessions where a pause's AUX data precedes its sample).
     #[arg(long)]
     watermark: bool,
+    /// No exact per-function counts from the trace (as `run --no-exact`).
+    #[arg(long)]
+    no_exact: bool,
 }
 
 pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
@@ -77,6 +80,7 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         cfg.join.depth = d;
     }
     cfg.join.validate = !args.no_validate;
+    cfg.exact = !args.no_exact;
     // The same engine (pipeline, symbolizer, writers) as `run`.
     let mut engine = Engine::new(cfg, None);
 

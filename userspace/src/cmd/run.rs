@@ -141,6 +141,10 @@ pub struct RunArgs {
     /// Memory bound of the context trie (number of contexts).
     #[arg(long, default_value_t = 200_000)]
     pub max_contexts: usize,
+    /// With ETM: no exact per-function counts from the trace (functions.csv,
+    /// instructions.folded/svg, the view's instr column): saves their cost per decoded range.
+    #[arg(long)]
+    pub no_exact: bool,
     /// Log file in live-view mode (default: DUMP_DIR/etm-bpf.log, else /tmp/etm-bpf-PID.log).
     #[arg(long)]
     pub log_file: Option<PathBuf>,
@@ -665,6 +669,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let mode = etm.mode_line().to_string();
         let mut pc = etm.pipeline_config(args.depth.unwrap_or(ETM_DEPTH) as usize);
         pc.trie_nodes = args.max_contexts;
+        pc.exact = !args.no_exact;
         let engine = Engine::new(pc, Some(loader()));
         let info = info_for("cs_etm pause".into(), "etm", Some(mode));
         let maps = trackers.pop().expect("one target");
