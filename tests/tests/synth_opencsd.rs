@@ -213,6 +213,7 @@ fn opencsd_decodes_generated_trace_to_ground_truth_ranges() {
                 "switch" => "6000",
                 "flat" => "8000",
                 "ab_a" | "ab_b" => "60",
+                "percall_a" | "percall_b" => "2000",
                 _ => "600",
             };
             let args = [arg.to_string()];
