@@ -167,16 +167,7 @@ pub fn ending_with(m: &BTreeMap<Vec<String>, u64>, suffix: &[&str]) -> u64 {
     m.iter().filter(|(p, _)| p.len() >= suffix.len() && p[p.len() - suffix.len()..] == *suffix).map(|(_, c)| c).sum()
 }
 
-/// CPU time (user + system) process `pid` has used, in seconds (`/proc/PID/stat`, clock
-/// ticks of `getconf CLK_TCK`, 100 on Linux).
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = s.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // After the comm: state is field 3, utime 14 and stime 15 (1-based over the whole line).
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 / 100.0)
-}
+pub use etm_testutil::cpu_seconds;
 
 /// `etm-bpf run --pid PID --headless --duration SECS EXTRA... --dump-dir DUMP`; calls
 /// `on_first_line` once the first line is out (profiling has started), asserts success and

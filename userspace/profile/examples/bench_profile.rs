@@ -20,22 +20,13 @@ impl Rng {
 }
 
 fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse().unwrap_or(0))
-        })
-        .unwrap_or(0)
+    etm_testutil::self_status_kib("VmHWM")
 }
 
-/// Process CPU time (user + system) in seconds, from /proc/self/stat (clock ticks of 10 ms):
-/// wall time is unreliable on a shared 2-core machine.
+/// Process CPU time (user + system) in seconds: wall time is unreliable on a shared 2-core
+/// machine.
 fn cpu_s() -> f64 {
-    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let rest = s.rsplit(')').next().unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (t(11) + t(12)) / 100.0
+    etm_testutil::cpu_seconds(std::process::id()).unwrap_or(0.0)
 }
 
 struct Clock(Instant, f64);

@@ -33,18 +33,12 @@ enum Owned {
 }
 
 fn rss_kib() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0)
+    etm_testutil::self_status_kib("VmRSS")
 }
 
-/// CPU time of this process (user + system, /proc/self/stat; clock ticks of 10 ms).
+/// CPU time of this process.
 fn cpu_s() -> f64 {
-    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command name (which may hold spaces) in parentheses.
-    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (tick(11) + tick(12)) / 100.0
+    etm_testutil::cpu_seconds(std::process::id()).unwrap_or(0.0)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -53,6 +53,27 @@ pub fn spin_cpu_ms(ms: u64, max_wall_s: u64) {
     }
 }
 
+/// CPU time (user + system) process `pid` has used, in seconds (`/proc/PID/stat`, clock
+/// ticks of `getconf CLK_TCK`, 100 on Linux); `None` if it is gone. Benchmarks on the shared
+/// machine measure CPU time because wall time scales with the load.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the comm (which may hold spaces and parentheses): utime and stime are fields 14
+    // and 15 of the whole line.
+    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
+/// A `kB` field of this process's `/proc/self/status` (`VmRSS`, `VmHWM`, ...); 0 if absent.
+pub fn self_status_kib(field: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A global allocator that counts the allocations (and reallocations) of the thread inside
 /// [`count_allocations`]; install it in a test binary with
 /// `#[global_allocator] static A: etm_testutil::CountingAlloc = etm_testutil::CountingAlloc;`.
