@@ -32,6 +32,16 @@ enum Owned {
     Sideband(Sideband),
 }
 
+impl Owned {
+    fn event(&self) -> SessionEvent<'_> {
+        match self {
+            Owned::Aux(record, data) => SessionEvent::Aux { record: *record, data },
+            Owned::Sample(s) => SessionEvent::Sample(s),
+            Owned::Sideband(s) => SessionEvent::Sideband(s),
+        }
+    }
+}
+
 fn rss_kib() -> u64 {
     etm_testutil::self_status_kib("VmRSS")
 }
@@ -77,7 +87,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             SessionEvent::Sideband(s) => Owned::Sideband(s.clone()),
         });
     }
-    let (first, last) = (events.first().map_or(0, time_of), events.last().map_or(0, time_of));
+    let (first, last) = (events.first().map_or(0, |e| e.event().time()), events.last().map_or(0, |e| e.event().time()));
     let span = last - first + 1_000_000;
     let mut aux_len: HashMap<i32, u64> = HashMap::new();
     for e in &events {
@@ -216,12 +226,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::process::exit(1);
     }
     Ok(())
-}
-
-fn time_of(e: &Owned) -> u64 {
-    match e {
-        Owned::Aux(r, _) => r.time,
-        Owned::Sample(s) => s.time,
-        Owned::Sideband(s) => s.time(),
-    }
 }
