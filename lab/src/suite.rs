@@ -144,6 +144,16 @@ fn step(name: &str, argv: &[&str]) -> Step {
     Step { name: name.into(), argv: argv.iter().map(|s| s.to_string()).collect(), timeout_s: 120, ..Default::default() }
 }
 
+/// `etm-bpf run --pid {pid:WORKLOAD} --headless` for the workload's whole run at [`FREQ`],
+/// with `extra` options, dumping into `out` (whose folded profile and manifest come back).
+fn profile_step(name: &str, workload: &str, out: &str, extra: &[&str]) -> Step {
+    let (pid, freq) = (format!("{{pid:{workload}}}"), FREQ.to_string());
+    let mut argv = vec!["/lab/bin/etm-bpf", "run", "--pid", &pid, "--headless", "--duration", "600", "--freq", &freq];
+    argv.extend_from_slice(extra);
+    argv.extend_from_slice(&["--dump-dir", out]);
+    Step { timeout_s: 900, files: vec![format!("{out}/profile.folded"), format!("{out}/manifest.json")], ..step(name, &argv) }
+}
+
 /// Tests that passed (`test NAME ... ok`) in a libtest output.
 fn passed_tests(out: &str) -> Vec<String> {
     out.lines().filter_map(|l| l.strip_prefix("test ")?.strip_suffix(" ... ok").map(String::from)).collect()
@@ -201,53 +211,12 @@ pub fn run(o: &Options) -> anyhow::Result<Report> {
         },
         Step { spawn: true, ..step("workload", &["/lab/progs/contexts", &WORKLOAD_ITERS.to_string(), "3000"]) },
     ];
-    let freq = FREQ.to_string();
-    steps.push(Step {
-        timeout_s: 900,
-        files: vec!["/tmp/out/profile.folded".into(), "/tmp/out/manifest.json".into()],
-        ..step(
-            "run",
-            &[
-                "/lab/bin/etm-bpf",
-                "run",
-                "--pid",
-                "{pid:workload}",
-                "--headless",
-                "--duration",
-                "600",
-                "--freq",
-                &freq,
-                "--dump-dir",
-                "/tmp/out",
-            ],
-        )
-    });
+    steps.push(profile_step("run", "workload", "/tmp/out", &[]));
     // The first run's interrupts made the kernel lower perf_event_max_sample_rate below
     // --freq (the next open failed with EINVAL): back to the default first.
     steps.push(step("rate", &["/init", "write", "/proc/sys/kernel/perf_event_max_sample_rate", "100000"]));
     steps.push(Step { spawn: true, ..step("workload-nofp", &["/lab/progs/contexts-nofp", &WORKLOAD_ITERS.to_string(), "3000"]) });
-    steps.push(Step {
-        timeout_s: 900,
-        files: vec!["/tmp/out-nofp/profile.folded".into(), "/tmp/out-nofp/manifest.json".into()],
-        ..step(
-            "run-nofp",
-            &[
-                "/lab/bin/etm-bpf",
-                "run",
-                "--pid",
-                "{pid:workload-nofp}",
-                "--headless",
-                "--duration",
-                "600",
-                "--freq",
-                &freq,
-                "--unwind",
-                "dwarf",
-                "--dump-dir",
-                "/tmp/out-nofp",
-            ],
-        )
-    });
+    steps.push(profile_step("run-nofp", "workload-nofp", "/tmp/out-nofp", &["--unwind", "dwarf"]));
     // `--unwind auto` on the same build: its own code has no frame records but the static
     // libc's functions have (a binary judged as a whole would count as having frame pointers).
     steps.push(step("rate-auto", &["/init", "write", "/proc/sys/kernel/perf_event_max_sample_rate", "100000"]));
@@ -255,26 +224,7 @@ pub fn run(o: &Options) -> anyhow::Result<Report> {
         spawn: true,
         ..step("workload-nofp-auto", &["/lab/progs/contexts-nofp", &WORKLOAD_ITERS.to_string(), "3000"])
     });
-    steps.push(Step {
-        timeout_s: 900,
-        files: vec!["/tmp/out-auto/profile.folded".into(), "/tmp/out-auto/manifest.json".into()],
-        ..step(
-            "run-nofp-auto",
-            &[
-                "/lab/bin/etm-bpf",
-                "run",
-                "--pid",
-                "{pid:workload-nofp-auto}",
-                "--headless",
-                "--duration",
-                "600",
-                "--freq",
-                &freq,
-                "--dump-dir",
-                "/tmp/out-auto",
-            ],
-        )
-    });
+    steps.push(profile_step("run-nofp-auto", "workload-nofp-auto", "/tmp/out-auto", &[]));
     img.file("/lab/steps.json", serde_json::to_string_pretty(&steps)?.as_bytes(), false);
     let initrd = o.out.join("initrd.gz");
     std::fs::write(&initrd, img.finish())?;
