@@ -494,6 +494,20 @@ impl Decoder {
         sink: &mut S,
     ) -> ControlFlow<()> {
         self.begin_packet(index);
+        // the common address packet (the target of an indirect branch, nothing speculative
+        // or pending): what `decode_packet` does with it, without the state machine
+        if let Packet::Address { addr, context: None, source: false } = *pkt
+            && self.state == State::Decode
+            && self.p0.is_empty()
+            && !self.elem_pending_addr
+            && self.cfg.max_spec_depth == 0
+            && self.spec_depth == 0
+            && !self.res.any()
+        {
+            self.last_is = addr.is;
+            self.push(P0Kind::Addr { addr: addr.addr, is: addr.is }, false, index);
+            return ControlFlow::Continue(());
+        }
         self.run(index, pkt, mem, sink)
     }
 
