@@ -1053,7 +1053,7 @@ impl Decoder {
     }
 
     /// Applies `n` committed atoms (oldest in bit 0 of `bits`); returns the bits left.
-    #[inline]
+    #[inline(always)]
     fn run_atoms<M: MemoryAccess + ?Sized>(&mut self, mut b: u32, n: u8, index: u64, mem: &M) -> Result<u32, DecodeErr> {
         // One tag for the whole packet.
         let tag = self.cache_tag(mem);
