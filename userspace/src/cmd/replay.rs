@@ -16,6 +16,7 @@ use etm_session::{Pipeline, PipelineConfig, PipelineStats};
 
 use crate::dump::{check_writable_dir, write_atomic};
 use crate::engine::{DumpMeta, Engine, pipeline_json, write_profile_files};
+use crate::unwind::UnwindMode;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -83,6 +84,13 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     cfg.exact = !args.no_exact;
     // The same engine (pipeline, symbolizer, writers) as `run`.
     let mut engine = Engine::new(cfg, None);
+    // Pause records with stack copies unwind as the live run unwound them (before the images
+    // are registered, so the unwinder gets their mappings).
+    let unwind =
+        meta.notes.get(crate::cmd::run::UNWIND_NOTE).and_then(|n| <UnwindMode as clap::ValueEnum>::from_str(n, false).ok());
+    if let Some(m) = unwind.filter(|&m| m != UnwindMode::Fp) {
+        engine.enable_unwinding(m);
+    }
 
     let mut missing_images = Vec::new();
     for img in &meta.images {
