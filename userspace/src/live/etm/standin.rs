@@ -417,8 +417,12 @@ fn cpu_wide_groups_see_other_processes() {
 }
 
 /// chains.c (`tests/workloads`) built as distributions build code: gcc `-O2
-/// -fomit-frame-pointer` (tail calls off, so every caller keeps a return address).
+/// -fomit-frame-pointer` (tail calls off, so every caller keeps a return address); the build
+/// `ETM_BPF_CHAINS_NOFP` names if set (the arm64 kernel lab's, cross-built static).
 fn build_nofp_chains(dir: &std::path::Path) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ETM_BPF_CHAINS_NOFP") {
+        return Some(PathBuf::from(p));
+    }
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/chains.c");
     let exe = dir.join("chains-nofp");
     let ok = std::process::Command::new("gcc")
@@ -553,8 +557,14 @@ fn pause_stack_copies_unwind_a_program_without_frame_pointers() {
     let _ = child.kill();
     let _ = child.wait();
 
+    // The lab's emulated PMU closes far fewer windows than cpu-clock (see
+    // windows_are_gated_and_stamped_in_the_perf_clock).
+    let min_windows = match stand_in() {
+        StandIn::Software { .. } => 300,
+        StandIn::HwCycles => 60,
+    };
     let s = &with.samples;
-    assert!(s.len() >= 300, "only {} windows of chains: {:?} {:?}", s.len(), with.stats, with.counters);
+    assert!(s.len() >= min_windows, "only {} windows of chains: {:?} {:?}", s.len(), with.stats, with.counters);
     assert_eq!(with.stats.stack_copies, with.stats.pause_records, "every target record has a copy: {:?}", with.stats);
     assert_eq!(
         (with.counters.output_err, with.counters.ustack_err, with.stats.window_seq_gaps),
@@ -563,7 +573,7 @@ fn pause_stack_copies_unwind_a_program_without_frame_pointers() {
         with.counters
     );
     assert!(s.iter().all(|p| p.user_stack.as_ref().is_some_and(|u| u.pc == p.stack[0] && !u.bytes.is_empty())));
-    assert!(without.samples.iter().all(|p| p.user_stack.is_none()) && without.samples.len() >= 100);
+    assert!(without.samples.iter().all(|p| p.user_stack.is_none()) && without.samples.len() >= min_windows / 3);
 
     let share_ok = |a: u64, b: u64| {
         let n = (a + b) as f64;
@@ -574,15 +584,17 @@ fn pause_stack_copies_unwind_a_program_without_frame_pointers() {
         let (p, st) = profile_of(&sb, s, Some(mode));
         let (a, b, all) = spin_chains(&p);
         eprintln!("{mode:?}: {a} + {b} of {all} spin windows under full chains; {st:?}");
-        assert!(all >= 200, "{mode:?}: {all} spin windows: {p:?}");
+        assert!(all as usize * 3 >= min_windows * 2, "{mode:?}: {all} spin windows: {p:?}");
         assert!((a + b) * 10 >= all * 9, "{mode:?}: {a} + {b} of {all} with the full chain: {p:?}");
         assert!(share_ok(a, b), "{mode:?}: main->a->hot1 {a} against main->b->hot2 {b}, not 2:1");
-        assert_eq!(st.dwarf as usize, s.len(), "{mode:?}: every stack DWARF-unwound (libc has no frame pointers): {st:?}");
+        // Every stack DWARF-unwound (auto: unless every function on it keeps frame pointers).
+        let fp_ok = if mode == UnwindMode::Auto { st.fp_trusted } else { 0 };
+        assert_eq!((st.dwarf + fp_ok) as usize, s.len(), "{mode:?}: {st:?}");
     }
     let (p, _) = profile_of(&sb, s, None);
     let (a, b, all) = spin_chains(&p);
     eprintln!("fp: {a} + {b} of {all} spin windows under full chains");
-    assert!(all >= 200 && (a + b) * 10 < all, "fp: {a} + {b} of {all} with the full chain");
+    assert!(all as usize * 3 >= min_windows * 2 && (a + b) * 10 < all, "fp: {a} + {b} of {all} with the full chain");
 
     // Recorded and read back: the copies come back, and so does the profile.
     let rec = dir.path().join("session");
@@ -606,7 +618,7 @@ fn pause_stack_copies_unwind_a_program_without_frame_pointers() {
 
     let per_run = |r: &TargetRun| r.pause_runs.1.checked_div(r.pause_runs.0).unwrap_or(0);
     let s = &cost_with.samples;
-    assert!(s.len() >= 100 && s.iter().all(|p| p.user_stack.is_some()), "{:?}", cost_with.stats);
+    assert!(s.len() >= min_windows / 3 && s.iter().all(|p| p.user_stack.is_some()), "{:?}", cost_with.stats);
     let copied: usize = s.iter().map(|p| p.user_stack.as_ref().map_or(0, |u| u.bytes.len())).sum();
     let raw = etm_bpf_common::pause_raw_bytes(0, Some(copied / s.len()));
     let raw_fp: usize = without.samples.iter().map(|p| etm_bpf_common::pause_raw_bytes(p.stack.len(), None)).sum::<usize>()
