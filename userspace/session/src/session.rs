@@ -19,6 +19,8 @@
 //!                       in record order; an `aux` line says where each record's bytes are
 //!   images/<file>       copies of code images (synthetic sessions always copy; live sessions
 //!                       copy when `run --record` was asked to, otherwise only path+build-id)
+//!   ustack.bin          the pause samples' user-stack copies (`--unwind dwarf|auto` with ETM),
+//!                       concatenated; absent when no sample has one
 //! ```
 //!
 //! `events.jsonl` lines are internally tagged by `"type"`:
@@ -46,6 +48,10 @@
 //!   addresses; `sample.branches` is `null` (no branch unit: ETM or stack-only) or the
 //!   LBR/BRBE records carried by the sample, newest first (`[]`: the kernel gave none);
 //!   `sample.branch_flags` (optional) is each record's `perf_branch_entry` flag word.
+//!   `sample.ustack` (optional) is the user registers the stack copy starts from
+//!   (`flags`, `pc`, `sp`, `fp`, `lr`, the copy's size class `size`) and where its bytes are
+//!   (`offset`, `len` in `ustack.bin`); `stack` is then the frame-pointer stack, and the
+//!   reader of a recording unwinds the copy as the live run did.
 //! * `session.json`'s `arch` (`aarch64`, `x86_64`) is the instruction set the code checks
 //!   decode; absent in older recordings (ETM sessions: AArch64).
 //! * Times are perf-clock nanoseconds. ETM timestamps in the AUX data are converted with

@@ -200,7 +200,13 @@ fn summary_json(
     let mut v = pipeline_json(p);
     v["events"] = serde_json::json!(events);
     v["elapsed_s"] = serde_json::json!(elapsed.as_secs_f64());
-    v["reader"] = serde_json::json!({"lines": rs.lines, "bad_lines": rs.bad_lines, "aux_short": rs.aux_short, "aux_missing": rs.aux_missing});
+    v["reader"] = serde_json::json!({
+        "lines": rs.lines,
+        "bad_lines": rs.bad_lines,
+        "aux_short": rs.aux_short,
+        "aux_missing": rs.aux_missing,
+        "ustack_short": rs.ustack_short,
+    });
     v["missing_images"] = serde_json::json!(missing_images);
     v
 }

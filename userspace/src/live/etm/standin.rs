@@ -549,7 +549,7 @@ fn pause_stack_copies_unwind_a_program_without_frame_pointers() {
     let mut spec = standin_spec(cpu, 100_000, 1_000_000, false);
     spec.data_bytes = 8 << 20;
     let copy = etm_bpf_common::DEFAULT_STACK_BYTES as u32;
-    let with = run_target(&spec, pid, copy, 0, Duration::from_millis(1500));
+    let with = run_target(&spec, pid, copy, 0, Duration::from_millis(2000));
     // The cost: every pause writes a record (ungated, as strobing), with and without a copy.
     let ungated = etm_bpf_common::WINDOW_UNGATED;
     let cost_with = run_target(&spec, pid, copy, ungated, Duration::from_millis(700));
@@ -557,10 +557,11 @@ fn pause_stack_copies_unwind_a_program_without_frame_pointers() {
     let _ = child.kill();
     let _ = child.wait();
 
-    // The lab's emulated PMU closes far fewer windows than cpu-clock (see
+    // The CPU is shared with whatever else runs (a loaded VM gave chains a quarter of the
+    // windows), and the lab's emulated PMU closes far fewer windows than cpu-clock (see
     // windows_are_gated_and_stamped_in_the_perf_clock).
     let min_windows = match stand_in() {
-        StandIn::Software { .. } => 300,
+        StandIn::Software { .. } => 150,
         StandIn::HwCycles => 60,
     };
     let s = &with.samples;
@@ -595,6 +596,34 @@ fn pause_stack_copies_unwind_a_program_without_frame_pointers() {
     let (a, b, all) = spin_chains(&p);
     eprintln!("fp: {a} + {b} of {all} spin windows under full chains");
     assert!(all as usize * 3 >= min_windows * 2 && (a + b) * 10 < all, "fp: {a} + {b} of {all} with the full chain");
+
+    // The callers check judges the DWARF stacks too: spin is a leaf without a frame, so its
+    // return address is the word at sp (x86-64) or lr (AArch64); one byte before it is no
+    // instruction after a call, and the stacks through it are cut under [truncated].
+    let bad: Vec<PauseSample> = s
+        .iter()
+        .map(|p| {
+            let mut q = p.clone();
+            if let Some(u) = q.user_stack.as_mut() {
+                if cfg!(target_arch = "aarch64") {
+                    u.lr = u.lr.wrapping_sub(1);
+                } else if let Some(w) = u.bytes.get_mut(..8) {
+                    let r = u64::from_ne_bytes(w.try_into().unwrap());
+                    w.copy_from_slice(&r.wrapping_sub(1).to_ne_bytes());
+                }
+            }
+            q
+        })
+        .collect();
+    let (p, _) = profile_of(&sb, &bad, Some(UnwindMode::Dwarf));
+    let (a, b, all) = spin_chains(&p);
+    let cut: u64 = p
+        .iter()
+        .filter(|(k, _)| k.first().is_some_and(|f| f == "[truncated]") && k.last().is_some_and(|f| f == "spin"))
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!("return address moved: {cut} of {all} spin windows cut, {a} + {b} under full chains");
+    assert!(all as usize * 3 >= min_windows * 2 && cut * 10 >= all * 9 && (a + b) * 10 < all, "{p:?}");
 
     // Recorded and read back: the copies come back, and so does the profile.
     let rec = dir.path().join("session");
