@@ -554,8 +554,6 @@ fn pause_stack_copies_unwind_a_program_without_frame_pointers() {
     let ungated = etm_bpf_common::WINDOW_UNGATED;
     let cost_with = run_target(&spec, pid, copy, ungated, Duration::from_millis(700));
     let without = run_target(&spec, pid, 0, ungated, Duration::from_millis(700));
-    let _ = child.kill();
-    let _ = child.wait();
 
     // The CPU is shared with whatever else runs (a loaded VM gave chains a quarter of the
     // windows), and the lab's emulated PMU closes far fewer windows than cpu-clock (see
@@ -625,16 +623,30 @@ fn pause_stack_copies_unwind_a_program_without_frame_pointers() {
     eprintln!("return address moved: {cut} of {all} spin windows cut, {a} + {b} under full chains");
     assert!(all as usize * 3 >= min_windows * 2 && cut * 10 >= all * 9 && (a + b) * 10 < all, "{p:?}");
 
-    // Recorded and read back: the copies come back, and so does the profile.
+    // Recorded as `run --record` records (the recorder of the live path: images by path, the
+    // vdso saved from the running target, the --unwind note) and read back: the copies come
+    // back, and `replay` of the recording writes the live profile.
     let rec = dir.path().join("session");
-    let mut w = etm_session::session::SessionWriter::create(&rec, Default::default()).unwrap();
+    let mut notes = std::collections::HashMap::new();
+    notes.insert(crate::cmd::run::UNWIND_NOTE.to_string(), crate::cmd::run::unwind_name(UnwindMode::Dwarf));
+    let meta = etm_session::session::SessionMeta {
+        source: etm_session::session::SessionSource::Live,
+        arch: etm_session::session::CodeArch::host(),
+        window: etm_session::session::WindowParams { mode: "none".into(), ..Default::default() },
+        notes,
+        ..Default::default()
+    };
+    let mut recorder = super::Recorder::create(&rec, meta, false).unwrap();
     for x in &sb {
-        w.write_sideband(x).unwrap();
+        recorder.event(&SessionEvent::Sideband(x));
     }
     for x in s {
-        w.write_sample(x).unwrap();
+        recorder.event(&SessionEvent::Sample(x));
     }
-    w.finish().unwrap();
+    assert_eq!(recorder.errors, 0);
+    recorder.finish().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
     let mut r = etm_session::session::SessionReader::open(&rec).unwrap();
     let mut back = Vec::new();
     while let Some(ev) = r.next_event().unwrap() {
@@ -643,7 +655,23 @@ fn pause_stack_copies_unwind_a_program_without_frame_pointers() {
         }
     }
     assert_eq!(&back, s);
-    assert_eq!(profile_of(&sb, &back, Some(UnwindMode::Dwarf)).0, profile_of(&sb, s, Some(UnwindMode::Dwarf)).0);
+    #[derive(clap::Parser)]
+    struct Replay {
+        #[command(flatten)]
+        args: crate::cmd::replay::ReplayArgs,
+    }
+    let out = dir.path().join("replayed");
+    let argv = ["replay".as_ref(), rec.as_os_str(), "--headless".as_ref(), "--dump-dir".as_ref(), out.as_os_str()];
+    let replay = <Replay as clap::Parser>::try_parse_from(argv).unwrap();
+    crate::cmd::replay::main(replay.args).unwrap();
+    let mut replayed = std::collections::BTreeMap::new();
+    for line in std::fs::read_to_string(out.join("profile.folded")).unwrap().lines() {
+        let (path, n) = line.rsplit_once(' ').unwrap();
+        *replayed.entry(path.split(';').map(str::to_string).collect::<Vec<_>>()).or_insert(0) += n.parse::<u64>().unwrap();
+    }
+    let live = profile_of(&sb, s, Some(UnwindMode::Dwarf)).0;
+    assert_eq!(replayed, live, "replay of the recorded copies against the live profile");
+    assert!(spin_chains(&replayed).0 > 0);
 
     let per_run = |r: &TargetRun| r.pause_runs.1.checked_div(r.pause_runs.0).unwrap_or(0);
     let s = &cost_with.samples;
