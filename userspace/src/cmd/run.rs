@@ -287,7 +287,7 @@ const ETM_RING_RECORDS: usize = 256;
 
 /// The leader's data ring: `default`, or with stack copies of `stack_bytes` room for
 /// [`ETM_RING_RECORDS`] pause records of that size (a power of two).
-fn etm_data_bytes(default: usize, stack_bytes: u32) -> usize {
+pub fn etm_data_bytes(default: usize, stack_bytes: u32) -> usize {
     if stack_bytes == 0 {
         return default;
     }
