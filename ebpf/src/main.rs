@@ -45,9 +45,10 @@ mod prog {
         COUNTER_RESUMES, COUNTER_RING_BUSY, COUNTER_RING_FULL, COUNTER_SAMPLES, COUNTER_STACK_ERR, COUNTER_USTACK_ERR,
         COUNTER_USTACK_KERNEL, COUNTER_USTACK_SHORT, COUNTER_WINDOWS, FLAG_FOLLOW_FORKS, FLAG_READ_BRANCHES, FLAG_TGID_SET,
         MAX_BRANCHES, MAX_SLOTS, MAX_STACK_DEPTH, NEWTASK_FLAGS_OFFSET, NEWTASK_PID_OFFSET, PAUSE_HEADER, PAUSE_MAGIC,
-        PAUSE_STACK_ERR, PAUSE_TARGET, PauseRecord, REC_HAS_BRANCHES, RING_BYTES, RING_WAKEUP_BYTES, SAMPLE_RECORD_SIZE,
-        STACK_SIZES, SampleRecord, StackRecord, TGIDS_MAX, USTACK_COPY_ERR, USTACK_MAGIC, USTACK_REGS, USTACK_TASK_REGS,
-        UserRegs, WINDOW_PER_THREAD, WINDOW_UNGATED, WindowState, reserve_failed_full,
+        PAUSE_RECORD_SIZE, PAUSE_STACK_ERR, PAUSE_TARGET, PAUSE_USTACK, PauseRecord, PauseStackRecord, REC_HAS_BRANCHES,
+        RING_BYTES, RING_WAKEUP_BYTES, SAMPLE_RECORD_SIZE, STACK_SIZES, SampleRecord, StackRecord, TGIDS_MAX, USER_REGS_SIZE,
+        USTACK_COPY_ERR, USTACK_MAGIC, USTACK_REGS, USTACK_TASK_REGS, UserRegs, WINDOW_PER_THREAD, WINDOW_UNGATED, WindowState,
+        reserve_failed_full,
     };
 
     #[map]
@@ -200,21 +201,38 @@ mod prog {
                 count(COUNTER_STACK_ERR);
                 return Err(());
             }
+            copy_user_stack::<N>(ctx, addr_of_mut!((*rec).regs), (rec as *mut u8).add(offset_of!(StackRecord<N>, bytes)));
+        }
+        entry.submit(wake_flags());
+        count(COUNTER_SAMPLES);
+        Ok(())
+    }
+
+    /// Writes the user registers ([`read_regs`]) to `regs_dst` and copies the top `N` bytes of
+    /// the user stack (from sp up) to `dst`; returns the bytes copied. The one copy of both
+    /// programs: samples (`StackRecord`) and pauses (`PauseStackRecord`).
+    ///
+    /// # Safety
+    /// `regs_dst` must point to writable `UserRegs` and `dst` to `N` writable bytes, both at
+    /// constant offsets inside one reserved ring entry or map value.
+    #[inline(always)]
+    unsafe fn copy_user_stack<const N: usize>(ctx: &PerfEventContext, regs_dst: *mut UserRegs, base: *mut u8) -> u32 {
+        // SAFETY: the caller's pointers; every write below stays inside `base[..N]` (copy
+        // sizes at most N, page offsets masked and compared).
+        unsafe {
             let regs = read_regs(ctx);
             let mut r = regs;
             r.size = N as u32;
             if regs.flags & USTACK_REGS == 0 {
                 count(COUNTER_USTACK_KERNEL);
             } else {
-                let dst = (rec as *mut u8).add(offset_of!(StackRecord<N>, bytes)) as *mut c_void;
                 let src = regs.sp as *const c_void;
                 // N bytes in one read; if that runs past the top of the stack's mapping (sp
                 // near it), page by page: from sp to the end of its page, then whole pages
                 // until the first that cannot be read.
-                let base = dst as *mut u8;
                 let mut copied = 0u32;
                 let rest = 4096 - (regs.sp & 4095) as u32;
-                if bpf_probe_read_user(dst, N as u32, src) == 0 {
+                if bpf_probe_read_user(base as *mut c_void, N as u32, src) == 0 {
                     copied = N as u32;
                 } else if rest <= 4096 && bpf_probe_read_user(base as *mut c_void, rest, src) == 0 {
                     copied = rest;
@@ -239,11 +257,9 @@ mod prog {
                 }
                 r.copied = copied;
             }
-            addr_of_mut!((*rec).regs).write(r);
+            regs_dst.write(r);
+            r.copied
         }
-        entry.submit(wake_flags());
-        count(COUNTER_SAMPLES);
-        Ok(())
     }
 
     /// One u64 of kernel memory (0 if unreadable).
@@ -371,6 +387,11 @@ mod prog {
     #[map]
     static PAUSE_SCRATCH: PerCpuArray<PauseRecord> = PerCpuArray::with_max_entries(1, 0);
 
+    /// The record under construction with a stack copy, one entry per possible CPU (sized by
+    /// user space; a per-CPU map's values are limited to 32 KiB, less than the largest copy).
+    #[map]
+    static PAUSE_STACKS: Array<PauseStackRecord<PAUSE_COPY_MAX>> = Array::with_max_entries(1, 0);
+
     #[inline(always)]
     fn window_slot() -> u32 {
         if config(CONFIG_WINDOW_FLAGS) & WINDOW_PER_THREAD != 0 {
@@ -433,19 +454,52 @@ mod prog {
         // SAFETY: a helper without memory arguments.
         let now = unsafe { bpf_ktime_get_ns() };
         count(COUNTER_WINDOWS);
-        let rec = PAUSE_SCRATCH.get_ptr_mut(0).ok_or(())?;
+        let window_ns = now.wrapping_sub(resume_ns);
+        let stack_bytes = config(CONFIG_STACK_BYTES) as usize;
+        if stack_bytes == STACK_SIZES[0] {
+            pause_out::<{ STACK_SIZES[0] }>(ctx, seq, window_ns)
+        } else if stack_bytes == STACK_SIZES[1] {
+            pause_out::<{ STACK_SIZES[1] }>(ctx, seq, window_ns)
+        } else if stack_bytes == STACK_SIZES[2] {
+            pause_out::<{ STACK_SIZES[2] }>(ctx, seq, window_ns)
+        } else if stack_bytes == STACK_SIZES[3] {
+            pause_out::<{ STACK_SIZES[3] }>(ctx, seq, window_ns)
+        } else {
+            pause_out::<0>(ctx, seq, window_ns)
+        }
+    }
+
+    /// The largest stack copy a pause record carries (the scratch entries' size).
+    const PAUSE_COPY_MAX: usize = STACK_SIZES[STACK_SIZES.len() - 1];
+
+    /// Writes the record of a closed window: the header, for the target the frame-pointer
+    /// stack and, with `N > 0`, the user registers and the top `N` bytes of the user stack
+    /// (`copy_user_stack`, as for samples), and outputs it.
+    #[inline(always)]
+    fn pause_out<const N: usize>(ctx: &PerfEventContext, seq: u32, window_ns: u64) -> Result<(), ()> {
+        let rec: *mut PauseRecord = if N == 0 {
+            PAUSE_SCRATCH.get_ptr_mut(0).ok_or(())?
+        } else {
+            // SAFETY: a helper without memory arguments.
+            let cpu = unsafe { bpf_get_smp_processor_id() };
+            PAUSE_STACKS.get_ptr_mut(cpu).ok_or(())? as *mut PauseRecord
+        };
         let pid_tgid = bpf_get_current_pid_tgid();
         let tgid = (pid_tgid >> 32) as u32;
         let want = config(CONFIG_TGID);
         let mut flags = 0u32;
         let mut len = PAUSE_HEADER as u64;
-        // SAFETY: `rec` is this CPU's scratch value of size_of::<PauseRecord>() bytes; the
-        // stack write is bounded by the array size and the output by the record size.
+        let max_len =
+            if N == 0 { core::mem::size_of::<PauseRecord>() } else { core::mem::size_of::<PauseStackRecord<PAUSE_COPY_MAX>>() }
+                as u64;
+        // SAFETY: `rec` is this CPU's scratch value: a PauseRecord (N = 0) or a
+        // PauseStackRecord<PAUSE_COPY_MAX> (N <= PAUSE_COPY_MAX); the stack write is bounded
+        // by the array size, the copy by N and the output by the value size.
         unsafe {
             addr_of_mut!((*rec).magic).write(PAUSE_MAGIC);
             addr_of_mut!((*rec).pid).write(tgid);
             addr_of_mut!((*rec).tid).write(pid_tgid as u32);
-            addr_of_mut!((*rec).window_ns).write(now.wrapping_sub(resume_ns));
+            addr_of_mut!((*rec).window_ns).write(window_ns);
             addr_of_mut!((*rec).seq).write(seq);
             addr_of_mut!((*rec).stack_len).write(0);
             if tgid != 0 && (want == 0 || tgid == want) {
@@ -459,11 +513,21 @@ mod prog {
                     flags |= PAUSE_STACK_ERR;
                     count(COUNTER_STACK_ERR);
                 }
+                if N > 0 {
+                    let full = rec as *mut PauseStackRecord<PAUSE_COPY_MAX>;
+                    let copied = copy_user_stack::<N>(
+                        ctx,
+                        addr_of_mut!((*full).regs),
+                        (full as *mut u8).add(offset_of!(PauseStackRecord<PAUSE_COPY_MAX>, bytes)),
+                    );
+                    flags |= PAUSE_USTACK;
+                    len = (PAUSE_RECORD_SIZE + USER_REGS_SIZE) as u64 + (copied as u64).min(N as u64);
+                }
             } else {
                 count(COUNTER_FOREIGN_WINDOWS);
             }
             addr_of_mut!((*rec).flags).write(flags);
-            if len > core::mem::size_of::<PauseRecord>() as u64 {
+            if len > max_len {
                 return Err(());
             }
             let r = bpf_perf_event_output(

@@ -181,6 +181,17 @@ pub fn run(o: &Options) -> anyhow::Result<Report> {
             .map_err(|e| anyhow::anyhow!("building the workload without frame pointers: {e}"))?;
     let truth_nofp = truth::shares(&truth::program_counts(&nofp, &[TRUTH_ITERS.to_string()], "main", 100_000_000)?);
 
+    // chains.c without frame pointers, for the ETM stand-in's pause stack copies (its known
+    // 2:1 call split is the truth: `live::etm::standin::pause_stack_copies_...`).
+    let chains = work.join("chains-nofp");
+    let built = std::process::Command::new("aarch64-linux-gnu-gcc")
+        .args(["-O2", "-g", "-static", "-fomit-frame-pointer", "-fno-optimize-sibling-calls", "-pthread", "-o"])
+        .arg(&chains)
+        .arg(o.root.join("tests/workloads/chains.c"))
+        .status()
+        .map_err(|e| anyhow::anyhow!("aarch64-linux-gnu-gcc: {e}"))?;
+    anyhow::ensure!(built.success(), "building chains.c without frame pointers for arm64 failed");
+
     // The initramfs.
     let mut img = Initramfs::default();
     for d in ["/proc", "/sys", "/dev", "/tmp", "/boot"] {
@@ -195,6 +206,7 @@ pub fn run(o: &Options) -> anyhow::Result<Report> {
     img.copy("/lab/bin/etm-live-unit", &strip(&art.live_unit, &work)?)?;
     img.copy("/lab/progs/contexts", &workload)?;
     img.copy("/lab/progs/contexts-nofp", &nofp)?;
+    img.copy("/lab/progs/chains-nofp", &chains)?;
     // The unit tests find their fixtures at the path compiled into them.
     let fixtures = o.root.join("userspace/perf/tests/fixtures");
     img.copy_tree(&fixtures.to_string_lossy(), &fixtures)?;
@@ -205,7 +217,11 @@ pub fn run(o: &Options) -> anyhow::Result<Report> {
         step("doctor-json", &["/lab/bin/etm-bpf", "doctor", "--json"]),
         Step { env: vec![ci.clone()], timeout_s: 600, ..step("live-unit", &["/lab/bin/etm-live-unit", "--test-threads=1"]) },
         Step {
-            env: vec![ci.clone(), ("ETM_BPF_STANDIN".into(), "hw".into())],
+            env: vec![
+                ci.clone(),
+                ("ETM_BPF_STANDIN".into(), "hw".into()),
+                ("ETM_BPF_CHAINS_NOFP".into(), "/lab/progs/chains-nofp".into()),
+            ],
             timeout_s: 900,
             ..step("bpf-unit", &["/lab/bin/etm-bpf-unit", "--test-threads=1", "live::"])
         },
@@ -304,6 +320,7 @@ fn check_results(
                 "live::etm::standin::callchain_on_the_pause_event_puts_a_marker_first",
                 "live::etm::standin::group_throttling_shows_in_the_ring",
                 "live::etm::standin::cpu_wide_groups_see_other_processes",
+                "live::etm::standin::pause_stack_copies_unwind_a_program_without_frame_pointers",
             ][..],
         ),
     ] {

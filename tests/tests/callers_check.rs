@@ -184,7 +184,17 @@ fn pipeline_cuts_stacks_at_a_non_call_return() {
     // any user mapping), as frame-pointer walks through code without frame pointers read.
     for stack in [vec![leaf_pc, ret_mid, ret_main], vec![leaf_pc, ret_mid, mid, ret_main], vec![leaf_pc, ret_mid, 0x4d, ret_main]]
     {
-        let s = PauseSample { cpu: 0, pid: 1, tid: 1, time: 1, stack, branches: None, branch_flags: Vec::new(), window_ns: None };
+        let s = PauseSample {
+            cpu: 0,
+            pid: 1,
+            tid: 1,
+            time: 1,
+            stack,
+            branches: None,
+            branch_flags: Vec::new(),
+            window_ns: None,
+            user_stack: None,
+        };
         p.push(SessionEvent::Sample(&s));
     }
     assert_eq!(p.stats().stacks_truncated, 2);

@@ -150,6 +150,7 @@ mod tests {
             branches: None,
             branch_flags: Vec::new(),
             window_ns: None,
+            user_stack: None,
         };
         e.push(SessionEvent::Sample(&s));
         let mut d = Dumper::start().unwrap();

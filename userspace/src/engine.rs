@@ -13,14 +13,14 @@ use std::sync::Arc;
 use etm_profile::BinaryInfo;
 use etm_session::join::RejectReason;
 use etm_session::pipeline::FrameNamer;
-use etm_session::session::{SessionEvent, Sideband};
+use etm_session::session::{PauseSample, SessionEvent, Sideband};
 use etm_session::{Pipeline, PipelineConfig, PipelineStats};
 use etm_stacks::addrspace::Binary;
 use etm_stacks::{Frame, FrameId, FrameTable};
 
 use crate::dump::write_atomic;
 use crate::symbolize::Symbolizer;
-use crate::unwind::DwarfUnwinder;
+use crate::unwind::{DwarfUnwinder, UnwindMode};
 use etm_live::stream::EventSink;
 
 /// Reads the bytes of a code image named by an MMAP2 record (process, file name, address,
@@ -96,6 +96,10 @@ pub struct Engine {
     unwind: Option<DwarfUnwinder>,
     /// The images registered, by path (kept only while unwinding, for new mappings).
     images: HashMap<String, Arc<Vec<u8>>>,
+    /// `--unwind` for samples that carry a stack copy (pause records).
+    unwind_mode: UnwindMode,
+    /// The sample a stack copy was unwound into, reused.
+    unwound: PauseSample,
 }
 
 /// Stack-depth statistics (how deep the frame-pointer chains are).
@@ -137,13 +141,25 @@ impl Engine {
         let mut pipeline = Pipeline::new(cfg);
         let names = Rc::new(RefCell::new(Names { symbolizer: Symbolizer::new(), ..Default::default() }));
         pipeline.set_frame_namer(Box::new(SymNamer(names.clone())));
-        Engine { pipeline, names, loader, branch_samples: 0, depth: DepthStats::default(), unwind: None, images: HashMap::new() }
+        Engine {
+            pipeline,
+            names,
+            loader,
+            branch_samples: 0,
+            depth: DepthStats::default(),
+            unwind: None,
+            images: HashMap::new(),
+            unwind_mode: UnwindMode::Fp,
+            unwound: PauseSample::default(),
+        }
     }
 
     /// Registers every executable mapping with a DWARF unwinder from now on
-    /// ([`Engine::unwind`]).
-    pub fn enable_unwinding(&mut self) {
+    /// ([`Engine::unwind`]); samples pushed with a stack copy (`PauseSample::user_stack`) get
+    /// the stack `mode` chooses ([`DwarfUnwinder::choose`]).
+    pub fn enable_unwinding(&mut self, mode: UnwindMode) {
         self.unwind.get_or_insert_with(DwarfUnwinder::default);
+        self.unwind_mode = mode;
     }
 
     /// The DWARF unwinder, if enabled.
@@ -217,8 +233,43 @@ impl Engine {
         stack.iter().enumerate().all(|(i, &a)| r.resolve(if i == 0 { a } else { a.saturating_sub(1) }).is_some())
     }
 
-    /// Feeds one event (the one entry point of both drivers).
+    /// Feeds one event (the one entry point of both drivers). A sample with a stack copy
+    /// goes on with the stack `--unwind` chooses for it, and without the copy.
     pub fn push(&mut self, ev: SessionEvent<'_>) {
+        if let SessionEvent::Sample(s) = ev
+            && let Some(us) = &s.user_stack
+            && let Some(u) = self.unwind.as_mut()
+        {
+            let regs = etm_bpf_common::UserRegs {
+                magic: etm_bpf_common::USTACK_MAGIC,
+                flags: us.flags,
+                pc: us.pc,
+                sp: us.sp,
+                fp: us.fp,
+                lr: us.lr,
+                copied: us.bytes.len() as u32,
+                size: us.size,
+            };
+            let mut d = std::mem::take(&mut self.unwound);
+            if !u.choose(self.unwind_mode, Some((regs, &us.bytes)), &s.stack, &mut d.stack) {
+                d.stack.clear();
+                d.stack.extend_from_slice(&s.stack);
+            }
+            d.cpu = s.cpu;
+            d.pid = s.pid;
+            d.tid = s.tid;
+            d.time = s.time;
+            d.branches.clone_from(&s.branches);
+            d.branch_flags.clone_from(&s.branch_flags);
+            d.window_ns = s.window_ns;
+            self.push_event(SessionEvent::Sample(&d));
+            self.unwound = d;
+            return;
+        }
+        self.push_event(ev);
+    }
+
+    fn push_event(&mut self, ev: SessionEvent<'_>) {
         match &ev {
             SessionEvent::Sideband(Sideband::Mmap2 { pid, filename, addr, len, prot, pgoff, .. }) => {
                 if !self.has_image(filename)
@@ -678,6 +729,7 @@ mod tests {
             branches: None,
             branch_flags: Vec::new(),
             window_ns: None,
+            user_stack: None,
         };
         e.push(SessionEvent::Sample(&s));
         let (trie, frames) = e.pipeline().trie();

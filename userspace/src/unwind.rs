@@ -292,6 +292,42 @@ impl DwarfUnwinder {
         trusted
     }
 
+    /// Which stack a record contributes under `mode` (`--unwind`), the one rule for samples
+    /// and pause records: `true` with the DWARF unwind of its copy in `out` (`dwarf`, or
+    /// `auto` when the frame-pointer stack is not to be trusted as it is
+    /// ([`DwarfUnwinder::fp_chain_trusted`]) and the unwind got past the sampled function, or
+    /// the frame pointers did not), `false` for the frame-pointer stack `fp_stack` (`fp`, a
+    /// record without a usable copy: kernel-mode registers, a failed copy). Counts either way.
+    pub fn choose(
+        &mut self,
+        mode: UnwindMode,
+        copy: Option<(etm_bpf_common::UserRegs, &[u8])>,
+        fp_stack: &[u64],
+        out: &mut Vec<u64>,
+    ) -> bool {
+        if mode == UnwindMode::Fp {
+            return false;
+        }
+        if mode == UnwindMode::Auto && self.fp_chain_trusted(fp_stack) {
+            return false;
+        }
+        let Some((regs, copy)) = copy.filter(|(r, c)| r.flags & etm_bpf_common::USTACK_REGS != 0 && !c.is_empty()) else {
+            self.stats.no_copy += 1;
+            self.stats.fp += 1;
+            return false;
+        };
+        self.unwind(&regs, copy, out);
+        // auto: the DWARF stack unless it stopped at the sampled function while the frame
+        // pointers went further.
+        let use_dwarf = mode == UnwindMode::Dwarf || out.len() > 1 || fp_stack.len() <= 1;
+        if use_dwarf {
+            self.stats.dwarf += 1;
+        } else {
+            self.stats.fp += 1;
+        }
+        use_dwarf
+    }
+
     /// Unwinds from `regs` over the stack copy `stack` (the bytes from `regs.sp` up) into
     /// `out` (cleared first): the pc, then return addresses. Returns whether the unwind
     /// reached the outermost frame (no truncation, no error); counts either way.

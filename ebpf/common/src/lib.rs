@@ -176,8 +176,15 @@ pub const PAUSE_MAGIC: u32 = 0x5045_544d; // "MTEP"
 pub const PAUSE_TARGET: u32 = 1;
 /// [`PauseRecord::flags`]: `bpf_get_stack` failed (target sample without stack).
 pub const PAUSE_STACK_ERR: u32 = 2;
+/// [`PauseRecord::flags`]: the record carries the user registers and a copy of the top of
+/// the user stack after the whole [`PauseRecord`] (a [`PauseStackRecord`], `--unwind
+/// dwarf|auto`): [`PauseHeader::user_stack`].
+pub const PAUSE_USTACK: u32 = 4;
 /// Bytes of a [`PauseRecord`] before its stack.
 pub const PAUSE_HEADER: usize = 32;
+/// Name of the `Array` map holding each CPU's [`PauseStackRecord`] under construction (its
+/// entries, one per possible CPU, are sized by user space).
+pub const PAUSE_STACKS_MAP: &str = "PAUSE_STACKS";
 
 /// What the pause program writes for each window it closes. Only `PAUSE_HEADER + 8 *
 /// stack_len` bytes are written.
@@ -205,6 +212,27 @@ pub struct PauseRecord {
 
 /// Size of a full [`PauseRecord`].
 pub const PAUSE_RECORD_SIZE: usize = core::mem::size_of::<PauseRecord>();
+
+/// A pause record with the user registers and a copy of the top `N` bytes of the user stack,
+/// as [`StackRecord`] is for samples: the whole [`PauseRecord`] (its `stack` array in full,
+/// `stack_len` entries valid), then [`UserRegs`], then the copy. Only `PAUSE_RECORD_SIZE +
+/// USER_REGS_SIZE + copied` bytes are output.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PauseStackRecord<const N: usize> {
+    pub pause: PauseRecord,
+    pub regs: UserRegs,
+    pub bytes: [u8; N],
+}
+
+/// Bytes one pause record takes in the perf ring's PERF_SAMPLE_RAW with a copy of `copied`
+/// bytes (0 without a copy: the header and `stack_len` frames).
+pub const fn pause_raw_bytes(stack_len: usize, copied: Option<usize>) -> usize {
+    match copied {
+        Some(c) => PAUSE_RECORD_SIZE + USER_REGS_SIZE + c,
+        None => PAUSE_HEADER + 8 * stack_len,
+    }
+}
 
 /// A [`PauseRecord`] read back from the `PERF_SAMPLE_RAW` payload of a bpf-output sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,6 +268,17 @@ impl PauseHeader {
         Some((h, stack))
     }
 
+    /// The user registers and the stack copy of a raw payload whose header has
+    /// [`PAUSE_USTACK`] (after the whole [`PauseRecord`]); `None` without them. The copy is
+    /// clamped to the bytes present.
+    pub fn user_stack(raw: &[u8]) -> Option<(UserRegs, &[u8])> {
+        let (h, _) = PauseHeader::parse(raw)?;
+        if h.flags & PAUSE_USTACK == 0 {
+            return None;
+        }
+        UserRegs::parse_at(raw, PAUSE_RECORD_SIZE)
+    }
+
     /// Writes the bytes the pause program outputs for this header and `stack` (its first
     /// `stack_len` entries) into `out`; returns their number (`None` if `out` is too short).
     pub fn encode(&self, stack: &[u64], out: &mut [u8]) -> Option<usize> {
@@ -256,6 +295,32 @@ impl PauseHeader {
         for (i, a) in stack[..n].iter().enumerate() {
             out[PAUSE_HEADER + 8 * i..PAUSE_HEADER + 8 * i + 8].copy_from_slice(&a.to_ne_bytes());
         }
+        Some(len)
+    }
+
+    /// [`PauseHeader::encode`] of a record with [`PAUSE_USTACK`]: the whole [`PauseRecord`],
+    /// then `regs` (`copied` set to the length of `copy`) and `copy`. Returns the length.
+    pub fn encode_with_copy(&self, stack: &[u64], regs: &UserRegs, copy: &[u8], out: &mut [u8]) -> Option<usize> {
+        let len = pause_raw_bytes(0, Some(copy.len()));
+        let out = out.get_mut(..len)?;
+        let n = self.encode(stack, out)?;
+        out[n..PAUSE_RECORD_SIZE].fill(0);
+        out[4..8].copy_from_slice(&(self.flags | PAUSE_USTACK).to_ne_bytes());
+        let r = UserRegs { magic: USTACK_MAGIC, copied: copy.len() as u32, ..*regs };
+        let mut o = PAUSE_RECORD_SIZE;
+        for v in [r.magic, r.flags] {
+            out[o..o + 4].copy_from_slice(&v.to_ne_bytes());
+            o += 4;
+        }
+        for v in [r.pc, r.sp, r.fp, r.lr] {
+            out[o..o + 8].copy_from_slice(&v.to_ne_bytes());
+            o += 8;
+        }
+        for v in [r.copied, r.size] {
+            out[o..o + 4].copy_from_slice(&v.to_ne_bytes());
+            o += 4;
+        }
+        out[o..].copy_from_slice(copy);
         Some(len)
     }
 }
@@ -401,7 +466,12 @@ impl UserRegs {
     /// (longer than a [`SampleRecord`], with the magic); the copy is clamped to the bytes
     /// present, so a corrupt length never reads past the record.
     pub fn parse(record: &[u8]) -> Option<(UserRegs, &[u8])> {
-        let tail = record.get(SAMPLE_RECORD_SIZE..)?;
+        UserRegs::parse_at(record, SAMPLE_RECORD_SIZE)
+    }
+
+    /// [`UserRegs::parse`] of registers at byte `offset` of `record` (the copy after them).
+    pub fn parse_at(record: &[u8], offset: usize) -> Option<(UserRegs, &[u8])> {
+        let tail = record.get(offset..)?;
         let head = tail.get(..USER_REGS_SIZE)?;
         let u32_at = |o: usize| u32::from_ne_bytes([head[o], head[o + 1], head[o + 2], head[o + 3]]);
         let u64_at = |o: usize| {
@@ -510,10 +580,34 @@ mod tests {
         let (h, st) = PauseHeader::parse(&raw).unwrap();
         assert_eq!(h, want);
         assert_eq!(st.len(), 24);
+        assert!(PauseHeader::user_stack(&raw).is_none(), "no copy without PAUSE_USTACK");
         raw[28] = 9;
         assert!(PauseHeader::parse(&raw).is_none(), "9 frames do not fit");
         raw[0] ^= 1;
         assert!(PauseHeader::parse(&raw).is_none());
+    }
+
+    /// A pause record with a stack copy: the header and frames read as before (older readers
+    /// keep working), the registers and copy after the whole PauseRecord, at the offsets of
+    /// `PauseStackRecord`; a copy length past the payload is clamped.
+    #[test]
+    fn pause_stack_record_round_trip() {
+        assert_eq!(offset_of!(PauseStackRecord<4096>, regs), PAUSE_RECORD_SIZE);
+        assert_eq!(offset_of!(PauseStackRecord<4096>, bytes), PAUSE_RECORD_SIZE + USER_REGS_SIZE);
+        assert_eq!(PAUSE_RECORD_SIZE % 8, 0);
+        let h = PauseHeader { flags: PAUSE_TARGET, pid: 42, tid: 43, window_ns: 9, seq: 1, stack_len: 2 };
+        let regs = UserRegs { flags: USTACK_REGS, pc: 0x1000, sp: 0x7f00, fp: 3, lr: 4, size: 4096, ..Default::default() };
+        let copy = [0x5au8; 100];
+        let mut raw = [0u8; PAUSE_RECORD_SIZE + USER_REGS_SIZE + 100 + 4];
+        let n = h.encode_with_copy(&[0x1000, 0x2000], &regs, &copy, &mut raw).unwrap();
+        assert_eq!(n, pause_raw_bytes(2, Some(100)));
+        let (h2, st) = PauseHeader::parse(&raw).unwrap();
+        assert_eq!((h2.flags, h2.stack_len, st.len()), (PAUSE_TARGET | PAUSE_USTACK, 2, 16));
+        let (r, c) = PauseHeader::user_stack(&raw).unwrap();
+        assert_eq!((r.pc, r.sp, r.fp, r.lr, r.copied, r.size), (0x1000, 0x7f00, 3, 4, 100, 4096));
+        assert_eq!(c, &copy[..]);
+        assert_eq!(PauseHeader::user_stack(&raw[..PAUSE_RECORD_SIZE + USER_REGS_SIZE + 10]).unwrap().1.len(), 10);
+        assert!(PauseHeader::user_stack(&raw[..PAUSE_RECORD_SIZE + 8]).is_none());
     }
 
     /// Context markers (PERF_CONTEXT_USER and the others above PERF_CONTEXT_MAX) at the start

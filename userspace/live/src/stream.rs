@@ -7,7 +7,7 @@ use etm_perf::records::{CsHwId, Mmap2FileId, PerfRecord, SampleFormat, parse_rec
 use etm_perf::ring::{AuxCursor, AuxStats, DataRingStats, read_data_ring};
 
 use crate::ring::RingSource;
-use etm_session::session::{AuxRecord, PauseSample, SessionEvent, Sideband};
+use etm_session::session::{AuxRecord, PauseSample, SessionEvent, Sideband, UserStack};
 
 /// Where drained events go (the pipeline, a session writer, or both).
 pub trait EventSink {
@@ -77,6 +77,8 @@ pub struct StreamStats {
     /// Pause records whose first frame is not the sample's IP (the interrupted user PC, as
     /// the kernel stamped it): a stack that does not start where the pause hit.
     pub leaf_not_ip: u64,
+    /// Pause records of the target carrying the user registers and a stack copy.
+    pub stack_copies: u64,
 }
 
 /// The bpf-output sample the pause program makes the kernel write for one closed window:
@@ -106,6 +108,8 @@ pub struct CpuStream {
     scratch: Vec<u8>,
     aux_bytes: Vec<u8>,
     stack: Vec<u64>,
+    /// The last stack copy's buffer, reused.
+    copy: Vec<u8>,
     pub stats: StreamStats,
     /// Trace IDs seen in AUX_OUTPUT_HW_ID records (trace id -> sink id).
     pub hw_ids: Vec<CsHwId>,
@@ -132,6 +136,7 @@ impl CpuStream {
             scratch: Vec::new(),
             aux_bytes: Vec::new(),
             stack: Vec::new(),
+            copy: Vec::new(),
             stats: StreamStats::default(),
             hw_ids: Vec::new(),
             target: None,
@@ -232,6 +237,15 @@ impl CpuStream {
             sink.event(SessionEvent::Sideband(&sb));
             return;
         }
+        // The registers and stack copy (`--unwind dwarf|auto`), in a buffer reused across
+        // records.
+        let user_stack = etm_bpf_common::PauseHeader::user_stack(s.raw).map(|(r, copy)| {
+            self.stats.stack_copies += 1;
+            let mut bytes = std::mem::take(&mut self.copy);
+            bytes.clear();
+            bytes.extend_from_slice(copy);
+            UserStack { flags: r.flags, pc: r.pc, sp: r.sp, fp: r.fp, lr: r.lr, size: r.size, bytes }
+        });
         let p = PauseSample {
             cpu,
             pid: h.pid,
@@ -241,9 +255,13 @@ impl CpuStream {
             branches: None,
             branch_flags: Vec::new(),
             window_ns,
+            user_stack,
         };
         sink.event(SessionEvent::Sample(&p));
         self.stack = p.stack;
+        if let Some(u) = p.user_stack {
+            self.copy = u.bytes;
+        }
     }
 
     fn record(&mut self, bytes: &[u8], aux: &[u8], sink: &mut impl EventSink) {
@@ -487,7 +505,8 @@ mod tests {
                 stack: vec![0x400100, 0x400abc],
                 branches: None,
                 branch_flags: Vec::new(),
-                window_ns: Some(700)
+                window_ns: Some(700),
+                user_stack: None,
             })
         );
         assert_eq!((s.stats.resume_samples, s.stats.pause_records), (1, 1));
@@ -495,6 +514,47 @@ mod tests {
         assert_eq!(ring.data_tail(), ring.page().data_head());
         assert_eq!(ring.aux_tail(), 200);
         assert_eq!(ring.reenables, 0);
+    }
+
+    /// A pause record with the user registers and a stack copy (`--unwind dwarf|auto`): the
+    /// sample carries both next to the frame-pointer stack, the copy clamped to the payload
+    /// (the kernel pads PERF_SAMPLE_RAW to 8 bytes).
+    #[test]
+    fn pause_record_with_a_stack_copy() {
+        let mut ring = FakeRing::new(1 << 16, 1024);
+        let mut s = stream(1024);
+        let h = etm_bpf_common::PauseHeader {
+            flags: etm_bpf_common::PAUSE_TARGET,
+            pid: 100,
+            tid: 101,
+            window_ns: 5,
+            seq: 1,
+            stack_len: 1,
+        };
+        let regs = etm_bpf_common::UserRegs {
+            flags: etm_bpf_common::USTACK_REGS,
+            pc: 0x400100,
+            sp: 0x7ff0_0010,
+            fp: 1,
+            lr: 2,
+            size: 4096,
+            ..Default::default()
+        };
+        let copy: Vec<u8> = (0..333u32).map(|i| i as u8).collect();
+        let mut raw = vec![0u8; etm_bpf_common::pause_raw_bytes(0, Some(copy.len()))];
+        let n = h.encode_with_copy(&[0x400100], &regs, &copy, &mut raw).unwrap();
+        for k in 0..2 {
+            let sid = SampleId { id: Some(OUT_ID), ..sid(20 + k) };
+            ring.push_record(&build::sample_raw(&OUT_FMT, &sid, 0x400100, 1, &[], &raw[..n]));
+        }
+        let out = collect(&mut s, &mut ring);
+        assert_eq!(out.len(), 2, "{out:?}");
+        let Ev::Sample(p) = &out[1] else { panic!("{out:?}") };
+        assert_eq!(p.stack, vec![0x400100]);
+        let u = p.user_stack.as_ref().expect("the copy");
+        assert_eq!((u.flags, u.pc, u.sp, u.fp, u.lr, u.size), (1, 0x400100, 0x7ff0_0010, 1, 2, 4096));
+        assert_eq!(u.bytes, copy);
+        assert_eq!((s.stats.pause_records, s.stats.stack_copies, s.stats.bad_pause_records), (2, 2, 0));
     }
 
     /// With a target, other processes' mappings are dropped (counted) and their pause records

@@ -35,7 +35,7 @@
 //! let rec = AuxRecord { cpu: 0, flags: 0x100, time: 150, aux_offset: 0, size: w.0.len() as u64, source_cpu: None };
 //! p.push(SessionEvent::Aux { record: rec, data: &w.0 });
 //! // The pause sample that closed it (leaf just after the newest target).
-//! let s = PauseSample { cpu: 0, pid: 1, tid: 1, time: 160, stack: vec![0x3008, 0x100c], branches: None, branch_flags: Vec::new(), window_ns: None };
+//! let s = PauseSample { cpu: 0, pid: 1, tid: 1, time: 160, stack: vec![0x3008, 0x100c], branches: None, branch_flags: Vec::new(), window_ns: None, user_stack: None };
 //! p.push(SessionEvent::Sample(&s));
 //! p.finish();
 //! assert_eq!(p.stats().join.joined, 1);

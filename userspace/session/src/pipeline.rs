@@ -1812,6 +1812,7 @@ mod tests {
             branches: None,
             branch_flags: Vec::new(),
             window_ns: None,
+            user_stack: None,
         }
     }
 
@@ -2235,6 +2236,7 @@ mod tests {
                             branches: None,
                             branch_flags: Vec::new(),
                             window_ns: None,
+                            user_stack: None,
                         };
                         p.push(SessionEvent::Sample(&s));
                     }
@@ -2334,7 +2336,17 @@ mod tests {
     }
 
     fn tid_sample(cpu: i32, tid: u32, time: u64) -> PauseSample {
-        PauseSample { cpu, pid: 1, tid, time, stack: vec![0x9000], branches: None, branch_flags: Vec::new(), window_ns: None }
+        PauseSample {
+            cpu,
+            pid: 1,
+            tid,
+            time,
+            stack: vec![0x9000],
+            branches: None,
+            branch_flags: Vec::new(),
+            window_ns: None,
+            user_stack: None,
+        }
     }
 
     fn joined(got: &Got) -> Vec<(u64, Vec<BranchPair>)> {

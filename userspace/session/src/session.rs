@@ -19,6 +19,8 @@
 //!                       in record order; an `aux` line says where each record's bytes are
 //!   images/<file>       copies of code images (synthetic sessions always copy; live sessions
 //!                       copy when `run --record` was asked to, otherwise only path+build-id)
+//!   ustack.bin          the pause samples' user-stack copies (`--unwind dwarf|auto` with ETM),
+//!                       concatenated; absent when no sample has one
 //! ```
 //!
 //! `events.jsonl` lines are internally tagged by `"type"`:
@@ -46,6 +48,10 @@
 //!   addresses; `sample.branches` is `null` (no branch unit: ETM or stack-only) or the
 //!   LBR/BRBE records carried by the sample, newest first (`[]`: the kernel gave none);
 //!   `sample.branch_flags` (optional) is each record's `perf_branch_entry` flag word.
+//!   `sample.ustack` (optional) is the user registers the stack copy starts from
+//!   (`flags`, `pc`, `sp`, `fp`, `lr`, the copy's size class `size`) and where its bytes are
+//!   (`offset`, `len` in `ustack.bin`); `stack` is then the frame-pointer stack, and the
+//!   reader of a recording unwinds the copy as the live run did.
 //! * `session.json`'s `arch` (`aarch64`, `x86_64`) is the instruction set the code checks
 //!   decode; absent in older recordings (ETM sessions: AArch64).
 //! * Times are perf-clock nanoseconds. ETM timestamps in the AUX data are converted with
@@ -74,6 +80,8 @@ pub const EVENTS_FILE: &str = "events.jsonl";
 pub const AUX_DIR: &str = "aux";
 /// Copied code images directory.
 pub const IMAGES_DIR: &str = "images";
+/// The pause samples' user-stack copies, concatenated (`ustack` fields point into it).
+pub const USTACK_FILE: &str = "ustack.bin";
 
 /// `PERF_RECORD_AUX` flag: data was lost (the kernel also disabled the event).
 pub const PERF_AUX_FLAG_TRUNCATED: u64 = 0x01;
@@ -356,6 +364,48 @@ pub struct PauseSample {
     /// between the resume and the pause), if known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_ns: Option<u64>,
+    /// The user registers and the top of the user stack the pause program copied
+    /// (`--unwind dwarf|auto`): the stack is DWARF-unwound from them before the join
+    /// (`stack` holds the frame-pointer one). Recorded as an `ustack` field and bytes in
+    /// `ustack.bin` ([`SessionWriter::write_sample`]).
+    #[serde(skip)]
+    pub user_stack: Option<UserStack>,
+}
+
+/// Registers and stack bytes of a [`PauseSample`] for DWARF unwinding (the fields of the eBPF
+/// program's `UserRegs`: x86-64 `pc` = ip, `fp` = bp; AArch64 `fp` = x29, `lr` = x30).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UserStack {
+    /// `UserRegs` flags (`USTACK_*`).
+    pub flags: u32,
+    pub pc: u64,
+    pub sp: u64,
+    pub fp: u64,
+    pub lr: u64,
+    /// The size class of the copy (`--stack-size`).
+    pub size: u32,
+    /// The bytes copied from `sp` up.
+    pub bytes: Vec<u8>,
+}
+
+/// The `ustack` field of a sample line: [`UserStack`] without its bytes, which are
+/// `ustack.bin[offset..offset + len]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct UstackLine {
+    flags: u32,
+    pc: u64,
+    sp: u64,
+    fp: u64,
+    lr: u64,
+    size: u32,
+    offset: u64,
+    len: u64,
+}
+
+/// What a sample line is parsed for a second time when it has an `ustack` field.
+#[derive(Deserialize)]
+struct UstackOnly {
+    ustack: UstackLine,
 }
 
 /// Sideband perf records (the fields the pipeline uses).
@@ -673,6 +723,8 @@ pub struct SessionWriter {
     meta: SessionMeta,
     events: BufWriter<File>,
     aux: HashMap<i32, (BufWriter<File>, u64)>,
+    /// `ustack.bin` (created with the first copy) and its length.
+    ustack: Option<(BufWriter<File>, u64)>,
     line: Vec<u8>,
 }
 
@@ -688,7 +740,7 @@ impl SessionWriter {
         fs::create_dir_all(dir.join(AUX_DIR)).map_err(io_err(dir))?;
         let path = dir.join(EVENTS_FILE);
         let events = BufWriter::new(File::create(&path).map_err(io_err(&path))?);
-        Ok(SessionWriter { dir: dir.to_path_buf(), meta, events, aux: HashMap::new(), line: Vec::new() })
+        Ok(SessionWriter { dir: dir.to_path_buf(), meta, events, aux: HashMap::new(), ustack: None, line: Vec::new() })
     }
 
     /// The session directory.
@@ -728,8 +780,12 @@ impl SessionWriter {
         self.write_line(&line)
     }
 
-    /// Append a pause sample.
+    /// Append a pause sample (its user-stack copy, if any, to `ustack.bin`).
     pub fn write_sample(&mut self, sample: &PauseSample) -> Result<(), SessionError> {
+        let ustack = match &sample.user_stack {
+            Some(u) => Some(self.write_ustack(u)?),
+            None => None,
+        };
         // Serialize through a borrowed view to avoid cloning the stack.
         self.line.clear();
         #[derive(Serialize)]
@@ -738,9 +794,27 @@ impl SessionWriter {
             ty: &'static str,
             #[serde(flatten)]
             s: &'a PauseSample,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            ustack: Option<UstackLine>,
         }
-        serde_json::to_writer(&mut self.line, &Tagged { ty: "sample", s: sample }).expect("serializing to a Vec cannot fail");
+        serde_json::to_writer(&mut self.line, &Tagged { ty: "sample", s: sample, ustack })
+            .expect("serializing to a Vec cannot fail");
         self.flush_line()
+    }
+
+    fn write_ustack(&mut self, u: &UserStack) -> Result<UstackLine, SessionError> {
+        let (w, off) = match &mut self.ustack {
+            Some(w) => w,
+            None => {
+                let path = self.dir.join(USTACK_FILE);
+                let f = File::create(&path).map_err(io_err(&path))?;
+                self.ustack.insert((BufWriter::new(f), 0))
+            }
+        };
+        w.write_all(&u.bytes).map_err(|source| SessionError::Io { path: PathBuf::from(USTACK_FILE), source })?;
+        let offset = *off;
+        *off += u.bytes.len() as u64;
+        Ok(UstackLine { flags: u.flags, pc: u.pc, sp: u.sp, fp: u.fp, lr: u.lr, size: u.size, offset, len: u.bytes.len() as u64 })
     }
 
     /// Append a sideband record.
@@ -799,6 +873,9 @@ impl SessionWriter {
         for (cpu, (w, _)) in self.aux.iter_mut() {
             w.flush().map_err(|source| SessionError::Io { path: self.dir.join(AUX_DIR).join(aux_file_name(*cpu)), source })?;
         }
+        if let Some((w, _)) = self.ustack.as_mut() {
+            w.flush().map_err(|source| SessionError::Io { path: self.dir.join(USTACK_FILE), source })?;
+        }
         let path = self.dir.join(META_FILE);
         let tmp = self.dir.join(format!("{META_FILE}.tmp"));
         let text = serde_json::to_vec_pretty(&self.meta).expect("serializing to a Vec cannot fail");
@@ -819,6 +896,9 @@ pub struct ReaderStats {
     pub aux_short: u64,
     /// AUX records whose file could not be opened (delivered empty).
     pub aux_missing: u64,
+    /// Samples whose user-stack copy was missing or short in `ustack.bin` (delivered with
+    /// the bytes that exist, or without the copy).
+    pub ustack_short: u64,
 }
 
 /// Reads a session directory, yielding [`SessionEvent`]s in recorded order.
@@ -827,6 +907,8 @@ pub struct SessionReader {
     meta: SessionMeta,
     events: BufReader<File>,
     aux: HashMap<i32, Option<File>>,
+    /// `ustack.bin`, opened at the first sample that has a copy (`None` inside: missing).
+    ustack: Option<Option<File>>,
     line: Vec<u8>,
     buf: Vec<u8>,
     current: Option<Parsed>,
@@ -844,6 +926,7 @@ impl SessionReader {
             meta,
             events,
             aux: HashMap::new(),
+            ustack: None,
             line: Vec::new(),
             buf: Vec::new(),
             current: None,
@@ -893,7 +976,12 @@ impl SessionReader {
             }
             self.stats.lines += 1;
             match parse_line(text) {
-                Ok(l) => {
+                Ok(mut l) => {
+                    if let Parsed::Core(Line::Sample(s)) = &mut l
+                        && let Some(u) = ustack_of(text)
+                    {
+                        s.user_stack = self.load_ustack(&u);
+                    }
                     self.current = Some(l);
                     break;
                 }
@@ -932,30 +1020,63 @@ impl SessionReader {
             self.stats.aux_missing += 1;
             return;
         };
-        // Bound the read by the file's real length (a corrupt size must not allocate wildly).
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        let avail = len.saturating_sub(offset).min(size);
-        if avail < size {
-            self.stats.aux_short += 1;
-        }
-        if avail == 0 || f.seek(SeekFrom::Start(offset)).is_err() {
-            return;
-        }
-        self.buf.resize(avail as usize, 0);
-        let mut got = 0;
-        while got < self.buf.len() {
-            match f.read(&mut self.buf[got..]) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
-        }
-        if got < self.buf.len() {
-            self.buf.truncate(got);
+        if !read_range(f, offset, size, &mut self.buf) {
             self.stats.aux_short += 1;
         }
     }
+
+    /// The copy an `ustack` field points to (`None`, counted, if `ustack.bin` is missing or
+    /// holds none of it; the bytes that exist, counted, if it is short).
+    fn load_ustack(&mut self, u: &UstackLine) -> Option<UserStack> {
+        let dir = &self.dir;
+        let file = self.ustack.get_or_insert_with(|| File::open(dir.join(USTACK_FILE)).ok());
+        let mut bytes = Vec::new();
+        let complete = file.as_mut().is_some_and(|f| read_range(f, u.offset, u.len, &mut bytes));
+        if !complete {
+            self.stats.ustack_short += 1;
+        }
+        (!bytes.is_empty() || complete).then_some(UserStack {
+            flags: u.flags,
+            pc: u.pc,
+            sp: u.sp,
+            fp: u.fp,
+            lr: u.lr,
+            size: u.size,
+            bytes,
+        })
+    }
+}
+
+/// The `ustack` field of a sample line, if it has one.
+fn ustack_of(text: &[u8]) -> Option<UstackLine> {
+    const KEY: &[u8] = b"\"ustack\":";
+    if !text.windows(KEY.len()).any(|w| w == KEY) {
+        return None;
+    }
+    serde_json::from_slice::<UstackOnly>(text).ok().map(|u| u.ustack)
+}
+
+/// Reads `f[offset..offset + size]` into `buf` (cleared first), bounded by the file's real
+/// length (a corrupt size must not allocate wildly); whether all of it was there.
+fn read_range(f: &mut File, offset: u64, size: u64, buf: &mut Vec<u8>) -> bool {
+    buf.clear();
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let avail = len.saturating_sub(offset).min(size);
+    if avail == 0 || f.seek(SeekFrom::Start(offset)).is_err() {
+        return avail == size;
+    }
+    buf.resize(avail as usize, 0);
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    buf.truncate(got);
+    got as u64 == size
 }
 
 /// Read and check `DIR/session.json`.
@@ -1024,6 +1145,7 @@ mod tests {
             branches: Some(vec![BranchPair { from: 1, to: 2 }]),
             branch_flags: vec![(6 << 20) | (1 << 24)],
             window_ns: Some(812),
+            user_stack: None,
         };
         let sbs = vec![
             Sideband::Mmap2 {
@@ -1124,6 +1246,55 @@ mod tests {
         assert_eq!(r.next_event().unwrap(), None);
         let s = r.stats();
         assert_eq!((s.bad_lines, s.aux_short), (2, 1));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// Pause samples with user-stack copies round-trip (bytes in `ustack.bin`, the line
+    /// otherwise as before); a recording from before copies existed (a sample line without
+    /// `ustack`, no `ustack.bin`) still reads, without a copy; a copy missing from a truncated
+    /// `ustack.bin` is counted and delivered with what is there.
+    #[test]
+    fn user_stack_copies_round_trip_and_old_recordings_read() {
+        let dir = tmpdir("ustack");
+        let mut w = SessionWriter::create(&dir, meta()).unwrap();
+        let copy =
+            |n: usize, b: u8| UserStack { flags: 1, pc: 0x40_1000, sp: 0x7ff0_0000, fp: 9, lr: 0, size: 4096, bytes: vec![b; n] };
+        let base = PauseSample { cpu: 0, pid: 42, tid: 42, time: 5, stack: vec![0x40_1000, 0x40_2000], ..Default::default() };
+        let s1 = PauseSample { user_stack: Some(copy(4096, 0xaa)), ..base.clone() };
+        let s2 = PauseSample { time: 6, ..base.clone() };
+        let s3 = PauseSample { time: 7, user_stack: Some(copy(100, 0x55)), ..base.clone() };
+        for s in [&s1, &s2, &s3] {
+            w.write_sample(s).unwrap();
+        }
+        w.finish().unwrap();
+        let text = fs::read_to_string(dir.join(EVENTS_FILE)).unwrap();
+        assert_eq!(text.lines().filter(|l| l.contains("\"ustack\":")).count(), 2, "{text}");
+        assert_eq!(fs::metadata(dir.join(USTACK_FILE)).unwrap().len(), 4196);
+        let mut r = SessionReader::open(&dir).unwrap();
+        for s in [&s1, &s2, &s3] {
+            assert_eq!(r.next_event().unwrap(), Some(SessionEvent::Sample(s)));
+        }
+        assert_eq!(r.stats().ustack_short, 0);
+
+        // Truncated ustack.bin: the first copy short, the last gone.
+        let f = fs::OpenOptions::new().write(true).open(dir.join(USTACK_FILE)).unwrap();
+        f.set_len(4000).unwrap();
+        let mut r = SessionReader::open(&dir).unwrap();
+        let Some(SessionEvent::Sample(got)) = r.next_event().unwrap() else { panic!() };
+        assert_eq!(got.user_stack.as_ref().unwrap().bytes.len(), 4000);
+        r.next_event().unwrap();
+        let Some(SessionEvent::Sample(got)) = r.next_event().unwrap() else { panic!() };
+        assert_eq!(got.user_stack, None);
+        assert_eq!(r.stats().ustack_short, 2);
+
+        // An older recording's sample line, as version 1 wrote it before copies.
+        let old =
+            "{\"type\":\"sample\",\"cpu\":0,\"pid\":42,\"tid\":42,\"time\":5,\"stack\":[4198400,4202496],\"branches\":null}\n";
+        fs::write(dir.join(EVENTS_FILE), old).unwrap();
+        fs::remove_file(dir.join(USTACK_FILE)).unwrap();
+        let mut r = SessionReader::open(&dir).unwrap();
+        assert_eq!(r.next_event().unwrap(), Some(SessionEvent::Sample(&base)));
+        assert_eq!(r.stats(), ReaderStats { lines: 1, ..Default::default() });
         let _ = fs::remove_dir_all(&dir);
     }
 

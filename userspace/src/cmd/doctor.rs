@@ -267,12 +267,17 @@ pub fn main(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     }
     json["perf_event_max_sample_rate"] = host.max_sample_rate.into();
     let cpus_n = CsEtmSystem::discover(&cfg.sysfs_root).map(|s| s.cpus.len()).unwrap_or(0).max(1) as u64;
-    let need_kb = cpus_n * (cfg.aux_bytes as u64 + cfg.data_bytes as u64 + 4096) / 1024;
+    // The leader's data ring as `run` sizes it with its default stack copies (--unwind auto).
+    let data_bytes = crate::cmd::run::etm_data_bytes(cfg.data_bytes, etm_bpf_common::DEFAULT_STACK_BYTES as u32);
+    let need_kb = cpus_n * (cfg.aux_bytes as u64 + data_bytes as u64 + 4096) / 1024;
     let can_lock = host.has_cap(CAP_SYS_ADMIN) == Some(true) || host.has_cap(CAP_PERFMON) == Some(true);
     match host.mlock_kb {
         Some(kb) if !has_etm => f.push(finding(format!("perf_event_mlock_kb {kb} KiB"), "")),
         Some(kb) => f.push(finding(
-            format!("perf_event_mlock_kb {kb} KiB; the rings need about {need_kb} KiB ({cpus_n} buffers)"),
+            format!(
+                "perf_event_mlock_kb {kb} KiB; the rings need about {need_kb} KiB ({cpus_n} buffers, with {} KiB stack copies)",
+                etm_bpf_common::DEFAULT_STACK_BYTES >> 10
+            ),
             if kb < need_kb && !can_lock {
                 "raise /proc/sys/kernel/perf_event_mlock_kb or run with CAP_IPC_LOCK/CAP_PERFMON"
             } else {

@@ -16,6 +16,7 @@ use etm_session::{Pipeline, PipelineConfig, PipelineStats};
 
 use crate::dump::{check_writable_dir, write_atomic};
 use crate::engine::{DumpMeta, Engine, pipeline_json, write_profile_files};
+use crate::unwind::UnwindMode;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -83,6 +84,13 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     cfg.exact = !args.no_exact;
     // The same engine (pipeline, symbolizer, writers) as `run`.
     let mut engine = Engine::new(cfg, None);
+    // Pause records with stack copies unwind as the live run unwound them (before the images
+    // are registered, so the unwinder gets their mappings).
+    let unwind =
+        meta.notes.get(crate::cmd::run::UNWIND_NOTE).and_then(|n| <UnwindMode as clap::ValueEnum>::from_str(n, false).ok());
+    if let Some(m) = unwind.filter(|&m| m != UnwindMode::Fp) {
+        engine.enable_unwinding(m);
+    }
 
     let mut missing_images = Vec::new();
     for img in &meta.images {
@@ -192,7 +200,13 @@ fn summary_json(
     let mut v = pipeline_json(p);
     v["events"] = serde_json::json!(events);
     v["elapsed_s"] = serde_json::json!(elapsed.as_secs_f64());
-    v["reader"] = serde_json::json!({"lines": rs.lines, "bad_lines": rs.bad_lines, "aux_short": rs.aux_short, "aux_missing": rs.aux_missing});
+    v["reader"] = serde_json::json!({
+        "lines": rs.lines,
+        "bad_lines": rs.bad_lines,
+        "aux_short": rs.aux_short,
+        "aux_missing": rs.aux_missing,
+        "ustack_short": rs.ustack_short,
+    });
     v["missing_images"] = serde_json::json!(missing_images);
     v
 }

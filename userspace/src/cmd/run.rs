@@ -272,6 +272,29 @@ const ETM_DEPTH: u32 = 32;
 /// Session note with the context trie's node bound, so a replay bounds it the same way.
 pub const TRIE_NODES_NOTE: &str = "trie_nodes";
 
+/// Session note with `--unwind` (`fp` when the pause records carry no stack copy), so a
+/// replay unwinds the recorded copies the same way.
+pub const UNWIND_NOTE: &str = "unwind";
+
+/// `--unwind`'s spelling on the command line (and in [`UNWIND_NOTE`]).
+pub fn unwind_name(m: UnwindMode) -> String {
+    clap::ValueEnum::to_possible_value(&m).map(|v| v.get_name().to_string()).unwrap_or_default()
+}
+
+/// Pause records the cs_etm leader's data ring holds between two drains when they carry
+/// stack copies.
+const ETM_RING_RECORDS: usize = 256;
+
+/// The leader's data ring: `default`, or with stack copies of `stack_bytes` room for
+/// [`ETM_RING_RECORDS`] pause records of that size (a power of two).
+pub fn etm_data_bytes(default: usize, stack_bytes: u32) -> usize {
+    if stack_bytes == 0 {
+        return default;
+    }
+    let record = etm_bpf_common::pause_raw_bytes(0, Some(stack_bytes as usize)) + 64;
+    (record * ETM_RING_RECORDS).next_power_of_two().max(default)
+}
+
 /// Everything the dumps and the status line report.
 struct RunInfo {
     /// The first target.
@@ -431,36 +454,15 @@ impl Feed {
         self.scratch = s;
     }
 
-    /// Which stack a record contributes: the DWARF unwind of its stack copy (`--unwind
-    /// dwarf`, or `auto` when the frame-pointer stack is not to be trusted as it is and the
-    /// unwind got past the sampled function), else the frame-pointer one.
-    /// The maps are re-read first if the copy's pc is in no known image.
+    /// Which stack a record contributes ([`crate::unwind::DwarfUnwinder::choose`]: the DWARF
+    /// unwind of its stack copy into `unwound`, or the frame-pointer one).
     fn choose_stack(&mut self, bytes: &[u8], fp_stack: &[u64]) -> Chosen {
-        if self.unwind == UnwindMode::Fp {
-            return Chosen::Fp;
-        }
-        let parsed = etm_bpf_common::UserRegs::parse(bytes);
         let Some(u) = self.engine.unwinder_mut() else {
             return Chosen::Fp;
         };
-        if self.unwind == UnwindMode::Auto && u.fp_chain_trusted(fp_stack) {
-            return Chosen::Fp;
-        }
-        let Some((regs, copy)) = parsed.filter(|(r, c)| r.flags & etm_bpf_common::USTACK_REGS != 0 && !c.is_empty()) else {
-            u.stats.no_copy += 1;
-            u.stats.fp += 1;
-            return Chosen::Fp;
-        };
-        u.unwind(&regs, copy, &mut self.unwound);
-        let n = self.unwound.len();
-        // auto: the DWARF stack unless it stopped at the sampled function while the frame
-        // pointers went further.
-        let use_dwarf = self.unwind == UnwindMode::Dwarf || n > 1 || fp_stack.len() <= 1;
-        if use_dwarf {
-            u.stats.dwarf += 1;
+        if u.choose(self.unwind, etm_bpf_common::UserRegs::parse(bytes), fp_stack, &mut self.unwound) {
             Chosen::Dwarf
         } else {
-            u.stats.fp += 1;
             Chosen::Fp
         }
     }
@@ -653,24 +655,31 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         launched: false,
     };
 
+    let stack_bytes = if args.unwind == UnwindMode::Fp { 0 } else { args.stack_size };
     let (mut bpf, info, mut feeds) = if use_etm {
-        let mut bpf = SampleBpf::load_windows(pid, 0)
+        let mut bpf = SampleBpf::load_windows(pid, 0, stack_bytes)
             .context("BPF is unavailable (kernel without BPF, lockdown, or missing privileges)")?;
+        let base = args.etm.config();
         let cfg = EtmConfig {
             pid: Some(pid as i32),
             record: args.record.clone(),
             branch_depth: args.depth.unwrap_or(ETM_DEPTH),
             command: command.clone(),
-            ..args.etm.config()
+            data_bytes: etm_data_bytes(base.data_bytes, stack_bytes),
+            ..base
         };
         let mut etm = EtmLive::open(&cfg, &bpf).context("--branches etm")?;
         bpf.set_window_flags(etm.window_flags()).context("configuring the window programs")?;
         etm.note(TRIE_NODES_NOTE, args.max_contexts.to_string());
+        etm.note(UNWIND_NOTE, unwind_name(if stack_bytes == 0 { UnwindMode::Fp } else { args.unwind }));
         let mode = etm.mode_line().to_string();
         let mut pc = etm.pipeline_config(args.depth.unwrap_or(ETM_DEPTH) as usize);
         pc.trie_nodes = args.max_contexts;
         pc.exact = !args.no_exact;
-        let engine = Engine::new(pc, Some(loader()));
+        let mut engine = Engine::new(pc, Some(loader()));
+        if stack_bytes != 0 {
+            engine.enable_unwinding(args.unwind);
+        }
         let info = info_for("cs_etm pause".into(), "etm", Some(mode));
         let maps = trackers.pop().expect("one target");
         (bpf, info, vec![Feed::new(pid, command.clone(), engine, maps, Some(etm), None)])
@@ -690,7 +699,6 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         if args.follow_children {
             flags |= etm_bpf_common::FLAG_FOLLOW_FORKS;
         }
-        let stack_bytes = if args.unwind == UnwindMode::Fp { 0 } else { args.stack_size };
         let record = if stack_bytes == 0 {
             etm_bpf_common::SAMPLE_RECORD_SIZE
         } else {
@@ -747,7 +755,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         for (g, maps) in groups.iter().zip(trackers) {
             let mut engine = Engine::new(pc.clone(), Some(loader()));
             if stack_bytes != 0 {
-                engine.enable_unwinding();
+                engine.enable_unwinding(args.unwind);
             }
             let cmd = if g[0] == pid { command.clone() } else { cmdline(g[0]) };
             let mut feed = Feed::new(g[0], cmd, engine, maps, None, recorder.take());

@@ -84,6 +84,7 @@ pub struct SampleBpf {
 impl SampleBpf {
     /// Loads the object and the program; keeps samples of process `tgid` only (0: all) and
     /// sets the `FLAG_*` bits in `flags`.
+    #[cfg(test)]
     pub fn load(tgid: u32, flags: u32) -> anyhow::Result<SampleBpf> {
         SampleBpf::load_with_stack(tgid, flags, 0, etm_bpf_common::RING_BYTES)
     }
@@ -93,8 +94,12 @@ impl SampleBpf {
     /// power of two, at least a page).
     pub fn load_with_stack(tgid: u32, flags: u32, stack_bytes: u32, ring_bytes: u32) -> anyhow::Result<SampleBpf> {
         raise_memlock_limit();
+        // One pause record with a stack copy under construction per possible CPU (the pause
+        // program indexes them by CPU number); one entry when nothing is copied.
+        let cpus = if stack_bytes == 0 { 1 } else { aya::util::nr_cpus().map_or(etm_bpf_common::MAX_SLOTS, |n| n as u32) };
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(etm_bpf_common::SAMPLES_MAP, ring_bytes)
+            .map_max_entries(etm_bpf_common::PAUSE_STACKS_MAP, cpus)
             .load(OBJ)
             .context("cannot load the eBPF object (is BPF available to this process?)")?;
         {
@@ -112,8 +117,11 @@ impl SampleBpf {
 
     /// Loads the ETM window programs (resume, pause) for process `tgid` with `WINDOW_*`
     /// `flags`; [`etm_live::group::BpfHooks`] then attaches them to a group's events.
-    pub fn load_windows(tgid: u32, flags: u32) -> anyhow::Result<SampleBpf> {
-        let mut bpf = SampleBpf::load(tgid, 0)?;
+    /// With `stack_bytes` (one of `STACK_SIZES`, or 0) each target window's record also
+    /// carries the user registers and that much of the top of the user stack
+    /// (`etm_bpf_common::PauseStackRecord`), for DWARF unwinding.
+    pub fn load_windows(tgid: u32, flags: u32, stack_bytes: u32) -> anyhow::Result<SampleBpf> {
+        let mut bpf = SampleBpf::load_with_stack(tgid, 0, stack_bytes, etm_bpf_common::RING_BYTES)?;
         {
             let mut config: Array<&mut MapData, u32> =
                 Array::try_from(bpf.ebpf.map_mut(CONFIG_MAP).ok_or_else(|| anyhow!("map {CONFIG_MAP} missing"))?)?;
@@ -124,6 +132,15 @@ impl SampleBpf {
             prog.load().with_context(|| format!("the kernel rejected the eBPF program {name}"))?;
         }
         Ok(bpf)
+    }
+
+    /// The kernel's run count and total run time (ns) of program `name` (counted while
+    /// `kernel.bpf_stats_enabled` or an `aya::sys::enable_stats` fd is on).
+    #[cfg(test)]
+    pub fn run_stats(&self, name: &str) -> anyhow::Result<(u64, u64)> {
+        let prog: &PerfEvent = self.ebpf.program(name).ok_or_else(|| anyhow!("program {name} missing"))?.try_into()?;
+        let info = prog.info()?;
+        Ok((info.run_count(), info.run_time().as_nanos() as u64))
     }
 
     /// Sets the `WINDOW_*` flags of the window programs (before the groups are enabled).

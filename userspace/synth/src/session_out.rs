@@ -165,6 +165,7 @@ pub fn write_session(
                 branches: None,
                 branch_flags: Vec::new(),
                 window_ns: None,
+                user_stack: None,
             };
             w.write_sample(&sample).map_err(sess)?;
         }

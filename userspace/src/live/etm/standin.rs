@@ -157,7 +157,7 @@ struct Run {
 /// whose MMAP2 records the kernel stamps in the perf clock), then stops it.
 fn run(spec: &GroupSpec, busy: Duration) -> Run {
     let me = std::process::id();
-    let bpf = SampleBpf::load_windows(me, 0).expect("load the window programs");
+    let bpf = SampleBpf::load_windows(me, 0, 0).expect("load the window programs");
     let mut programs = bpf.window_programs().unwrap();
     let (g, stream) = group::open(spec, &mut programs).expect("open the stand-in group");
     let leader_id = etm_live::sys::event_id(&g.buf.fd).unwrap();
@@ -414,4 +414,283 @@ fn cpu_wide_groups_see_other_processes() {
     );
     assert!(!r.samples.is_empty() && r.samples.iter().all(|s| s.pid == me), "{:?}", r.stats);
     assert!(r.ends > 0, "no window closed in the other process: {:?} {:?}", r.stats, r.counters);
+}
+
+/// chains.c (`tests/workloads`) built as distributions build code: gcc `-O2
+/// -fomit-frame-pointer` (tail calls off, so every caller keeps a return address); the build
+/// `ETM_BPF_CHAINS_NOFP` names if set (the arm64 kernel lab's, cross-built static).
+fn build_nofp_chains(dir: &std::path::Path) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ETM_BPF_CHAINS_NOFP") {
+        return Some(PathBuf::from(p));
+    }
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/chains.c");
+    let exe = dir.join("chains-nofp");
+    let ok = std::process::Command::new("gcc")
+        .args(["-O2", "-g", "-fomit-frame-pointer", "-fno-optimize-sibling-calls", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        etm_testutil::skip("gcc cannot build tests/workloads/chains.c");
+        return None;
+    }
+    Some(exe)
+}
+
+/// What the window programs gave for another process's windows.
+struct TargetRun {
+    samples: Vec<PauseSample>,
+    stats: etm_live::stream::StreamStats,
+    counters: BpfCounters,
+    /// The pause program's run count and run time (ns).
+    pause_runs: (u64, u64),
+}
+
+/// Runs `spec` with the window programs keeping process `pid`'s windows (copying
+/// `stack_bytes` of its stack) for `dur`, draining every 20 ms while this thread sleeps.
+fn run_target(spec: &GroupSpec, pid: u32, stack_bytes: u32, window_flags: u32, dur: Duration) -> TargetRun {
+    let bpf = SampleBpf::load_windows(pid, window_flags, stack_bytes).expect("load the window programs");
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable BPF run-time statistics");
+    let mut programs = bpf.window_programs().unwrap();
+    let (g, stream) = group::open(spec, &mut programs).expect("open the stand-in group");
+    let mut groups = super::LiveGroups { groups: vec![g], specs: vec![Some(spec.clone())], programs };
+    let mut col = Collector::new(vec![stream], Strategy { delivery: Delivery::PerPause, harvest_every_ns: None });
+    col.streams_mut()[0].target = Some(pid);
+    let mut samples = Vec::new();
+    let mut sink = |ev: SessionEvent<'_>| {
+        if let SessionEvent::Sample(s) = ev {
+            samples.push(s.clone());
+        }
+    };
+    groups.enable(0).unwrap();
+    let t = Instant::now();
+    while t.elapsed() < dur {
+        std::thread::sleep(Duration::from_millis(20));
+        col.tick(&mut groups, t.elapsed().as_nanos() as u64, &mut sink);
+    }
+    let streams = col.finish(&mut groups, &mut sink);
+    let pause_runs = bpf.run_stats(etm_bpf_common::PAUSE_PROGRAM).unwrap();
+    TargetRun { samples, stats: streams[0].stats, counters: bpf.counters().unwrap(), pause_runs }
+}
+
+/// The profile `samples` give through the engine (the one path of `run` and `replay`) after
+/// the sideband `sb`, unwinding their copies with `mode` (`None`: frame-pointer stacks only,
+/// as `--unwind fp`): folded stacks (outermost first) and their counts.
+fn profile_of(
+    sb: &[Sideband],
+    samples: &[PauseSample],
+    mode: Option<crate::unwind::UnwindMode>,
+) -> (std::collections::BTreeMap<Vec<String>, u64>, crate::unwind::UnwindStats) {
+    let pc = etm_session::PipelineConfig { arch: etm_session::session::CodeArch::host(), ..Default::default() };
+    let mut e = crate::engine::Engine::new(pc, Some(Box::new(crate::live::maps::load_image)));
+    if let Some(m) = mode {
+        e.enable_unwinding(m);
+    }
+    for s in sb {
+        e.push(SessionEvent::Sideband(s));
+    }
+    for s in samples {
+        e.push(SessionEvent::Sample(s));
+    }
+    let (trie, frames) = e.pipeline().trie();
+    let mut out = std::collections::BTreeMap::new();
+    for line in etm_stacks::folded::folded_lines(trie, frames) {
+        let (path, n) = line.rsplit_once(' ').unwrap();
+        *out.entry(path.split(';').map(str::to_string).collect()).or_insert(0) += n.parse::<u64>().unwrap();
+    }
+    (out, e.unwinder().map(|u| u.stats).unwrap_or_default())
+}
+
+/// Of the windows closed in `spin`: those under each of its full chains (main -> a -> hot1,
+/// main -> b -> hot2), and all.
+fn spin_chains(p: &std::collections::BTreeMap<Vec<String>, u64>) -> (u64, u64, u64) {
+    let ends = |suffix: &[&str]| -> u64 {
+        p.iter().filter(|(k, _)| k.len() >= suffix.len() && k[k.len() - suffix.len()..] == *suffix).map(|(_, n)| n).sum()
+    };
+    (ends(&["main", "a", "hot1", "spin"]), ends(&["main", "b", "hot2", "spin"]), ends(&["spin"]))
+}
+
+/// The pause program's stack copy on the real kernel: windows closed in chains.c built
+/// without frame pointers (its own process, pinned to the group's CPU) carry the user
+/// registers and the top 16 KiB of its stack; unwound by the engine with DWARF (`--unwind
+/// dwarf`, and `auto`) at least 90% of the windows closed in `spin` have one of its two full
+/// chains and the chains split 2:1 as the program's calls do (within 4 binomial deviations +
+/// 0.02), where the frame-pointer stacks of the same records (`--unwind fp`) have under 10%
+/// (so the check can fail); every return address of those chains passed the callers check
+/// (a failing one would cut the chain). The samples written by the session writer and read
+/// back (copies in `ustack.bin`) give the same profile: replay equals live. The pause
+/// program's cost per invocation with and without the copy and the bytes per record are
+/// printed (README Limits).
+#[test]
+fn pause_stack_copies_unwind_a_program_without_frame_pointers() {
+    use crate::unwind::UnwindMode;
+    let _serial = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_bpf() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = build_nofp_chains(dir.path()) else { return };
+    let _rate = steady_rate();
+    let cpu = pin();
+    let mut child =
+        std::process::Command::new(&exe).arg("30").stdout(std::process::Stdio::piped()).spawn().expect("start chains");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let pid: u32 = line.trim().strip_prefix("ready ").and_then(|p| p.parse().ok()).expect("ready <pid>");
+    // SAFETY: a zeroed cpu_set_t with one bit set, passed by pointer with its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        libc::sched_setaffinity(pid as i32, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+    let mut sb = Vec::new();
+    crate::live::maps::MapsTracker::new(pid).reload(0, &mut sb).expect("read the maps of chains");
+    let mut spec = standin_spec(cpu, 100_000, 1_000_000, false);
+    spec.data_bytes = 8 << 20;
+    let copy = etm_bpf_common::DEFAULT_STACK_BYTES as u32;
+    let with = run_target(&spec, pid, copy, 0, Duration::from_millis(2000));
+    // The cost: every pause writes a record (ungated, as strobing), with and without a copy.
+    let ungated = etm_bpf_common::WINDOW_UNGATED;
+    let cost_with = run_target(&spec, pid, copy, ungated, Duration::from_millis(700));
+    let without = run_target(&spec, pid, 0, ungated, Duration::from_millis(700));
+
+    // The CPU is shared with whatever else runs (a loaded VM gave chains a quarter of the
+    // windows), and the lab's emulated PMU closes far fewer windows than cpu-clock (see
+    // windows_are_gated_and_stamped_in_the_perf_clock).
+    let min_windows = match stand_in() {
+        StandIn::Software { .. } => 150,
+        StandIn::HwCycles => 60,
+    };
+    let s = &with.samples;
+    assert!(s.len() >= min_windows, "only {} windows of chains: {:?} {:?}", s.len(), with.stats, with.counters);
+    assert_eq!(with.stats.stack_copies, with.stats.pause_records, "every target record has a copy: {:?}", with.stats);
+    assert_eq!(
+        (with.counters.output_err, with.counters.ustack_err, with.stats.window_seq_gaps),
+        (0, 0, 0),
+        "{:?}",
+        with.counters
+    );
+    assert!(s.iter().all(|p| p.user_stack.as_ref().is_some_and(|u| u.pc == p.stack[0] && !u.bytes.is_empty())));
+    assert!(without.samples.iter().all(|p| p.user_stack.is_none()) && without.samples.len() >= min_windows / 3);
+
+    let share_ok = |a: u64, b: u64| {
+        let n = (a + b) as f64;
+        let sd = (2.0 / 9.0 / n).sqrt();
+        ((a as f64 / n) - 2.0 / 3.0).abs() <= 4.0 * sd + 0.02
+    };
+    for mode in [UnwindMode::Dwarf, UnwindMode::Auto] {
+        let (p, st) = profile_of(&sb, s, Some(mode));
+        let (a, b, all) = spin_chains(&p);
+        eprintln!("{mode:?}: {a} + {b} of {all} spin windows under full chains; {st:?}");
+        assert!(all as usize * 3 >= min_windows * 2, "{mode:?}: {all} spin windows: {p:?}");
+        assert!((a + b) * 10 >= all * 9, "{mode:?}: {a} + {b} of {all} with the full chain: {p:?}");
+        assert!(share_ok(a, b), "{mode:?}: main->a->hot1 {a} against main->b->hot2 {b}, not 2:1");
+        // Every stack DWARF-unwound (auto: unless every function on it keeps frame pointers).
+        let fp_ok = if mode == UnwindMode::Auto { st.fp_trusted } else { 0 };
+        assert_eq!((st.dwarf + fp_ok) as usize, s.len(), "{mode:?}: {st:?}");
+    }
+    let (p, _) = profile_of(&sb, s, None);
+    let (a, b, all) = spin_chains(&p);
+    eprintln!("fp: {a} + {b} of {all} spin windows under full chains");
+    assert!(all as usize * 3 >= min_windows * 2 && (a + b) * 10 < all, "fp: {a} + {b} of {all} with the full chain");
+
+    // The callers check judges the DWARF stacks too: spin is a leaf without a frame, so its
+    // return address is the word at sp (x86-64) or lr (AArch64); one byte before it is no
+    // instruction after a call, and the stacks through it are cut under [truncated].
+    let bad: Vec<PauseSample> = s
+        .iter()
+        .map(|p| {
+            let mut q = p.clone();
+            if let Some(u) = q.user_stack.as_mut() {
+                if cfg!(target_arch = "aarch64") {
+                    u.lr = u.lr.wrapping_sub(1);
+                } else if let Some(w) = u.bytes.get_mut(..8) {
+                    let r = u64::from_ne_bytes(w.try_into().unwrap());
+                    w.copy_from_slice(&r.wrapping_sub(1).to_ne_bytes());
+                }
+            }
+            q
+        })
+        .collect();
+    let (p, _) = profile_of(&sb, &bad, Some(UnwindMode::Dwarf));
+    let (a, b, all) = spin_chains(&p);
+    let cut: u64 = p
+        .iter()
+        .filter(|(k, _)| k.first().is_some_and(|f| f == "[truncated]") && k.last().is_some_and(|f| f == "spin"))
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!("return address moved: {cut} of {all} spin windows cut, {a} + {b} under full chains");
+    assert!(all as usize * 3 >= min_windows * 2 && cut * 10 >= all * 9 && (a + b) * 10 < all, "{p:?}");
+
+    // Recorded as `run --record` records (the recorder of the live path: images by path, the
+    // vdso saved from the running target, the --unwind note) and read back: the copies come
+    // back, and `replay` of the recording writes the live profile.
+    let rec = dir.path().join("session");
+    let mut notes = std::collections::HashMap::new();
+    notes.insert(crate::cmd::run::UNWIND_NOTE.to_string(), crate::cmd::run::unwind_name(UnwindMode::Dwarf));
+    let meta = etm_session::session::SessionMeta {
+        source: etm_session::session::SessionSource::Live,
+        arch: etm_session::session::CodeArch::host(),
+        window: etm_session::session::WindowParams { mode: "none".into(), ..Default::default() },
+        notes,
+        ..Default::default()
+    };
+    let mut recorder = super::Recorder::create(&rec, meta, false).unwrap();
+    for x in &sb {
+        recorder.event(&SessionEvent::Sideband(x));
+    }
+    for x in s {
+        recorder.event(&SessionEvent::Sample(x));
+    }
+    assert_eq!(recorder.errors, 0);
+    recorder.finish().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut r = etm_session::session::SessionReader::open(&rec).unwrap();
+    let mut back = Vec::new();
+    while let Some(ev) = r.next_event().unwrap() {
+        if let SessionEvent::Sample(x) = ev {
+            back.push(x.clone());
+        }
+    }
+    assert_eq!(&back, s);
+    #[derive(clap::Parser)]
+    struct Replay {
+        #[command(flatten)]
+        args: crate::cmd::replay::ReplayArgs,
+    }
+    let out = dir.path().join("replayed");
+    let argv = ["replay".as_ref(), rec.as_os_str(), "--headless".as_ref(), "--dump-dir".as_ref(), out.as_os_str()];
+    let replay = <Replay as clap::Parser>::try_parse_from(argv).unwrap();
+    crate::cmd::replay::main(replay.args).unwrap();
+    let mut replayed = std::collections::BTreeMap::new();
+    for line in std::fs::read_to_string(out.join("profile.folded")).unwrap().lines() {
+        let (path, n) = line.rsplit_once(' ').unwrap();
+        *replayed.entry(path.split(';').map(str::to_string).collect::<Vec<_>>()).or_insert(0) += n.parse::<u64>().unwrap();
+    }
+    let live = profile_of(&sb, s, Some(UnwindMode::Dwarf)).0;
+    assert_eq!(replayed, live, "replay of the recorded copies against the live profile");
+    assert!(spin_chains(&replayed).0 > 0);
+
+    let per_run = |r: &TargetRun| r.pause_runs.1.checked_div(r.pause_runs.0).unwrap_or(0);
+    let s = &cost_with.samples;
+    assert!(s.len() >= min_windows / 3 && s.iter().all(|p| p.user_stack.is_some()), "{:?}", cost_with.stats);
+    let copied: usize = s.iter().map(|p| p.user_stack.as_ref().map_or(0, |u| u.bytes.len())).sum();
+    let raw = etm_bpf_common::pause_raw_bytes(0, Some(copied / s.len()));
+    let raw_fp: usize = without.samples.iter().map(|p| etm_bpf_common::pause_raw_bytes(p.stack.len(), None)).sum::<usize>()
+        / without.samples.len();
+    eprintln!(
+        "pause program, every pause a record: {} ns per run with a {copy}-byte copy ({} runs, {} target records), {} ns \
+         without ({} runs, {} target records); {raw} raw bytes per record with the copy (mean copy {} bytes, {} copies \
+         shortened), {raw_fp} without",
+        per_run(&cost_with),
+        cost_with.pause_runs.0,
+        s.len(),
+        per_run(&without),
+        without.pause_runs.0,
+        without.samples.len(),
+        copied / s.len(),
+        cost_with.counters.ustack_short,
+    );
 }
