@@ -38,6 +38,38 @@ struct Names {
     files: Vec<PathBuf>,
     /// Frames whose address was in no known binary.
     unknown_frames: u64,
+    /// Per binary (same index as `bins`): what loading it cost, and when it was first named.
+    load: Vec<LoadTimes>,
+    /// When the engine was made (the origin of [`LoadTimes::first_named_ms`]).
+    created: Option<std::time::Instant>,
+}
+
+/// What loading one binary cost (manifest `binaries[].load`): wall times of reading or mapping
+/// its image, registering it (ELF headers, the pipeline's code map), registering its
+/// executable mappings with the DWARF unwinder, and loading its symbol table and DWARF at the
+/// first address symbolized in it; and when (since the engine started) a trie frame was first
+/// named from it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadTimes {
+    pub image_us: u64,
+    pub register_us: u64,
+    pub unwind_us: u64,
+    pub symbols_us: u64,
+    pub first_named_ms: Option<u64>,
+}
+
+impl LoadTimes {
+    /// As manifest JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "image_us": self.image_us, "register_us": self.register_us, "unwind_us": self.unwind_us,
+            "symbols_us": self.symbols_us, "first_named_ms": self.first_named_ms,
+        })
+    }
+}
+
+fn micros(t: std::time::Instant) -> u64 {
+    t.elapsed().as_micros().min(u128::from(u64::MAX)) as u64
 }
 
 /// Names trie frames with DWARF (inline frames included) through [`Symbolizer`].
@@ -77,9 +109,15 @@ impl FrameNamer for SymNamer {
             out.push(table.intern(Frame::new(b.path.clone(), Some(id))));
             return;
         }
-        let Names { symbolizer, bins, files, .. } = &mut *n;
+        let Names { symbolizer, bins, files, load, created, .. } = &mut *n;
         let file = files[id as usize].to_string_lossy().into_owned();
         symbolizer.frames(id, "", &file, bins[id as usize].build_id.as_deref(), link, table, out);
+        if let Some(l) = load.get_mut(id as usize)
+            && l.first_named_ms.is_none()
+        {
+            l.symbols_us = symbolizer.load_us(id).unwrap_or(0);
+            l.first_named_ms = created.map(|c| c.elapsed().as_millis() as u64);
+        }
     }
 }
 
@@ -135,7 +173,11 @@ impl Engine {
     /// records that were not registered with [`Engine::add_image`] (the live driver).
     pub fn new(cfg: PipelineConfig, loader: Option<ImageLoader>) -> Engine {
         let mut pipeline = Pipeline::new(cfg);
-        let names = Rc::new(RefCell::new(Names { symbolizer: Symbolizer::new(), ..Default::default() }));
+        let names = Rc::new(RefCell::new(Names {
+            symbolizer: Symbolizer::new(),
+            created: Some(std::time::Instant::now()),
+            ..Default::default()
+        }));
         pipeline.set_frame_namer(Box::new(SymNamer(names.clone())));
         Engine { pipeline, names, loader, branch_samples: 0, depth: DepthStats::default(), unwind: None, images: HashMap::new() }
     }
@@ -158,6 +200,7 @@ impl Engine {
 
     /// Registers the code image `path` (as MMAP2 records name it), read from `local`.
     pub fn add_image(&mut self, path: &str, local: &Path, data: Arc<Vec<u8>>) {
+        let t0 = std::time::Instant::now();
         let mut n = self.names.borrow_mut();
         if n.by_path.contains_key(path) {
             return;
@@ -179,11 +222,20 @@ impl Engine {
         });
         n.by_path.insert(path.to_string(), id);
         n.files.push(local.to_path_buf());
+        n.load.push(LoadTimes::default());
         drop(n);
         if self.unwind.is_some() {
             self.images.insert(path.to_string(), data.clone());
         }
         self.pipeline.add_image(path, data);
+        if let Some(l) = self.names.borrow_mut().load.get_mut(id as usize) {
+            l.register_us = micros(t0);
+        }
+    }
+
+    /// What loading each binary cost, in [`Engine::binaries`] order.
+    pub fn load_times(&self) -> Vec<LoadTimes> {
+        self.names.borrow().load.clone()
     }
 
     /// Whether an image is registered under `path`.
@@ -221,13 +273,19 @@ impl Engine {
     pub fn push(&mut self, ev: SessionEvent<'_>) {
         match &ev {
             SessionEvent::Sideband(Sideband::Mmap2 { pid, filename, addr, len, prot, pgoff, .. }) => {
+                let t0 = std::time::Instant::now();
                 if !self.has_image(filename)
                     && (*prot == 0 || *prot & libc::PROT_EXEC as u32 != 0)
                     && let Some(load) = self.loader.as_mut()
                     && let Some((local, bytes)) = load(*pid, filename, *addr, *len)
                 {
+                    let image_us = micros(t0);
                     self.add_image(filename, &local, Arc::new(bytes));
+                    if let Some(l) = self.names.borrow_mut().load.last_mut() {
+                        l.image_us = image_us;
+                    }
                 }
+                let t1 = std::time::Instant::now();
                 if let Some(u) = self.unwind.as_mut()
                     && let Some(data) = self.images.get(filename.as_str())
                     && (*prot == 0 || *prot & libc::PROT_EXEC as u32 != 0)
@@ -235,8 +293,10 @@ impl Engine {
                 {
                     log::debug!("no unwind info for {filename}: {e}");
                 }
+                let unwind_us = micros(t1);
                 let mut n = self.names.borrow_mut();
                 if let Some(&id) = n.by_path.get(filename.as_str()) {
+                    n.load[id as usize].unwind_us += unwind_us;
                     let la = &mut n.bins[id as usize].load_addresses;
                     if let Err(pos) = la.binary_search(addr) {
                         la.insert(pos, *addr);

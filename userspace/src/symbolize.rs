@@ -72,6 +72,8 @@ impl Source {
 #[derive(Default)]
 pub struct Symbolizer {
     sources: HashMap<u32, Source>,
+    /// Wall time each binary's [`Source::load`] took, us.
+    load_us: HashMap<u32, u64>,
     cache: HashMap<(u32, u64), Box<[FrameId]>>,
     /// Addresses symbolized (cache misses).
     pub lookups: u64,
@@ -141,7 +143,13 @@ impl Symbolizer {
     /// (inlined callee) first, the real function last; empty when nothing names the address.
     /// The names are those [`frames`](Self::frames) interns.
     pub fn lines(&mut self, binary: u32, root: &str, path: &str, build_id: Option<&[u8]>, link_addr: u64) -> Vec<LineFrame> {
-        let src = self.sources.entry(binary).or_insert_with(|| Source::load(root, path, build_id));
+        let load_us = &mut self.load_us;
+        let src = self.sources.entry(binary).or_insert_with(|| {
+            let t0 = std::time::Instant::now();
+            let s = Source::load(root, path, build_id);
+            load_us.insert(binary, t0.elapsed().as_micros() as u64);
+            s
+        });
         let mut out: Vec<LineFrame> = Vec::new();
         if let Some(loader) = &src.dwarf
             && let Ok(mut it) = loader.find_frames(link_addr)
@@ -165,6 +173,11 @@ impl Symbolizer {
             });
         }
         out
+    }
+
+    /// How long loading binary `binary`'s symbol table and DWARF took (at its first lookup), us.
+    pub fn load_us(&self, binary: u32) -> Option<u64> {
+        self.load_us.get(&binary).copied()
     }
 
     /// The name an address nothing names gets (`[binary+0xoffset]`).

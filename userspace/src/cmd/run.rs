@@ -1511,6 +1511,7 @@ fn dump_job(
     let ts = trie.stats();
     let d = e.depth;
     let binaries = e.binaries();
+    let load = e.load_times();
     let mut manifest = serde_json::json!({
         "tool": "etm-bpf",
         "version": env!("CARGO_PKG_VERSION"),
@@ -1532,10 +1533,11 @@ fn dump_job(
             "filter_entries": run.filter_entries,
             "bad_records": run.bad_records,
         },
-        "binaries": binaries.iter().map(|b| serde_json::json!({
+        "binaries": binaries.iter().zip(&load).map(|(b, l)| serde_json::json!({
             "path": b.path,
             "build_id": b.build_id_hex(),
             "load_addresses": b.load_addresses.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>(),
+            "load": l.json(),
         })).collect::<Vec<_>>(),
         "samples": trie.total_samples(),
         "dropped": k.dropped(),
