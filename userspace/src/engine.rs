@@ -8,9 +8,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::Arc;
 
 use etm_profile::BinaryInfo;
+use etm_session::image::ImageBytes;
 use etm_session::join::RejectReason;
 use etm_session::pipeline::FrameNamer;
 use etm_session::session::{SessionEvent, Sideband};
@@ -25,7 +25,7 @@ use etm_live::stream::EventSink;
 
 /// Reads the bytes of a code image named by an MMAP2 record (process, file name, address,
 /// length): `(local file, bytes)`.
-pub type ImageLoader = Box<dyn FnMut(u32, &str, u64, u64) -> Option<(PathBuf, Vec<u8>)>>;
+pub type ImageLoader = Box<dyn FnMut(u32, &str, u64, u64) -> Option<(PathBuf, ImageBytes)>>;
 
 /// Binaries known to the engine, shared with the frame namer.
 #[derive(Default)]
@@ -133,7 +133,7 @@ pub struct Engine {
     /// `run --unwind dwarf|auto`: the DWARF unwinder of the target's mappings.
     unwind: Option<DwarfUnwinder>,
     /// The images registered, by path (kept only while unwinding, for new mappings).
-    images: HashMap<String, Arc<Vec<u8>>>,
+    images: HashMap<String, ImageBytes>,
 }
 
 /// Stack-depth statistics (how deep the frame-pointer chains are).
@@ -199,7 +199,8 @@ impl Engine {
     }
 
     /// Registers the code image `path` (as MMAP2 records name it), read from `local`.
-    pub fn add_image(&mut self, path: &str, local: &Path, data: Arc<Vec<u8>>) {
+    pub fn add_image(&mut self, path: &str, local: &Path, data: impl Into<ImageBytes>) {
+        let data: ImageBytes = data.into();
         let t0 = std::time::Instant::now();
         let mut n = self.names.borrow_mut();
         if n.by_path.contains_key(path) {
@@ -280,7 +281,7 @@ impl Engine {
                     && let Some((local, bytes)) = load(*pid, filename, *addr, *len)
                 {
                     let image_us = micros(t0);
-                    self.add_image(filename, &local, Arc::new(bytes));
+                    self.add_image(filename, &local, bytes);
                     if let Some(l) = self.names.borrow_mut().load.last_mut() {
                         l.image_us = image_us;
                     }
@@ -385,7 +386,7 @@ pub struct DumpSnapshot {
     pub trie: etm_stacks::trie::ContextTrie,
     pub frames: etm_stacks::frames::FrameTable,
     /// Code images of the profile's binaries (shared, not copied).
-    pub images: Vec<(String, Arc<Vec<u8>>)>,
+    pub images: Vec<(String, ImageBytes)>,
     /// Write the per-binary PGO dumps (samples carry branch records).
     pub pgo: bool,
     /// Per binary path: the local file to symbolize from and the build-id.
@@ -631,6 +632,7 @@ mod tests {
     use super::*;
     use etm_session::session::{BranchPair, PauseSample};
     use std::process::Command;
+    use std::sync::Arc;
 
     /// Samples pushed through the engine (image + MMAP2 placing it at a PIE base) land in the
     /// context trie with the frames `addr2line(1)` independently reports, inline frames

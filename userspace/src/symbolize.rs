@@ -22,8 +22,11 @@ const UNKNOWN_DETAIL_LIMIT: usize = 100_000;
 struct Source {
     /// DWARF of the debug file if there is one, else of the binary.
     dwarf: Option<addr2line::Loader>,
-    /// Function symbols (the debug file's `.symtab`, else the binary's `.symtab` or `.dynsym`).
-    symtab: etm_stacks::symtab::SymbolTable,
+    /// Function symbols (the debug file's `.symtab`, else the binary's `.symtab` or `.dynsym`,
+    /// shared per build-id with the pipeline's code map and the other symbolizers).
+    symtab: std::sync::Arc<etm_stacks::symtab::SymbolTable>,
+    /// Time spent getting the shared symbol table (reading it, or finding it read), us.
+    shared_us: u64,
 }
 
 /// Maps a file read-only.
@@ -34,9 +37,17 @@ fn map(path: &Path) -> Option<memmap2::Mmap> {
     unsafe { memmap2::Mmap::map(&f) }.ok()
 }
 
+/// Whether an ELF file has DWARF debug info (`.debug_info`, compressed or not).
+fn has_dwarf(data: &[u8]) -> bool {
+    use object::{Object, ObjectSection};
+    object::File::parse(data)
+        .is_ok_and(|f| f.sections().any(|s| s.name().is_ok_and(|n| n == ".debug_info" || n == ".zdebug_info")))
+}
+
 impl Source {
     fn load(root: &str, path: &str, build_id: Option<&[u8]>) -> Source {
         use etm_stacks::symtab::{SymbolTable, debug_file_candidates, debuglink};
+        let mut shared_us = 0;
         let rooted = PathBuf::from(format!("{root}{path}"));
         let file = if rooted.exists() { rooted } else { PathBuf::from(path) };
         let bin = map(&file);
@@ -47,24 +58,40 @@ impl Source {
             debug_file_candidates(root, path, id.as_deref(), link.as_ref().map(|l| l.0.as_str())).into_iter().find_map(|cand| {
                 let m = map(&cand)?;
                 let by_id = id.is_some() && etm_stacks::symtab::build_id(&m) == id;
-                let by_crc = link.as_ref().is_some_and(|(_, crc)| crc32fast::hash(&m) == *crc);
-                (by_id || by_crc).then_some((cand, m))
+                // The CRC reads the whole file: only when the build-id does not decide.
+                let by_crc = || link.as_ref().is_some_and(|(_, crc)| crc32fast::hash(&m) == *crc);
+                (by_id || by_crc()).then_some((cand, m))
             });
-        let mut symtab = match &debug {
-            Some((_, m)) => {
-                let t = SymbolTable::from_elf(m);
-                if t.is_empty() { SymbolTable::from_elf(bytes) } else { t }
+        let debug_symtab = debug.as_ref().map(|(_, m)| SymbolTable::from_elf(m)).filter(|t| !t.is_empty());
+        let symtab = match debug_symtab {
+            Some(mut t) => {
+                t.add_plt(bytes);
+                std::sync::Arc::new(t)
             }
-            None => SymbolTable::from_elf(bytes),
+            None => {
+                // Timed by itself: the pipeline may have read the shared table first.
+                let t0 = std::time::Instant::now();
+                let t = SymbolTable::of_binary_shared(bytes);
+                shared_us = t0.elapsed().as_micros() as u64;
+                t
+            }
         };
-        symtab.add_plt(bytes);
-        let dwarf_file = debug.as_ref().map_or(file.clone(), |(p, _)| p.clone());
-        let dwarf =
-            addr2line::Loader::new(&dwarf_file).map_err(|e| log::info!("no DWARF for {}: {e}", dwarf_file.display())).ok();
+        let (dwarf_file, dwarf_bytes) = match &debug {
+            Some((p, m)) => (p.clone(), &m[..]),
+            None => (file.clone(), bytes),
+        };
+        // addr2line's loader also builds its own symbol map: not for a file without DWARF
+        // (a stripped library with only `.dynsym`), which it would only name from that map.
+        let dwarf = if has_dwarf(dwarf_bytes) {
+            addr2line::Loader::new(&dwarf_file).map_err(|e| log::info!("no DWARF for {}: {e}", dwarf_file.display())).ok()
+        } else {
+            log::info!("no DWARF in {}", dwarf_file.display());
+            None
+        };
         if let Some((p, _)) = &debug {
             log::debug!("{path}: separate debug file {}", p.display());
         }
-        Source { dwarf, symtab }
+        Source { dwarf, symtab, shared_us }
     }
 }
 
@@ -147,7 +174,9 @@ impl Symbolizer {
         let src = self.sources.entry(binary).or_insert_with(|| {
             let t0 = std::time::Instant::now();
             let s = Source::load(root, path, build_id);
-            load_us.insert(binary, t0.elapsed().as_micros() as u64);
+            // The symbol table's reading counts whoever read it first.
+            let us = (t0.elapsed().as_micros() as u64).saturating_sub(s.shared_us) + s.symtab.read_us();
+            load_us.insert(binary, us);
             s
         });
         let mut out: Vec<LineFrame> = Vec::new();
@@ -175,7 +204,8 @@ impl Symbolizer {
         out
     }
 
-    /// How long loading binary `binary`'s symbol table and DWARF took (at its first lookup), us.
+    /// How long loading binary `binary`'s symbol table and DWARF took (at its first lookup;
+    /// a shared symbol table with the time its first reader took to read it), us.
     pub fn load_us(&self, binary: u32) -> Option<u64> {
         self.load_us.get(&binary).copied()
     }

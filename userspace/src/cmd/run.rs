@@ -1555,6 +1555,7 @@ fn dump_job(
             "foreign_records": feed.foreign,
             "unmapped_frames": e.unknown_frames(),
             "maps_reloads": feed.maps.iter().map(|m| m.changes).sum::<u64>(),
+            "images_changed_on_disk": e.pipeline().code().images_changed(),
             "contexts": ts.nodes - 1,
             "folded_samples": ts.folded_samples,
             "trie_compactions": ts.compactions,
