@@ -482,9 +482,7 @@ pub fn write_snapshot_files(
 pub fn exact_functions(p: &Pipeline) -> Vec<etm_session::pipeline::ExactFunction> {
     let mut v = p.exact_functions();
     for f in &mut v {
-        if let std::borrow::Cow::Owned(d) = addr2line::demangle_auto(f.function.as_str().into(), None) {
-            f.function = d;
-        }
+        f.function = crate::symbolize::demangle(&f.function);
     }
     v
 }
@@ -496,8 +494,7 @@ fn exact_folded(p: &Pipeline) -> Vec<String> {
         .exact_contexts()
         .into_iter()
         .map(|(path, n)| {
-            let names: Vec<std::borrow::Cow<'_, str>> =
-                path.into_iter().map(|f| addr2line::demangle_auto(f.into(), None)).collect();
+            let names: Vec<String> = path.into_iter().map(crate::symbolize::demangle).collect();
             format!("{} {n}", names.join(";"))
         })
         .collect();
