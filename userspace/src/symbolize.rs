@@ -1,8 +1,10 @@
 //! Symbolization of link-time addresses with `addr2line` (gimli: DWARF, inline frames
-//! included), the ELF symbol table as fallback with perf's extents
-//! ([`etm_stacks::symtab`]: an address past every symbol's end has no name and is shown as
-//! `[binary+0xoffset]`), and separate debug files found as gdb and perf find them (build-id,
-//! then `.gnu_debuglink` with its CRC checked), cached per `(binary, address)`.
+//! included) and the ELF symbol table with perf's extents ([`etm_stacks::symtab`]: an address
+//! past every symbol's end has no name and is shown as `[binary+0xoffset]`), which also names
+//! the real (outermost) function, as LLVM's symbolizer does; separate debug files found as gdb
+//! and perf find them (build-id, then `.gnu_debuglink` with its CRC checked); C++ names in
+//! LLVM's spelling ([`llvm_spelling`]); cached per `(binary, address)`. A binary's symbol
+//! table and DWARF are loaded at the first address looked up in it.
 //!
 //! (blazesym 0.2.7 was tried first: on clang-22 DWARF 5 binaries it named some functions
 //! after base types, e.g. `a` as "signed char", so it is not used.)
