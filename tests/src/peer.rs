@@ -43,9 +43,8 @@ pub fn perf_record(pid: u32, dir: &Path, name: &str, call_graph: &[&str], secs: 
 }
 
 /// The user-space contexts of a `perf.data` file (frames in `[kernel.kallsyms]` and other
-/// bracketed kernel DSOs dropped), from two readings of it: `perf script --no-inline -F
-/// ip,sym,dso` gives the physical frames (one line per return address), `perf script -F
-/// ip,sym,dso` their names as perf's DWARF reading gives them (see [`parse_perf_script`]).
+/// bracketed kernel DSOs dropped), from `perf script --no-inline -F ip,sym,dso` (see
+/// [`parse_perf_script`]).
 pub fn perf_script_contexts(data: &Path) -> Contexts {
     let script = |inline: &str| {
         let out = Command::new("perf")
@@ -57,7 +56,7 @@ pub fn perf_script_contexts(data: &Path) -> Contexts {
         assert!(out.status.success(), "perf script {inline} -i {} failed", data.display());
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    parse_perf_script(&script("--no-inline"), &script("--inline"))
+    parse_perf_script(&script("--no-inline"))
 }
 
 /// One `perf script -F ip,sym,dso` line: `ADDR SYM (DSO)`, or `ADDR SYM (inlined)` for an
@@ -91,28 +90,19 @@ fn perf_samples(text: &str) -> Vec<Vec<&str>> {
     out
 }
 
-/// Contexts from the two readings of one perf.data: the physical frames of `no_inline`, each
-/// named by the last (outermost) line `inline` prints for its address in the same sample.
-/// That is the function DWARF says contains the address where perf finds DWARF (as in
-/// etm-bpf's pprof; e.g. `__GI___libc_malloc` where the ELF symbol perf otherwise shows is
-/// `malloc`), the ELF symbol otherwise. (Names alone cannot tell physical frames: gcc inlines
-/// a recursive function into itself, and perf prints such inlined copies without the
-/// `(inlined)` mark when their name equals the symbol's.)
-pub fn parse_perf_script(no_inline: &str, inline: &str) -> Contexts {
-    let (physical, named) = (perf_samples(no_inline), perf_samples(inline));
-    assert_eq!(physical.len(), named.len(), "the two perf script readings differ in samples");
+/// Contexts from `perf script --no-inline -F ip,sym,dso`: the physical frames (one line per
+/// return address), each named by the ELF symbol perf gives it, as etm-bpf names a real
+/// function after its ELF symbol where it has one (as LLVM's symbolizer does: `malloc`, not
+/// the DWARF name `__GI___libc_malloc` of glibc's debug file).
+pub fn parse_perf_script(no_inline: &str) -> Contexts {
     let mut m = Contexts::new();
-    for (frames, lines) in physical.iter().zip(&named) {
-        let mut outermost = std::collections::HashMap::new();
-        for (ip, sym, _) in lines.iter().filter_map(|l| perf_line(l)) {
-            outermost.insert(ip, sym);
-        }
+    for frames in perf_samples(no_inline) {
         let mut path: Vec<String> = Vec::new();
-        for (ip, sym, dso) in frames.iter().filter_map(|l| perf_line(l)) {
+        for (_, sym, dso) in frames.iter().filter_map(|l| perf_line(l)) {
             if dso.starts_with('[') && dso != "[unknown]" && dso != "[vdso]" {
                 continue; // [kernel.kallsyms], kernel modules
             }
-            path.push(normalize(outermost.get(ip).copied().unwrap_or(sym)));
+            path.push(normalize(sym));
         }
         if !path.is_empty() {
             path.reverse();
@@ -143,6 +133,7 @@ pub fn etm_bpf_contexts(pprof_gz: &Path) -> Contexts {
 ///   with a function template's return type: all parenthesized groups, a trailing ` const`
 ///   and everything before the last space outside `<>` are dropped (so `operator()() const`
 ///   and perf's `operator()` both read `operator`).
+/// * perf writes lambdas as c++filt does, etm-bpf as LLVM does ([`llvm_lambdas`]).
 pub fn normalize(name: &str) -> String {
     let name = name.trim();
     if name.starts_with('[') && name.ends_with(']') {
@@ -159,7 +150,7 @@ pub fn normalize(name: &str) -> String {
             _ => {}
         }
     }
-    let mut s = out.trim().trim_end_matches(" const").trim().to_string();
+    let mut s = llvm_lambdas(out.trim().trim_end_matches(" const").trim());
     let mut angle = 0i32;
     let mut last_space = None;
     for (i, c) in s.char_indices() {
@@ -174,6 +165,31 @@ pub fn normalize(name: &str) -> String {
         s = s[i + 1..].to_string();
     }
     s
+}
+
+/// perf (as c++filt) writes the N-th lambda of a scope `{lambda(ARGS)#N}`, etm-bpf (as LLVM)
+/// `'lambda'(ARGS)`, `'lambda0'(ARGS)`, ...: with the argument lists dropped, `{lambda#1}` is
+/// read as `'lambda'`, `{lambda#2}` as `'lambda0'`.
+fn llvm_lambdas(name: &str) -> String {
+    let mut out = String::new();
+    let mut rest = name;
+    while let Some(i) = rest.find("{lambda#") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + "{lambda#".len()..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        match (after[..digits].parse::<u32>(), after[digits..].strip_prefix('}')) {
+            (Ok(n), Some(tail)) => {
+                out.push_str(&if n <= 1 { "'lambda'".to_string() } else { format!("'lambda{}'", n - 2) });
+                rest = tail;
+            }
+            _ => {
+                out.push_str("{lambda#");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Total-variation distance between the two normalized distributions (0: equal, 1: disjoint).
@@ -238,8 +254,9 @@ mod tests {
             ("std::function<void ()>::operator()", "std::function<void ()>::operator()() const"),
             (
                 "std::thread::_State_impl<std::thread::_Invoker<std::tuple<Pool::Pool(unsigned int)::{lambda()#1}> > >::_M_run",
-                "std::thread::_State_impl<std::thread::_Invoker<std::tuple<Pool::Pool(unsigned int)::{lambda()#1}> > >::_M_run()",
+                "std::thread::_State_impl<std::thread::_Invoker<std::tuple<Pool::Pool(unsigned int)::'lambda'()> > >::_M_run()",
             ),
+            ("main::{lambda()#3}::operator()", "main::'lambda1'()::operator()() const"),
             ("cfree@GLIBC_2.2.5", "cfree"),
             ("[unknown]", "[libstdc++.so.6.0.30+0xd44a2]"),
             ("std::_Rb_tree_increment@plt", "std::_Rb_tree_increment(std::_Rb_tree_node_base*)@plt"),
@@ -251,12 +268,11 @@ mod tests {
     }
 
     #[test]
-    fn perf_script_is_parsed_leaf_last_kernel_dropped_inlines_named() {
+    fn perf_script_is_parsed_leaf_last_kernel_dropped() {
         let no_inline = "\n\t ffffffff8100 schedule ([kernel.kallsyms])\n\t 2c21 std::_Rb_tree<int>::_M_erase (/tmp/pool)\n\t 2d97 crunch (/tmp/pool)\n\t 89c8 malloc (/usr/lib/libc.so.6)\n\t 300c job_b (/tmp/pool)\n\t d44a2 [unknown] (/usr/lib/libstdc++.so.6)\n\n\t 10 main (/tmp/pool)\n";
-        let inline = "\n\t ffffffff8100 schedule ([kernel.kallsyms])\n\t 2c21 std::_Rb_tree<int>::_M_drop_node (inlined)\n\t 2c21 std::_Rb_tree<int>::_M_erase (/tmp/pool)\n\t 2c21 std::_Rb_tree<int>::_M_erase (/tmp/pool)\n\t 2d97 std::map<int, int>::operator[] (inlined)\n\t 2d97 crunch (/tmp/pool)\n\t 89c8 __GI___libc_malloc (inlined)\n\t 300c job_b (/tmp/pool)\n\t d44a2 [unknown] (/usr/lib/libstdc++.so.6)\n\n\t 10 main (/tmp/pool)\n";
-        let m = parse_perf_script(no_inline, inline);
+        let m = parse_perf_script(no_inline);
         let want: Vec<String> =
-            ["[unknown]", "job_b", "__GI___libc_malloc", "crunch", "std::_Rb_tree<int>::_M_erase"].map(String::from).to_vec();
+            ["[unknown]", "job_b", "malloc", "crunch", "std::_Rb_tree<int>::_M_erase"].map(String::from).to_vec();
         assert_eq!(m.get(&want), Some(&1), "{m:?}");
         assert_eq!(m.get(&vec!["main".to_string()]), Some(&1));
         assert_eq!(m.len(), 2);

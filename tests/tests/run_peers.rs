@@ -81,7 +81,14 @@ fn pool_ratio(who: &str, m: &Contexts) {
     check_ratio(who, m, "job_a", &["job_a", "job_b"], 2.0 / 3.0);
 }
 
-fn cpp_pool(cxx: &str) {
+/// Fractions of the locations `names_equal_llvm_addr2line` lets differ from llvm-addr2line-22:
+/// beyond the parameter lists, and in the parameter lists only.
+struct NameBounds {
+    names: f64,
+    params: f64,
+}
+
+fn cpp_pool(cxx: &str, bounds: NameBounds) {
     if skip_unless_root() {
         return;
     }
@@ -92,23 +99,24 @@ fn cpp_pool(cxx: &str) {
     let (_w, ready) = spawn_ready(&exe, &["120", "2"]);
     let pid: u32 = ready.trim().strip_prefix("ready ").and_then(|p| p.parse().ok()).expect("ready PID");
     if against_perf_dwarf(pid, dir.path(), pool_ratio) {
-        names_equal_llvm_addr2line(&dir.path().join("dump-dwarf/profile.pb.gz"), &exe);
+        names_equal_llvm_addr2line(&dir.path().join("dump-dwarf/profile.pb.gz"), &exe, &bounds);
     }
 }
 
 /// Every location of `exe` in the profile (each sampled pc, each caller's call instruction)
 /// outside the PLT (which llvm-addr2line names `_init`, etm-bpf and perf `name@plt`) has as
 /// many frames as `llvm-addr2line-22 -f -C -i` prints for that address (the same inline
-/// chain), and at least one lambda frame is among them. The names are compared and their
-/// differences counted and printed, not asserted: they differ (measured on pool.cpp, three
-/// runs: in 12-20 of ~140 locations by clang++, 19-29 of ~140 by g++, beyond parameter lists) where the demanglers
-/// differ (cpp_demangle 0.4.5 drops the `&&` of forwarding-reference packs, writes an empty
-/// pack as `<T, >`, `<0>` for `<0ul>`, and leaves a few names mangled that LLVM demangles, and
-/// the reverse), in LLVM's lambda spelling `'lambda'()` for `{lambda()#1}` (rewritten here),
-/// and where gcc's DWARF gives an out-of-line template instance only its `DW_AT_name`
-/// (`__introsort_loop<..., long int, crunch::<lambda>>`), which etm-bpf prints, while LLVM
-/// prints the ELF symbol's demangled name. See README "Limits".
-fn names_equal_llvm_addr2line(pprof_gz: &Path, exe: &Path) {
+/// chain), and at least one lambda frame is among them; the names differ in at most
+/// `bounds` of the locations. Measured on pool.cpp, two runs: by g++ in 0 of 129-157
+/// locations beyond parameter lists and 39-51 in them only; by clang++-22 in 13 of 127-164
+/// (names one demangler leaves mangled: LLVM's own `crunch(unsigned int)::$_0::operator()`,
+/// cpp_demangle's `std::pair<...>::pair<..., 0ul>`) and 26-33 in parameter lists only
+/// (cpp_demangle loses the parameters of some constructor templates:
+/// `std::function<void ()>::function<main::$_0, void>()` for LLVM's `(main::$_0&&)`, and the
+/// `&&` of forwarding-reference packs). Before etm-bpf spelled names as LLVM does and named
+/// the real function after its ELF symbol: 19-29 and 12-20 beyond parameter lists. See README
+/// "Limits".
+fn names_equal_llvm_addr2line(pprof_gz: &Path, exe: &Path, bounds: &NameBounds) {
     let p = etm_bpf_tests::pprof_wire::read_pprof_gz(&std::fs::read(pprof_gz).unwrap()).unwrap();
     let exe_s = exe.to_str().unwrap();
     let locs: Vec<&(String, u64, Vec<String>)> = p.locations.iter().filter(|(f, ..)| f == exe_s).collect();
@@ -140,17 +148,17 @@ fn names_equal_llvm_addr2line(pprof_gz: &Path, exe: &Path) {
         let theirs: Vec<String> =
             v["Symbol"].as_array().unwrap().iter().map(|f| norm(f["FunctionName"].as_str().unwrap_or(""))).collect();
         let ours: Vec<String> = ours.iter().map(|n| norm(n)).collect();
-        lambdas += ours.iter().filter(|n| n.contains("{lambda(") || n.contains("$_")).count();
+        lambdas += ours.iter().filter(|n| n.contains("'lambda") || n.contains("$_")).count();
         if ours.iter().any(|n| n.ends_with("@plt")) {
             continue;
         }
         if ours.len() != theirs.len() {
             bad.push(format!("{addr:#x}:\n  ours {ours:?}\n  llvm {theirs:?}"));
         }
-        let short = |v: &[String]| -> Vec<String> { v.iter().map(|n| normalize(&gnu_lambdas(n))).collect() };
+        let short = |v: &[String]| -> Vec<String> { v.iter().map(|n| normalize(n)).collect() };
         if short(&ours) != short(&theirs) {
             names_differ += 1;
-        } else if ours.iter().map(|n| gnu_lambdas(n)).ne(theirs.iter().map(|n| gnu_lambdas(n))) {
+        } else if ours != theirs {
             params_differ += 1;
         }
     }
@@ -169,16 +177,24 @@ fn names_equal_llvm_addr2line(pprof_gz: &Path, exe: &Path) {
         bad[..bad.len().min(5)].join("\n")
     );
     assert!(lambdas > 0, "no lambda frame among the sampled addresses");
+    let n = locs.len() as f64;
+    assert!(
+        names_differ as f64 <= bounds.names * n && params_differ as f64 <= bounds.params * n,
+        "{names_differ} of {n} locations named otherwise than by llvm-addr2line-22 (at most {:.0} allowed), \
+         {params_differ} in their parameter lists only (at most {:.0})",
+        bounds.names * n,
+        bounds.params * n
+    );
 }
 
 #[test]
 fn cpp_thread_pool_by_gcc_matches_perf_dwarf() {
-    cpp_pool("g++");
+    cpp_pool("g++", NameBounds { names: 0.04, params: 0.45 });
 }
 
 #[test]
 fn cpp_thread_pool_by_clang_matches_perf_dwarf() {
-    cpp_pool("clang++-22");
+    cpp_pool("clang++-22", NameBounds { names: 0.15, params: 0.35 });
 }
 
 /// The system python3: hot_crc gets 2/3 of the CPU time of the two hot functions by the
@@ -233,58 +249,4 @@ fn frame_pointer_workload_matches_perf_g() {
         largest_differences(&ours, &perf, 10)
     );
     assert_eq!(m["dropped"], 0, "samples dropped: {}", m["counts"]);
-}
-
-/// LLVM's demangler writes the closure type of the N-th lambda of a scope `'lambda'(ARGS)`,
-/// `'lambda0'(ARGS)`, `'lambda1'(ARGS)`...; GNU's (and etm-bpf's) `{lambda(ARGS)#1}`,
-/// `{lambda(ARGS)#2}`, `{lambda(ARGS)#3}`. Rewrites the first into the second.
-fn gnu_lambdas(name: &str) -> String {
-    let mut out = String::new();
-    let mut rest = name;
-    while let Some(i) = rest.find("'lambda") {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + "'lambda".len()..];
-        let Some(q) = after.find('\'') else {
-            out.push_str(&rest[i..]);
-            return out;
-        };
-        let n = match after[..q].parse::<u32>() {
-            Ok(k) => k + 2,
-            Err(_) => 1,
-        };
-        let args = &after[q + 1..];
-        // The argument list: balanced parentheses right after the quote.
-        let mut depth = 0;
-        let mut end = 0;
-        for (j, c) in args.char_indices() {
-            match c {
-                '(' => depth += 1,
-                ')' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = j + 1;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        out.push_str(&format!("{{lambda{}#{n}}}", &args[..end]));
-        rest = &args[end..];
-    }
-    out.push_str(rest);
-    out
-}
-
-#[test]
-fn llvm_lambdas_read_as_gnu_ones() {
-    assert_eq!(
-        gnu_lambdas("Pool::Pool(unsigned int)::'lambda'()::operator()() const"),
-        "Pool::Pool(unsigned int)::{lambda()#1}::operator()() const"
-    );
-    assert_eq!(
-        gnu_lambdas("f()::'lambda0'(int, long)::operator()(int, long) const"),
-        "f()::{lambda(int, long)#2}::operator()(int, long) const"
-    );
-    assert_eq!(gnu_lambdas("main::$_0::operator()() const"), "main::$_0::operator()() const");
 }

@@ -8,9 +8,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::Arc;
 
 use etm_profile::BinaryInfo;
+use etm_session::image::ImageBytes;
 use etm_session::join::RejectReason;
 use etm_session::pipeline::FrameNamer;
 use etm_session::session::{PauseSample, SessionEvent, Sideband};
@@ -25,7 +25,7 @@ use etm_live::stream::EventSink;
 
 /// Reads the bytes of a code image named by an MMAP2 record (process, file name, address,
 /// length): `(local file, bytes)`.
-pub type ImageLoader = Box<dyn FnMut(u32, &str, u64, u64) -> Option<(PathBuf, Vec<u8>)>>;
+pub type ImageLoader = Box<dyn FnMut(u32, &str, u64, u64) -> Option<(PathBuf, ImageBytes)>>;
 
 /// Binaries known to the engine, shared with the frame namer.
 #[derive(Default)]
@@ -38,6 +38,38 @@ struct Names {
     files: Vec<PathBuf>,
     /// Frames whose address was in no known binary.
     unknown_frames: u64,
+    /// Per binary (same index as `bins`): what loading it cost, and when it was first named.
+    load: Vec<LoadTimes>,
+    /// When the engine was made (the origin of [`LoadTimes::first_named_ms`]).
+    created: Option<std::time::Instant>,
+}
+
+/// What loading one binary cost (manifest `binaries[].load`): wall times of reading or mapping
+/// its image, registering it (ELF headers, the pipeline's code map), registering its
+/// executable mappings with the DWARF unwinder, and loading its symbol table and DWARF at the
+/// first address symbolized in it; and when (since the engine started) a trie frame was first
+/// named from it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadTimes {
+    pub image_us: u64,
+    pub register_us: u64,
+    pub unwind_us: u64,
+    pub symbols_us: u64,
+    pub first_named_ms: Option<u64>,
+}
+
+impl LoadTimes {
+    /// As manifest JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "image_us": self.image_us, "register_us": self.register_us, "unwind_us": self.unwind_us,
+            "symbols_us": self.symbols_us, "first_named_ms": self.first_named_ms,
+        })
+    }
+}
+
+fn micros(t: std::time::Instant) -> u64 {
+    t.elapsed().as_micros().min(u128::from(u64::MAX)) as u64
 }
 
 /// Names trie frames with DWARF (inline frames included) through [`Symbolizer`].
@@ -77,9 +109,15 @@ impl FrameNamer for SymNamer {
             out.push(table.intern(Frame::new(b.path.clone(), Some(id))));
             return;
         }
-        let Names { symbolizer, bins, files, .. } = &mut *n;
+        let Names { symbolizer, bins, files, load, created, .. } = &mut *n;
         let file = files[id as usize].to_string_lossy().into_owned();
         symbolizer.frames(id, "", &file, bins[id as usize].build_id.as_deref(), link, table, out);
+        if let Some(l) = load.get_mut(id as usize)
+            && l.first_named_ms.is_none()
+        {
+            l.symbols_us = symbolizer.load_us(id).unwrap_or(0);
+            l.first_named_ms = created.map(|c| c.elapsed().as_millis() as u64);
+        }
     }
 }
 
@@ -95,7 +133,7 @@ pub struct Engine {
     /// `run --unwind dwarf|auto`: the DWARF unwinder of the target's mappings.
     unwind: Option<DwarfUnwinder>,
     /// The images registered, by path (kept only while unwinding, for new mappings).
-    images: HashMap<String, Arc<Vec<u8>>>,
+    images: HashMap<String, ImageBytes>,
     /// `--unwind` for samples that carry a stack copy (pause records).
     unwind_mode: UnwindMode,
     /// The sample a stack copy was unwound into, reused.
@@ -139,7 +177,11 @@ impl Engine {
     /// records that were not registered with [`Engine::add_image`] (the live driver).
     pub fn new(cfg: PipelineConfig, loader: Option<ImageLoader>) -> Engine {
         let mut pipeline = Pipeline::new(cfg);
-        let names = Rc::new(RefCell::new(Names { symbolizer: Symbolizer::new(), ..Default::default() }));
+        let names = Rc::new(RefCell::new(Names {
+            symbolizer: Symbolizer::new(),
+            created: Some(std::time::Instant::now()),
+            ..Default::default()
+        }));
         pipeline.set_frame_namer(Box::new(SymNamer(names.clone())));
         Engine {
             pipeline,
@@ -173,7 +215,9 @@ impl Engine {
     }
 
     /// Registers the code image `path` (as MMAP2 records name it), read from `local`.
-    pub fn add_image(&mut self, path: &str, local: &Path, data: Arc<Vec<u8>>) {
+    pub fn add_image(&mut self, path: &str, local: &Path, data: impl Into<ImageBytes>) {
+        let data: ImageBytes = data.into();
+        let t0 = std::time::Instant::now();
         let mut n = self.names.borrow_mut();
         if n.by_path.contains_key(path) {
             return;
@@ -195,11 +239,20 @@ impl Engine {
         });
         n.by_path.insert(path.to_string(), id);
         n.files.push(local.to_path_buf());
+        n.load.push(LoadTimes::default());
         drop(n);
         if self.unwind.is_some() {
             self.images.insert(path.to_string(), data.clone());
         }
         self.pipeline.add_image(path, data);
+        if let Some(l) = self.names.borrow_mut().load.get_mut(id as usize) {
+            l.register_us = micros(t0);
+        }
+    }
+
+    /// What loading each binary cost, in [`Engine::binaries`] order.
+    pub fn load_times(&self) -> Vec<LoadTimes> {
+        self.names.borrow().load.clone()
     }
 
     /// Whether an image is registered under `path`.
@@ -272,13 +325,19 @@ impl Engine {
     fn push_event(&mut self, ev: SessionEvent<'_>) {
         match &ev {
             SessionEvent::Sideband(Sideband::Mmap2 { pid, filename, addr, len, prot, pgoff, .. }) => {
+                let t0 = std::time::Instant::now();
                 if !self.has_image(filename)
                     && (*prot == 0 || *prot & libc::PROT_EXEC as u32 != 0)
                     && let Some(load) = self.loader.as_mut()
                     && let Some((local, bytes)) = load(*pid, filename, *addr, *len)
                 {
-                    self.add_image(filename, &local, Arc::new(bytes));
+                    let image_us = micros(t0);
+                    self.add_image(filename, &local, bytes);
+                    if let Some(l) = self.names.borrow_mut().load.last_mut() {
+                        l.image_us = image_us;
+                    }
                 }
+                let t1 = std::time::Instant::now();
                 if let Some(u) = self.unwind.as_mut()
                     && let Some(data) = self.images.get(filename.as_str())
                     && (*prot == 0 || *prot & libc::PROT_EXEC as u32 != 0)
@@ -286,8 +345,10 @@ impl Engine {
                 {
                     log::debug!("no unwind info for {filename}: {e}");
                 }
+                let unwind_us = micros(t1);
                 let mut n = self.names.borrow_mut();
                 if let Some(&id) = n.by_path.get(filename.as_str()) {
+                    n.load[id as usize].unwind_us += unwind_us;
                     let la = &mut n.bins[id as usize].load_addresses;
                     if let Err(pos) = la.binary_search(addr) {
                         la.insert(pos, *addr);
@@ -376,7 +437,7 @@ pub struct DumpSnapshot {
     pub trie: etm_stacks::trie::ContextTrie,
     pub frames: etm_stacks::frames::FrameTable,
     /// Code images of the profile's binaries (shared, not copied).
-    pub images: Vec<(String, Arc<Vec<u8>>)>,
+    pub images: Vec<(String, ImageBytes)>,
     /// Write the per-binary PGO dumps (samples carry branch records).
     pub pgo: bool,
     /// Per binary path: the local file to symbolize from and the build-id.
@@ -472,9 +533,7 @@ pub fn write_snapshot_files(
 pub fn exact_functions(p: &Pipeline) -> Vec<etm_session::pipeline::ExactFunction> {
     let mut v = p.exact_functions();
     for f in &mut v {
-        if let std::borrow::Cow::Owned(d) = addr2line::demangle_auto(f.function.as_str().into(), None) {
-            f.function = d;
-        }
+        f.function = crate::symbolize::demangle(&f.function);
     }
     v
 }
@@ -486,8 +545,7 @@ fn exact_folded(p: &Pipeline) -> Vec<String> {
         .exact_contexts()
         .into_iter()
         .map(|(path, n)| {
-            let names: Vec<std::borrow::Cow<'_, str>> =
-                path.into_iter().map(|f| addr2line::demangle_auto(f.into(), None)).collect();
+            let names: Vec<String> = path.into_iter().map(crate::symbolize::demangle).collect();
             format!("{} {n}", names.join(";"))
         })
         .collect();
@@ -622,6 +680,7 @@ mod tests {
     use super::*;
     use etm_session::session::{BranchPair, PauseSample};
     use std::process::Command;
+    use std::sync::Arc;
 
     /// Samples pushed through the engine (image + MMAP2 placing it at a PIE base) land in the
     /// context trie with the frames `addr2line(1)` independently reports, inline frames

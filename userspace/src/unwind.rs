@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
+use addr2line::gimli::UnwindSection as _;
+use etm_session::image::ImageBytes;
 use framehop::{FrameAddress, ModuleSectionInfo, Unwinder};
 use object::{Object, ObjectSection, ObjectSegment};
 
@@ -32,7 +34,7 @@ pub enum UnwindMode {
 /// A section of an image: a range of the shared image bytes.
 #[derive(Clone)]
 pub struct Section {
-    data: Arc<Vec<u8>>,
+    data: ImageBytes,
     range: Range<usize>,
 }
 
@@ -46,7 +48,7 @@ impl Deref for Section {
 /// The sections of one ELF image, for framehop.
 struct ElfSections<'a> {
     file: object::File<'a>,
-    data: Arc<Vec<u8>>,
+    data: ImageBytes,
 }
 
 impl ElfSections<'_> {
@@ -112,7 +114,8 @@ pub struct UnwindStats {
     /// `auto`: samples whose frame-pointer stack was taken without a DWARF unwind, every
     /// binary on it keeping frame pointers (also counted in `fp`).
     pub fp_trusted: u64,
-    /// Binaries registered whose code keeps frame pointers, and whose code does not.
+    /// Binaries registered whose code keeps frame pointers, and whose code does not
+    /// ([`FrameRecords::has_frame_pointers`]).
     pub fp_binaries: u64,
     pub no_fp_binaries: u64,
 }
@@ -147,26 +150,163 @@ pub fn frame_records(file: &object::File<'_>) -> Option<Vec<FrameRecord>> {
     while let Ok(Some(entry)) = entries.next() {
         let gimli::CieOrFde::Fde(partial) = entry else { continue };
         let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset) else { continue };
-        let Ok(mut rows) = fde.rows(&eh, &bases, &mut ctx) else { continue };
-        let ra = fde.cie().return_address_register();
-        let (mut record, mut root) = (false, false);
-        while let Ok(Some(row)) = rows.next_row() {
-            // `.cfi_undefined rip` / `x30`: the entry point or a new thread's first frame.
-            root |= matches!(row.register(ra), gimli::RegisterRule::Undefined);
-            record = record
-                || if cfg!(target_arch = "aarch64") {
-                    match (row.register(gimli::AArch64::X29), row.register(gimli::AArch64::X30)) {
-                        (gimli::RegisterRule::Offset(fp), gimli::RegisterRule::Offset(lr)) => lr == fp + 8,
-                        _ => false,
-                    }
-                } else {
-                    matches!(row.cfa(), gimli::CfaRule::RegisterAndOffset { register, .. } if *register == gimli::X86_64::RBP)
-                };
+        if let Some(r) = fde_record(&fde, &eh, &bases, &mut ctx) {
+            out.push(r);
         }
-        out.push((fde.initial_address(), fde.end_address(), record, root));
     }
     out.sort_unstable();
     Some(out)
+}
+
+type EhReader<'a> = addr2line::gimli::EndianSlice<'a, addr2line::gimli::RunTimeEndian>;
+
+/// [`frame_records`]' judgement of one FDE (its rows evaluated).
+fn fde_record(
+    fde: &addr2line::gimli::FrameDescriptionEntry<EhReader<'_>>,
+    eh: &addr2line::gimli::EhFrame<EhReader<'_>>,
+    bases: &addr2line::gimli::BaseAddresses,
+    ctx: &mut addr2line::gimli::UnwindContext<usize>,
+) -> Option<FrameRecord> {
+    use addr2line::gimli;
+    let mut rows = fde.rows(eh, bases, ctx).ok()?;
+    let ra = fde.cie().return_address_register();
+    let (mut record, mut root) = (false, false);
+    while let Ok(Some(row)) = rows.next_row() {
+        // `.cfi_undefined rip` / `x30`: the entry point or a new thread's first frame.
+        root |= matches!(row.register(ra), gimli::RegisterRule::Undefined);
+        record = record
+            || if cfg!(target_arch = "aarch64") {
+                match (row.register(gimli::AArch64::X29), row.register(gimli::AArch64::X30)) {
+                    (gimli::RegisterRule::Offset(fp), gimli::RegisterRule::Offset(lr)) => lr == fp + 8,
+                    _ => false,
+                }
+            } else {
+                matches!(row.cfa(), gimli::CfaRule::RegisterAndOffset { register, .. } if *register == gimli::X86_64::RBP)
+            };
+    }
+    Some((fde.initial_address(), fde.end_address(), record, root))
+}
+
+/// Functions whose [`FrameRecords`] judgement is kept, beyond which the cache is cleared.
+const RECORD_CACHE_LIMIT: usize = 1 << 18;
+/// FDEs [`FrameRecords::has_frame_pointers`] judges a binary with a search table by.
+const FP_SAMPLE: u64 = 256;
+
+/// The [`frame_records`] of one image, read on demand: with an `.eh_frame_hdr` search table
+/// (what every linker writes for a binary with `.eh_frame`) the FDE of an address is found by
+/// binary search and judged when first asked for, so registering a library with 150,000 FDEs
+/// reads none of them; without one, all are read at registration.
+pub struct FrameRecords {
+    data: ImageBytes,
+    little: bool,
+    /// `.eh_frame` and `.eh_frame_hdr`: file range and address.
+    eh_frame: (Range<usize>, u64),
+    hdr: Option<(Range<usize>, u64)>,
+    text: Option<u64>,
+    /// Without a search table: every function, read at registration.
+    all: Option<Vec<FrameRecord>>,
+    /// By an FDE's start address: its judgement.
+    cache: std::cell::RefCell<HashMap<u64, FrameRecord>>,
+}
+
+impl FrameRecords {
+    /// The records of the image `data` parsed as `file`; `None` without a readable
+    /// `.eh_frame`.
+    fn new(file: &object::File<'_>, data: &ImageBytes) -> Option<FrameRecords> {
+        let range = |name: &str| -> Option<(Range<usize>, u64)> {
+            let s = file.section_by_name(name)?;
+            let (off, size) = s.file_range()?;
+            let start = usize::try_from(off).ok()?;
+            let end = start.checked_add(usize::try_from(size).ok()?)?;
+            (end <= data.len()).then_some((start..end, s.address()))
+        };
+        let eh_frame = range(".eh_frame")?;
+        let mut r = FrameRecords {
+            data: data.clone(),
+            little: file.is_little_endian(),
+            eh_frame,
+            hdr: range(".eh_frame_hdr"),
+            text: file.section_by_name(".text").map(|t| t.address()),
+            all: None,
+            cache: Default::default(),
+        };
+        if r.with_table(|_, _, _| Some(())).is_none() {
+            r.all = Some(frame_records(file)?);
+        }
+        Some(r)
+    }
+
+    /// Calls `f` with the `.eh_frame`, its bases and the parsed `.eh_frame_hdr` (with a search
+    /// table); `None` without one.
+    fn with_table<T>(
+        &self,
+        f: impl FnOnce(
+            &addr2line::gimli::EhFrame<EhReader<'_>>,
+            &addr2line::gimli::BaseAddresses,
+            &addr2line::gimli::EhHdrTable<'_, EhReader<'_>>,
+        ) -> Option<T>,
+    ) -> Option<T> {
+        use addr2line::gimli;
+        let (hdr_range, hdr_addr) = self.hdr.clone()?;
+        let endian = if self.little { gimli::RunTimeEndian::Little } else { gimli::RunTimeEndian::Big };
+        let mut eh = gimli::EhFrame::new(self.data.get(self.eh_frame.0.clone())?, endian);
+        eh.set_address_size(8);
+        let mut bases = gimli::BaseAddresses::default().set_eh_frame(self.eh_frame.1).set_eh_frame_hdr(hdr_addr);
+        if let Some(t) = self.text {
+            bases = bases.set_text(t);
+        }
+        let hdr = gimli::EhFrameHdr::new(self.data.get(hdr_range)?, endian).parse(&bases, 8).ok()?;
+        let table = hdr.table()?;
+        f(&eh, &bases, &table)
+    }
+
+    /// The function holding link-time address `svma`; `None` outside every FDE.
+    fn at(&self, svma: u64) -> Option<FrameRecord> {
+        if let Some(all) = &self.all {
+            return record_at(all, svma);
+        }
+        self.with_table(|eh, bases, table| {
+            let fde = table.fde_for_address(eh, bases, svma, addr2line::gimli::EhFrame::cie_from_offset).ok()?;
+            let start = fde.initial_address();
+            if let Some(r) = self.cache.borrow().get(&start) {
+                return Some(*r);
+            }
+            let r = fde_record(&fde, eh, bases, &mut addr2line::gimli::UnwindContext::new())?;
+            let mut c = self.cache.borrow_mut();
+            if c.len() >= RECORD_CACHE_LIMIT {
+                c.clear();
+            }
+            c.insert(start, r);
+            Some(r)
+        })
+    }
+
+    /// Whether the image's code keeps frame pointers as a whole ([`has_frame_pointers`]):
+    /// judged on all its functions without a search table, else on [`FP_SAMPLE`] FDEs evenly
+    /// spread over the table (all of them in a smaller binary).
+    fn has_frame_pointers(&self) -> bool {
+        if let Some(all) = &self.all {
+            return has_frame_pointers(all);
+        }
+        let sample = self.with_table(|eh, bases, table| {
+            let mut it = table.iter(bases);
+            let mut entries = Vec::new();
+            while let Ok(Some((_, fde))) = it.next() {
+                entries.push(fde);
+            }
+            let n = entries.len() as u64;
+            let step = n.div_ceil(FP_SAMPLE).max(1);
+            let mut ctx = addr2line::gimli::UnwindContext::new();
+            let mut out = Vec::new();
+            for &p in entries.iter().step_by(step as usize) {
+                let Ok(off) = table.pointer_to_offset(p) else { continue };
+                let Ok(fde) = eh.fde_from_offset(bases, off, addr2line::gimli::EhFrame::cie_from_offset) else { continue };
+                out.extend(fde_record(&fde, eh, bases, &mut ctx));
+            }
+            Some(out)
+        });
+        sample.is_some_and(|s| has_frame_pointers(&s))
+    }
 }
 
 /// Whether an image's code keeps frame pointers as a whole (counted in the manifest): at
@@ -189,10 +329,10 @@ pub struct DwarfUnwinder {
     cache: Cache,
     /// Start addresses of the mappings registered as modules.
     mapped: HashSet<u64>,
-    /// Registered mappings: start -> (end, load bias, their binary's [`frame_records`]).
-    ranges: BTreeMap<u64, (u64, u64, Arc<Vec<FrameRecord>>)>,
-    /// [`frame_records`] per binary name.
-    records_by_binary: HashMap<String, Arc<Vec<FrameRecord>>>,
+    /// Registered mappings: start -> (end, load bias, their binary's [`FrameRecords`]).
+    ranges: BTreeMap<u64, (u64, u64, Option<Arc<FrameRecords>>)>,
+    /// [`FrameRecords`] per binary name.
+    records_by_binary: HashMap<String, Option<Arc<FrameRecords>>>,
     pub stats: UnwindStats,
 }
 
@@ -215,10 +355,18 @@ pub const MAX_FRAMES: usize = etm_bpf_common::MAX_STACK_DEPTH;
 impl DwarfUnwinder {
     /// Registers the executable mapping `addr..addr+len` of file offset `pgoff` of the image
     /// `data` (once per mapping start).
-    pub fn add_mapping(&mut self, name: &str, data: &Arc<Vec<u8>>, addr: u64, len: u64, pgoff: u64) -> anyhow::Result<()> {
+    pub fn add_mapping(
+        &mut self,
+        name: &str,
+        data: impl Into<ImageBytes>,
+        addr: u64,
+        len: u64,
+        pgoff: u64,
+    ) -> anyhow::Result<()> {
         if self.mapped.contains(&addr) || len == 0 {
             return Ok(());
         }
+        let data: ImageBytes = data.into();
         let file = object::File::parse(&data[..])?;
         // The load bias: where the segment holding `pgoff` puts that offset.
         let seg = file
@@ -233,8 +381,8 @@ impl DwarfUnwinder {
         let records = match self.records_by_binary.get(name) {
             Some(r) => r.clone(),
             None => {
-                let r = Arc::new(frame_records(&file).unwrap_or_default());
-                if has_frame_pointers(&r) {
+                let r = FrameRecords::new(&file, &data).map(Arc::new);
+                if r.as_ref().is_some_and(|r| r.has_frame_pointers()) {
                     self.stats.fp_binaries += 1;
                 } else {
                     self.stats.no_fp_binaries += 1;
@@ -258,7 +406,7 @@ impl DwarfUnwinder {
         if addr >= *end {
             return None;
         }
-        record_at(records, addr.wrapping_sub(*bias))
+        records.as_ref()?.at(addr.wrapping_sub(*bias))
     }
 
     /// Whether the function holding `addr` sets up a frame record; `None` outside every
@@ -413,7 +561,7 @@ mod tests {
     #[test]
     fn bad_images_are_refused() {
         let mut u = DwarfUnwinder::default();
-        assert!(u.add_mapping("x", &Arc::new(vec![0u8; 64]), 0x1000, 0x1000, 0).is_err());
+        assert!(u.add_mapping("x", Arc::new(vec![0u8; 64]), 0x1000, 0x1000, 0).is_err());
         let me = Arc::new(std::fs::read(std::env::current_exe().unwrap()).unwrap());
         assert!(u.add_mapping("me", &me, 0x1000, 0x1000, 1 << 40).is_err());
         assert!(u.add_mapping("me", &me, 0x1000, 0x1000, 0).is_ok());
@@ -489,5 +637,38 @@ mod tests {
         assert!(!u.function_at(nofp_at("f5", 4)).unwrap().3);
         assert!(u.fp_chain_trusted(&[pc, r1, fp_at("_start", 9)]));
         assert_eq!(u.keeps_frame_pointers(fp_at("f7", 4)), Some(true));
+    }
+
+    /// The records read on demand through `.eh_frame_hdr` are the full scan's: at the start,
+    /// the middle and the last byte of every FDE and just past it, in the system's libc and
+    /// libstdc++ (thousands of FDEs) and a small test program; and the sampled frame-pointer
+    /// judgement is the one over all functions.
+    #[test]
+    fn records_on_demand_equal_the_full_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(small) = build(dir.path(), "fp", &["-O2", "-fno-omit-frame-pointer"]) else { return };
+        let mut images = vec![("fp".to_string(), ImageBytes::from(small))];
+        for lib in ["/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libstdc++.so.6", "/lib/aarch64-linux-gnu/libc.so.6"]
+        {
+            if let Ok(b) = ImageBytes::map(std::path::Path::new(lib)) {
+                images.push((lib.to_string(), b));
+            }
+        }
+        assert!(images.len() >= 2, "no system libc found");
+        for (name, data) in &images {
+            let file = object::File::parse(&data[..]).unwrap();
+            let all = frame_records(&file).unwrap();
+            let lazy = FrameRecords::new(&file, data).unwrap();
+            assert!(lazy.all.is_none(), "{name}: has a search table");
+            assert!(all.len() > 10, "{name}: {} FDEs", all.len());
+            for f in &all {
+                for a in [f.0, f.0 + (f.1 - f.0) / 2, f.1.saturating_sub(1)] {
+                    assert_eq!(lazy.at(a), record_at(&all, a), "{name}: at {a:#x}");
+                }
+                assert_eq!(lazy.at(f.1), record_at(&all, f.1), "{name}: past {f:?}");
+            }
+            assert_eq!(lazy.has_frame_pointers(), has_frame_pointers(&all), "{name}");
+            eprintln!("{name}: {} FDEs", all.len());
+        }
     }
 }

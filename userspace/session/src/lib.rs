@@ -1,7 +1,8 @@
 //! `etm-session`: the one pipeline both drivers (live collection and replay) feed, the
 //! per-CPU join of trace windows with pause samples, and the session directory format.
 //!
-//! * [`session`] — the on-disk session directory (read/write; the only module doing file I/O).
+//! * [`session`] — the on-disk session directory (read/write; with [`image`], the code images
+//!   mapped from files, the only modules doing file I/O).
 //! * [`join`] — per CPU, attach to each pause sample the last N branches of the window that
 //!   pause closed, validate the hybrid sample against the code, count rejects by reason.
 //! * [`pipeline`] — AUX bytes -> per-buffer trace decoder -> windows of branch records -> join
@@ -43,6 +44,7 @@
 //! ```
 
 pub mod decoder;
+pub mod image;
 pub mod isa;
 pub mod join;
 pub mod pipeline;

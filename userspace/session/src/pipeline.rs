@@ -23,6 +23,7 @@ use std::sync::Arc;
 use etm_profile::{AddressResolver, BinaryId, BinaryInfo, Branch, HybridProfile, HybridSample, ProfileLimits};
 use etm_stacks::{ContextTrie, Frame, FrameId, FrameTable};
 
+use crate::image::ImageBytes;
 use crate::isa;
 use crate::join::{CodeOracle, CpuMap, InsnKind, JoinConfig, JoinStats, Joined, Joiner, RejectCounts, Straight};
 use crate::session::{
@@ -286,11 +287,18 @@ pub const EMPTY_WARN_MIN: u64 = 20;
 #[derive(Debug)]
 struct Image {
     path: String,
-    data: Arc<Vec<u8>>,
-    /// Function symbols (start, end, name), sorted by start.
-    symbols: etm_stacks::symtab::SymbolTable,
+    data: ImageBytes,
+    /// Function symbols (start, end, name), sorted by start: read at the first lookup,
+    /// shared per build-id ([`etm_stacks::symtab::SymbolTable::of_binary_shared`]).
+    symbols: std::sync::OnceLock<Arc<etm_stacks::symtab::SymbolTable>>,
     /// The architecture of its code (ELF `e_machine`), for the callers check.
     arch: Option<CodeArch>,
+}
+
+impl Image {
+    fn symbols(&self) -> &etm_stacks::symtab::SymbolTable {
+        self.symbols.get_or_init(|| etm_stacks::symtab::SymbolTable::of_binary_shared(&self.data))
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -349,8 +357,14 @@ impl CodeMap {
         self.images.iter().find(|i| i.path == path).map(|i| i.data.as_slice())
     }
 
+    /// Images whose mapped file was changed in place since it was mapped
+    /// ([`ImageBytes::changed`]: their bytes may no longer be the code the target runs).
+    pub fn images_changed(&self) -> usize {
+        self.images.iter().filter(|i| i.data.changed()).count()
+    }
+
     /// [`image_bytes`](Self::image_bytes), shared (for a copy taken off the pipeline).
-    pub fn image_arc(&self, path: &str) -> Option<Arc<Vec<u8>>> {
+    pub fn image_arc(&self, path: &str) -> Option<ImageBytes> {
         self.images.iter().find(|i| i.path == path).map(|i| i.data.clone())
     }
 
@@ -793,9 +807,13 @@ impl Pipeline {
     /// Register a code image (file contents read by the driver). Images are matched to MMAP2
     /// records by path (or file name); an image no MMAP2 places is taken as loaded at its
     /// link-time addresses.
-    pub fn add_image(&mut self, path: &str, data: Arc<Vec<u8>>) {
+    pub fn add_image(&mut self, path: &str, data: impl Into<ImageBytes>) {
+        let data: ImageBytes = data.into();
         let info = BinaryInfo::from_elf(path, &data).ok();
-        let symbols = info.as_ref().map(|_| etm_stacks::symtab::SymbolTable::of_binary(&data)).unwrap_or_default();
+        let symbols = std::sync::OnceLock::new();
+        if info.is_none() {
+            let _ = symbols.set(Arc::default());
+        }
         let idx = self.code.images.len();
         if let Some(info) = &info {
             // Place the exec segments at their link-time addresses until an MMAP2 moves them.
@@ -1403,7 +1421,7 @@ impl ExactState {
         let f = match resolver.resolve(addr) {
             Some((b, link)) => {
                 let (img, info) = &resolver.binaries[b.0 as usize];
-                match code.images[*img].symbols.lookup(link) {
+                match code.images[*img].symbols().lookup(link) {
                     Some(sym) => {
                         let (start, name) = (sym.start, sym.name.clone());
                         self.intern((*img, start), &info.path, &name)
@@ -1531,7 +1549,7 @@ impl Sink<'_> {
                     let link = r.map(|(_, l)| l).unwrap_or(a2);
                     let sym = r.and_then(|(b, l)| {
                         let img = self.resolver.binaries.get(b.0 as usize)?.0;
-                        self.code.images[img].symbols.lookup(l).map(|s| s.name.as_str())
+                        self.code.images[img].symbols().lookup(l).map(|s| s.name.as_str())
                     });
                     let start = self.scratch_frames.len();
                     self.namer.frame_ids(bin, sym, link, a2, self.frames, self.scratch_frames);
@@ -2294,7 +2312,7 @@ mod tests {
         for (i, data) in
             [words(&[NOP, BEQ, NOP, NOP], 0), words(&[NOP, NOP, B, NOP], 0), words(&[NOP], 2)].into_iter().enumerate()
         {
-            code.images.push(Image { path: format!("img{i}"), data, symbols: Default::default(), arch: None });
+            code.images.push(Image { path: format!("img{i}"), data: data.into(), symbols: Default::default(), arch: None });
         }
         let maps = vec![
             Mapping { start: 0x1000, end: 0x1010, pgoff: 0, image: 0 },

@@ -62,7 +62,7 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<ExitCode> {
     let mut infos = Vec::new();
     let mut images = Vec::new();
     for p in &paths {
-        let data = std::fs::read(p).with_context(|| format!("reading binary {}", p.display()))?;
+        let data = etm_session::image::ImageBytes::map(p).with_context(|| format!("reading binary {}", p.display()))?;
         let info =
             BinaryInfo::from_elf(&p.to_string_lossy(), &data).with_context(|| format!("parsing binary {}", p.display()))?;
         infos.push(info);

@@ -6,7 +6,6 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -95,8 +94,8 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let mut missing_images = Vec::new();
     for img in &meta.images {
         let path = reader.image_path(img);
-        match std::fs::read(&path) {
-            Ok(bytes) => engine.add_image(&img.path, &path, Arc::new(bytes)),
+        match etm_session::image::ImageBytes::map(&path) {
+            Ok(bytes) => engine.add_image(&img.path, &path, bytes),
             Err(e) => {
                 log::warn!("code image {} ({}): {e}", img.path, path.display());
                 missing_images.push(img.path.clone());

@@ -1519,6 +1519,7 @@ fn dump_job(
     let ts = trie.stats();
     let d = e.depth;
     let binaries = e.binaries();
+    let load = e.load_times();
     let mut manifest = serde_json::json!({
         "tool": "etm-bpf",
         "version": env!("CARGO_PKG_VERSION"),
@@ -1540,10 +1541,11 @@ fn dump_job(
             "filter_entries": run.filter_entries,
             "bad_records": run.bad_records,
         },
-        "binaries": binaries.iter().map(|b| serde_json::json!({
+        "binaries": binaries.iter().zip(&load).map(|(b, l)| serde_json::json!({
             "path": b.path,
             "build_id": b.build_id_hex(),
             "load_addresses": b.load_addresses.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>(),
+            "load": l.json(),
         })).collect::<Vec<_>>(),
         "samples": trie.total_samples(),
         "dropped": k.dropped(),
@@ -1561,6 +1563,7 @@ fn dump_job(
             "foreign_records": feed.foreign,
             "unmapped_frames": e.unknown_frames(),
             "maps_reloads": feed.maps.iter().map(|m| m.changes).sum::<u64>(),
+            "images_changed_on_disk": e.pipeline().code().images_changed(),
             "contexts": ts.nodes - 1,
             "folded_samples": ts.folded_samples,
             "trie_compactions": ts.compactions,

@@ -6,9 +6,10 @@
 
 use std::collections::HashSet;
 use std::os::unix::fs::FileExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use etm_session::image::ImageBytes;
 use etm_session::session::Sideband;
 use etm_stacks::addrspace::parse_maps;
 
@@ -112,21 +113,22 @@ impl MapsTracker {
     }
 }
 
-/// Reads a code image for the pipeline: a file through the target's mount namespace
-/// (`/proc/PID/root`), or a pseudo mapping such as `[vdso]` from the target's memory.
-pub fn load_image(pid: u32, filename: &str, addr: u64, len: u64) -> Option<(PathBuf, Vec<u8>)> {
+/// A code image for the pipeline: a file through the target's mount namespace
+/// (`/proc/PID/root`), mapped read-only ([`ImageBytes::map`]: what a change of the file under
+/// the map does), or a pseudo mapping such as `[vdso]` read from the target's memory.
+pub fn load_image(pid: u32, filename: &str, addr: u64, len: u64) -> Option<(PathBuf, ImageBytes)> {
     if filename.starts_with('/') {
         let rooted = PathBuf::from(format!("/proc/{pid}/root{filename}"));
-        return match std::fs::read(&rooted) {
+        return match ImageBytes::map(&rooted) {
             Ok(b) => Some((rooted, b)),
-            Err(_) => std::fs::read(filename).ok().map(|b| (PathBuf::from(filename), b)),
+            Err(_) => ImageBytes::map(Path::new(filename)).ok().map(|b| (PathBuf::from(filename), b)),
         };
     }
     if filename == "[vdso]" && len <= 1 << 20 {
         let f = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
         let mut buf = vec![0u8; len as usize];
         f.read_exact_at(&mut buf, addr).ok()?;
-        return Some((PathBuf::from(filename), buf));
+        return Some((PathBuf::from(filename), buf.into()));
     }
     None
 }

@@ -36,6 +36,8 @@ pub struct Symbol {
 #[derive(Debug, Clone, Default)]
 pub struct SymbolTable {
     syms: Vec<Symbol>,
+    /// Wall time reading it took, us ([`SymbolTable::of_binary`]).
+    read_us: u64,
 }
 
 fn rank(size: u64, scope: SymbolScope, weak: bool, name: &str) -> (bool, u8, std::cmp::Reverse<usize>, usize) {
@@ -85,7 +87,7 @@ impl SymbolTable {
         cands.dedup_by_key(|c| c.0);
         let mut syms: Vec<Symbol> = Vec::with_capacity(cands.len());
         for i in 0..cands.len() {
-            let (start, size, _, ref name) = cands[i];
+            let (start, size) = (cands[i].0, cands[i].1);
             let end = if size > 0 {
                 start.saturating_add(size)
             } else {
@@ -94,15 +96,46 @@ impl SymbolTable {
                     None => (start & !0xfff).saturating_add(0x2000),
                 }
             };
-            syms.push(Symbol { start, end, name: name.clone() });
+            syms.push(Symbol { start, end, name: std::mem::take(&mut cands[i].3) });
         }
-        SymbolTable { syms }
+        SymbolTable { syms, read_us: 0 }
     }
 
     /// The table of a binary: its symbols and its PLT stubs.
     pub fn of_binary(data: &[u8]) -> SymbolTable {
+        let t0 = std::time::Instant::now();
         let mut t = SymbolTable::from_elf(data);
         t.add_plt(data);
+        t.read_us = t0.elapsed().as_micros() as u64;
+        t
+    }
+
+    /// How long [`of_binary`](Self::of_binary) took to read this table, us (0 for others).
+    pub fn read_us(&self) -> u64 {
+        self.read_us
+    }
+
+    /// [`of_binary`](Self::of_binary), read once per build-id and file size and shared while
+    /// anyone holds it: the pipeline's code map, the live symbolizer and the dump thread's
+    /// look a large library's table up without reading it three times. A file without a
+    /// build-id is read each time. (The size is in the key because a stripped copy keeps
+    /// its unstripped file's build-id.)
+    pub fn of_binary_shared(data: &[u8]) -> std::sync::Arc<SymbolTable> {
+        use std::collections::HashMap;
+        use std::sync::{Arc, Mutex, Weak};
+        type Cache = Mutex<HashMap<(Vec<u8>, usize), Weak<SymbolTable>>>;
+        static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+        let Some(id) = build_id(data) else { return Arc::new(SymbolTable::of_binary(data)) };
+        let key = (id, data.len());
+        let cache = CACHE.get_or_init(Cache::default);
+        if let Some(t) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key).and_then(Weak::upgrade) {
+            return t;
+        }
+        // Built outside the lock: two threads may both build a table once, never wait.
+        let t = Arc::new(SymbolTable::of_binary(data));
+        let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
+        c.retain(|_, w| w.strong_count() > 0);
+        c.insert(key, Arc::downgrade(&t));
         t
     }
 
@@ -328,7 +361,7 @@ mod tests {
             let end = if size > 0 { start + size } else { syms.get(i + 1).map_or((start & !0xfff) + 0x2000, |n| n.0) };
             v.push(Symbol { start, end, name: name.into() });
         }
-        SymbolTable { syms: v }
+        SymbolTable { syms: v, read_us: 0 }
     }
 
     /// An address past a sized symbol has no name; a zero-size symbol reaches the next one.
@@ -367,5 +400,30 @@ mod tests {
                 "/proc/1/root/usr/lib/debug/usr/lib/libx.so.1.debug",
             ]
         );
+    }
+}
+
+#[cfg(test)]
+mod shared_tests {
+    use super::*;
+
+    /// The shared table of a binary is the table [`SymbolTable::of_binary`] reads, read once
+    /// while held, and read again once every holder dropped it.
+    #[test]
+    fn shared_table_per_build_id() {
+        let exe = std::fs::read("/proc/self/exe").unwrap();
+        assert!(build_id(&exe).is_some(), "the test binary has a build-id (the linker's default)");
+        let own = SymbolTable::of_binary(&exe);
+        let a = SymbolTable::of_binary_shared(&exe);
+        let b = SymbolTable::of_binary_shared(&exe);
+        assert!(std::sync::Arc::ptr_eq(&a, &b));
+        assert_eq!(a.syms, own.syms);
+        let weak = std::sync::Arc::downgrade(&a);
+        drop((a, b));
+        assert!(weak.upgrade().is_none(), "the cache does not keep a table alive");
+        // A copy without the last byte (another size) is not taken for the same file.
+        let c = SymbolTable::of_binary_shared(&exe[..exe.len() - 1]);
+        let d = SymbolTable::of_binary_shared(&exe);
+        assert!(!std::sync::Arc::ptr_eq(&c, &d));
     }
 }

@@ -102,7 +102,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     pc.trace_timestamps = false;
     let mut p = Pipeline::new(pc);
     for (path, bytes) in images {
-        p.add_image(&path, bytes.into());
+        p.add_image(&path, bytes);
     }
     let loop_joined = Rc::new(Cell::new(0u64));
     let first_loop: Rc<RefCell<Vec<hw_run::Joined>>> = Rc::default();
