@@ -252,7 +252,7 @@ pub struct PipelineStats {
     pub trace_complete: u64,
     /// The join's counters (windows, joined, rejected by reason, ...).
     pub join: JoinStats,
-    /// Samples added to the profile.
+    /// Pause samples added to the profile (synthesized ones: [`JoinStats::synthesized`]).
     pub profiled: u64,
     /// Profiled stacks cut at a return address not preceded by a call
     /// ([`CodeMap::checked_depth`]): the frames beyond it were not real callers.
@@ -1178,13 +1178,29 @@ impl Pipeline {
                 let depth = cfg.join.depth.min(kept.len());
                 let (b, t) = (&kept[..depth], &types[..depth]);
                 if joiner.validate_sample(s.pid, &s.stack, b, t, code).is_ok() {
-                    sink.accept(&Joined { cpu: s.cpu, pid: s.pid, tid: s.tid, time: s.time, stack: &s.stack, branches: b });
+                    sink.accept(&Joined {
+                        cpu: s.cpu,
+                        pid: s.pid,
+                        tid: s.tid,
+                        time: s.time,
+                        stack: &s.stack,
+                        branches: b,
+                        synth: 0,
+                    });
                 }
             }
             None if cfg.cpus.is_empty() => {
                 sink.stats.stack_only_samples += 1;
                 if !s.stack.is_empty() {
-                    sink.accept(&Joined { cpu: s.cpu, pid: s.pid, tid: s.tid, time: s.time, stack: &s.stack, branches: &[] });
+                    sink.accept(&Joined {
+                        cpu: s.cpu,
+                        pid: s.pid,
+                        tid: s.tid,
+                        time: s.time,
+                        stack: &s.stack,
+                        branches: &[],
+                        synth: 0,
+                    });
                 }
             }
             None => joiner.sample(s.cpu, s.pid, s.tid, s.time, &s.stack, code, &mut |j| sink.accept(j)),
@@ -1512,6 +1528,11 @@ impl Sink<'_> {
             self.profile.add_cut(&sample, self.resolver)
         } else {
             self.profile.add(&sample, self.resolver)
+        }
+        if j.synth > 0 {
+            // Synthesized samples feed the PGO dumps only: the sampled stacks (trie, folded,
+            // pprof, live view) stay one per pause, proportional to time.
+            return;
         }
         self.stats.profiled += 1;
         // Context trie: root first.
