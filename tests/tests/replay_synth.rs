@@ -1099,6 +1099,9 @@ fn objdump_branches(prog: &Path) -> (HashMap<u64, bool>, std::collections::HashS
     (br, svc)
 }
 
+/// Branches, newest first.
+type Branches = Vec<(u64, u64)>;
+
 /// Synthesized samples against qemu's exact path: replayed synthetic sessions of recursion.c
 /// (fib and tree recursion: calls and returns of varying depth inside every window) and
 /// percall.c (one function shared by two callers). From qemu's instruction log of the whole
@@ -1112,9 +1115,6 @@ fn objdump_branches(prog: &Path) -> (HashMap<u64, bool>, std::collections::HashS
 /// (N, fewer for the oldest: those of the chain). The only stops are windows whose chain
 /// begins after an `svc` (trace restart); no synthesized sample is rejected; and the
 /// perf-script dump's samples are the pause plus the synthesized ones (llvm-profgen's input).
-/// Branches, newest first.
-type Branches = Vec<(u64, u64)>;
-
 #[test]
 fn synthesized_samples_equal_the_path() {
     for (name, window, period) in [("recursion", 1000, 7919), ("percall_a", 1000, 7919)] {

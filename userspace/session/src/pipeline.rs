@@ -1178,29 +1178,13 @@ impl Pipeline {
                 let depth = cfg.join.depth.min(kept.len());
                 let (b, t) = (&kept[..depth], &types[..depth]);
                 if joiner.validate_sample(s.pid, &s.stack, b, t, code).is_ok() {
-                    sink.accept(&Joined {
-                        cpu: s.cpu,
-                        pid: s.pid,
-                        tid: s.tid,
-                        time: s.time,
-                        stack: &s.stack,
-                        branches: b,
-                        synth: 0,
-                    });
+                    sink.accept(&pause_joined(s, b));
                 }
             }
             None if cfg.cpus.is_empty() => {
                 sink.stats.stack_only_samples += 1;
                 if !s.stack.is_empty() {
-                    sink.accept(&Joined {
-                        cpu: s.cpu,
-                        pid: s.pid,
-                        tid: s.tid,
-                        time: s.time,
-                        stack: &s.stack,
-                        branches: &[],
-                        synth: 0,
-                    });
+                    sink.accept(&pause_joined(s, &[]));
                 }
             }
             None => joiner.sample(s.cpu, s.pid, s.tid, s.time, &s.stack, code, &mut |j| sink.accept(j)),
@@ -1491,6 +1475,11 @@ impl ExactState {
             self.end_segment(c);
         }
     }
+}
+
+/// A pause sample that carried its own branches (or none) as a joined sample.
+fn pause_joined<'a>(s: &'a PauseSample, branches: &'a [BranchPair]) -> Joined<'a> {
+    Joined { cpu: s.cpu, pid: s.pid, tid: s.tid, time: s.time, stack: &s.stack, branches, synth: 0 }
 }
 
 /// The root frame of a stack cut by the callers check (views, folded and pprof output).
