@@ -423,7 +423,7 @@ pub struct Joined<'a> {
     /// Branch records, newest first.
     pub branches: &'a [BranchPair],
     /// 0 for the pause sample; `k` for the window's `k`-th synthesized sample back from the
-    /// pause ([`JoinConfig::synth_samples`]).
+    /// pause ([`JoinConfig::synth_samples`]), which carries the pause's `time`.
     pub synth: u32,
 }
 
