@@ -262,7 +262,8 @@ pub enum SynthStop {
     /// The window's trace restarted before the segment (an exception filtered out of the
     /// trace, a context change, a gap): the stack before it is not followed.
     TraceRestart,
-    /// The window had more branches than the segment keeps (`depth * (1 + synth_samples)`).
+    /// The window had more branches than the segment keeps (`depth * (1 + synth_samples)`, at
+    /// most 65,536 unless `depth` is more).
     BranchLimit,
 }
 
@@ -337,14 +338,20 @@ pub struct JoinConfig {
     /// Pending segments per CPU kept for samples that have not arrived yet.
     pub max_pending_segments: usize,
     /// At most this many synthesized samples per window (module docs), 0 = none; a segment
-    /// keeps its newest `depth * (1 + synth_samples)` branches.
+    /// keeps its newest `depth * (1 + synth_samples)` branches (at most 65,536 beyond `depth`).
     pub synth_samples: usize,
 }
 
+/// Branches a segment keeps for synthesized samples at most (16 bytes each), whatever the
+/// depth: a large `depth` gets fewer synthesized samples, not a larger ring.
+const MAX_SYNTH_RING: usize = 1 << 16;
+
 impl JoinConfig {
-    /// Branches a segment keeps.
+    /// Branches a segment keeps: `depth`, or `depth * (1 + synth_samples)` up to
+    /// [`MAX_SYNTH_RING`].
     fn ring_cap(&self) -> usize {
-        self.depth.saturating_mul(self.synth_samples.saturating_add(1))
+        let want = self.depth.saturating_mul(self.synth_samples.saturating_add(1));
+        want.min(self.depth.max(MAX_SYNTH_RING))
     }
 }
 
@@ -1673,6 +1680,17 @@ mod tests {
         let (got, st) = synth_run(cfg, &[0x2044, 0x5550], true);
         assert_eq!(got.len(), 2);
         assert_eq!((st.synthesized, st.synth_rejected.get(RejectReason::StackMismatch)), (1, 1), "{st:?}");
+    }
+
+    /// The ring's bound: depth * (1 + synth_samples), at most 65,536 branches unless the depth
+    /// alone is more.
+    #[test]
+    fn synthesis_ring_is_bounded() {
+        let c = |depth, synth_samples| JoinConfig { depth, synth_samples, ..Default::default() }.ring_cap();
+        assert_eq!(
+            (c(32, 0), c(32, 64), c(4096, 64), c(100_000, 64), c(usize::MAX, 64)),
+            (32, 2080, 65_536, 100_000, usize::MAX)
+        );
     }
 
     /// The ring keeps depth * (1 + synth_samples) branches: one synthesized sample, and the
