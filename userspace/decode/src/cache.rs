@@ -13,6 +13,7 @@
 
 use std::cell::Cell;
 
+use crate::elements::{InstrRange, Range};
 use crate::insn::InstrInfo;
 
 /// A walked block: `[start, end)` holds `num_instr` instructions ending in a waypoint.
@@ -47,10 +48,46 @@ struct Slot {
     block: Cell<Block>,
 }
 
+/// Most atoms one [`Run`] covers.
+pub const RUN_MAX: usize = 8;
+
+/// Entries of the run cache (2^12).
+const RUN_BITS: u32 = 12;
+
+/// What a run of atoms from a known A64 address did, all its blocks cached: the ranges in
+/// order (their packet index to be filled in, see [`RunSlot::range`]), which of them pushed
+/// their end on the return stack, and where the run left the address. Replaying it has the
+/// effects the atoms had, one block lookup each, in one lookup.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Run {
+    /// Atoms consumed (= ranges).
+    pub count: u8,
+    /// The last atom was a taken indirect branch: the address comes from the trace next.
+    pub indirect: bool,
+    /// Bit `i`: range `i` ended in a taken branch with link (its end is pushed).
+    pub links: u8,
+    /// Instructions in the ranges.
+    pub instructions: u32,
+    /// The address after the run (after the indirect branch when `indirect`).
+    pub next: u64,
+}
+
+/// A stored run: key (start, tag with bit 63 set, atom bits | count << 32), the run and its
+/// ranges.
+struct RunSlot {
+    start: Cell<u64>,
+    tag: Cell<u64>,
+    atoms: Cell<u64>,
+    run: Cell<Run>,
+    ranges: [Cell<InstrRange>; RUN_MAX],
+}
+
 /// The cache.
 pub struct BlockCache {
     slots: Box<[Slot]>,
     mask: usize,
+    runs: Box<[RunSlot]>,
+    run_mask: usize,
     hits: Cell<u64>,
     misses: Cell<u64>,
 }
@@ -62,6 +99,16 @@ impl BlockCache {
         BlockCache {
             slots: (0..n).map(|_| Slot { key: Cell::new((0, 0)), block: Cell::new(Block::default()) }).collect(),
             mask: n - 1,
+            run_mask: (1usize << RUN_BITS.min(bits)) - 1,
+            runs: (0..1usize << RUN_BITS.min(bits))
+                .map(|_| RunSlot {
+                    start: Cell::new(0),
+                    tag: Cell::new(0),
+                    atoms: Cell::new(0),
+                    run: Cell::new(Run::default()),
+                    ranges: Default::default(),
+                })
+                .collect(),
             hits: Cell::new(0),
             misses: Cell::new(0),
         }
@@ -105,9 +152,45 @@ impl BlockCache {
         s.block.set(block);
     }
 
+    #[inline]
+    fn run_slot(&self, start: u64, bits: u32, count: u8) -> &RunSlot {
+        let h = (start >> 2) ^ (bits as u64).wrapping_mul(0x9e37_79b9) ^ ((count as u64) << 7);
+        &self.runs[h as usize & self.run_mask]
+    }
+
+    /// Replays the run of the `count` atoms `bits` (oldest in bit 0, no bits above `count`)
+    /// from `start` under `tag`, if one was stored: appends its ranges to `out` with packet
+    /// index `index` and returns the run.
+    #[inline]
+    pub fn replay_run(&self, start: u64, tag: u64, bits: u32, count: u8, out: &mut Vec<Range>, index: u64) -> Option<Run> {
+        let s = self.run_slot(start, bits, count);
+        if s.start.get() != start || s.tag.get() != tag | VALID || s.atoms.get() != bits as u64 | (count as u64) << 32 {
+            return None;
+        }
+        let run = s.run.get();
+        out.extend((0..run.count as usize).map(|i| Range { index, range: s.ranges[i].get() }));
+        Some(run)
+    }
+
+    /// Stores a run and its ranges (`run.count` of them, their indexes ignored; see
+    /// [`replay_run`](Self::replay_run)). Its blocks must be in this cache under `tag`: both
+    /// are forgotten together by [`clear`](Self::clear).
+    #[inline]
+    pub fn put_run(&self, start: u64, tag: u64, bits: u32, count: u8, run: Run, ranges: &[Range]) {
+        let s = self.run_slot(start, bits, count);
+        s.start.set(start);
+        s.tag.set(tag | VALID);
+        s.atoms.set(bits as u64 | (count as u64) << 32);
+        s.run.set(run);
+        for (c, r) in s.ranges.iter().zip(ranges) {
+            c.set(r.range);
+        }
+    }
+
     /// Forgets everything (e.g. the code image changed).
     pub fn clear(&self) {
         self.slots.iter().for_each(|s| s.key.set((0, 0)));
+        self.runs.iter().for_each(|s| s.tag.set(0));
     }
 
     /// Lookups that hit.
@@ -138,5 +221,33 @@ mod tests {
         c.clear();
         assert!(c.get(0x1000, 7).is_none());
         assert_eq!((c.hits(), c.misses()), (1, 1));
+    }
+
+    /// A stored run replays its ranges (with the new packet index) only under the same start,
+    /// tag, atom bits and count, and is forgotten with the blocks.
+    #[test]
+    fn runs() {
+        let c = BlockCache::new(6);
+        let r = |start: u64, end: u64| Range {
+            index: 99,
+            range: InstrRange { start, end, num_instr: ((end - start) / 4) as u32, ..Default::default() },
+        };
+        let run = Run { count: 2, indirect: true, links: 0b01, instructions: 6, next: 0x3008 };
+        c.put_run(0x1000, 7, 0b11, 2, run, &[r(0x1000, 0x1010), r(0x2000, 0x2008)]);
+        let mut out = vec![r(0, 4)];
+        let got = c.replay_run(0x1000, 7, 0b11, 2, &mut out, 5).expect("stored run");
+        assert_eq!((got.count, got.indirect, got.links, got.instructions, got.next), (2, true, 1, 6, 0x3008));
+        assert_eq!(out.len(), 3);
+        assert_eq!((out[1].index, out[1].range.start, out[1].range.end), (5, 0x1000, 0x1010));
+        assert_eq!((out[2].index, out[2].range.start, out[2].range.end), (5, 0x2000, 0x2008));
+        assert_eq!(out[0].index, 99); // what was there is untouched
+        for (start, tag, bits, count) in [(0x1004, 7, 0b11, 2), (0x1000, 8, 0b11, 2), (0x1000, 7, 0b10, 2), (0x1000, 7, 0b11, 3)]
+        {
+            assert!(c.replay_run(start, tag, bits, count, &mut out, 5).is_none());
+        }
+        assert!(BlockCache::new(6).replay_run(0, 0, 0, 0, &mut out, 0).is_none()); // empty slots never match
+        c.clear();
+        assert!(c.replay_run(0x1000, 7, 0b11, 2, &mut out, 5).is_none());
+        assert_eq!(out.len(), 3);
     }
 }

@@ -27,7 +27,7 @@
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
 
-use crate::cache::{self, SharedBlockCache};
+use crate::cache::{self, RUN_MAX, Run, SharedBlockCache};
 use crate::elements::{Element, ElementKind, InstrRange, MemTrans, PeContext, Range, Security, TraceOnReason, UnsyncReason};
 use crate::image::{MemSpace, MemoryAccess};
 use crate::insn::{ArchVersion, DecodeConfig, InstrSubtype, InstrType, Isa};
@@ -494,6 +494,20 @@ impl Decoder {
         sink: &mut S,
     ) -> ControlFlow<()> {
         self.begin_packet(index);
+        // the common address packet (the target of an indirect branch, nothing speculative
+        // or pending): what `decode_packet` does with it, without the state machine
+        if let Packet::Address { addr, context: None, source: false } = *pkt
+            && self.state == State::Decode
+            && self.p0.is_empty()
+            && !self.elem_pending_addr
+            && self.cfg.max_spec_depth == 0
+            && self.spec_depth == 0
+            && !self.res.any()
+        {
+            self.last_is = addr.is;
+            self.push(P0Kind::Addr { addr: addr.addr, is: addr.is }, false, index);
+            return ControlFlow::Continue(());
+        }
         self.run(index, pkt, mem, sink)
     }
 
@@ -1056,9 +1070,40 @@ impl Decoder {
                 continue;
             }
             if self.walk.isa == Isa::A64 {
-                let done = self.cached_atoms(&mut b, n - k, index, tag);
+                let m = (n - k).min(RUN_MAX as u8);
+                let start = self.walk.addr;
+                let key = b & ((1u32 << m) - 1);
+                let r0 = self.ranges.len();
+                if let Some(run) = self.cache.replay_run(start, tag, key, m, &mut self.ranges, index) {
+                    // the run replayed: the ranges (above), return-stack pushes, address and
+                    // counts `cached_atoms` produced when it was stored
+                    let mut links = run.links;
+                    while links != 0 {
+                        let i = links.trailing_zeros() as usize;
+                        links &= links - 1;
+                        self.ret.push(self.ranges[r0 + i].range.end, Isa::A64);
+                    }
+                    if run.indirect {
+                        self.need_addr = true;
+                        self.ret.set_pop_pending();
+                    }
+                    let c = run.count as u64;
+                    self.cache.count_hits(c);
+                    self.walk.addr = run.next;
+                    self.walk.it.remaining = 0;
+                    self.stats.ranges += c;
+                    self.stats.instructions += run.instructions as u64;
+                    b >>= run.count;
+                    k += run.count;
+                    continue;
+                }
+                let r0 = self.ranges.len();
+                let (done, run) = self.cached_atoms(&mut b, m, index, tag);
                 k += done;
                 if done > 0 {
+                    if let Some(run) = run {
+                        self.cache.put_run(start, tag, key, m, run, &self.ranges[r0..]);
+                    }
                     continue;
                 }
             }
@@ -1076,17 +1121,23 @@ impl Decoder {
     /// address in a local; stops after a taken indirect branch (its target comes from the
     /// trace) and at the first block not cached. The same ranges and return-stack updates as
     /// [`process_atom`](Self::process_atom)'s cached case, one per atom. Returns the atoms
-    /// applied.
+    /// applied and, when they are a run the run cache can replay (all `max` applied, or up to
+    /// a taken indirect branch that is not an ETE exception return), that run.
     #[inline]
-    fn cached_atoms(&mut self, bits: &mut u32, max: u8, index: u64, tag: u64) -> u8 {
+    fn cached_atoms(&mut self, bits: &mut u32, max: u8, index: u64, tag: u64) -> (u8, Option<Run>) {
         let mut addr = self.walk.addr;
         let mut k = 0;
         let mut instructions = 0u64;
+        let mut links = 0u8;
+        let mut indirect = false;
+        let mut whole = true;
         while k < max {
-            let Some(blk) = self.cache.lookup(addr, tag) else { break };
+            let Some(blk) = self.cache.lookup(addr, tag) else {
+                whole = false;
+                break;
+            };
             let taken = *bits & 1 != 0;
             *bits >>= 1;
-            k += 1;
             let last = blk.last;
             instructions += blk.num_instr as u64;
             self.ranges.push(Range {
@@ -1109,6 +1160,7 @@ impl Decoder {
                     InstrType::Br => {
                         if last.is_link {
                             self.ret.push(blk.end, Isa::A64);
+                            links |= 1 << k;
                         }
                         addr = last.branch_addr;
                     }
@@ -1116,25 +1168,35 @@ impl Decoder {
                         self.need_addr = true;
                         if last.is_link {
                             self.ret.push(blk.end, Isa::A64);
+                            links |= 1 << k;
                         }
                         self.ret.set_pop_pending();
-                        if self.cfg.ete && last.subtype == InstrSubtype::V8Eret {
-                            self.add(index, ElementKind::ExceptionRet);
+                        if last.subtype == InstrSubtype::V8Eret {
+                            // not stored as a run: what it emits depends on the decoder
+                            whole = false;
+                            if self.cfg.ete {
+                                self.add(index, ElementKind::ExceptionRet);
+                            }
                         }
+                        indirect = true;
+                        k += 1;
                         break;
                     }
                     _ => {}
                 }
             }
+            k += 1;
         }
-        if k > 0 {
-            self.cache.count_hits(k as u64);
-            self.walk.addr = addr;
-            self.walk.it.remaining = 0;
-            self.stats.ranges += k as u64;
-            self.stats.instructions += instructions;
+        if k == 0 {
+            return (0, None);
         }
-        k
+        self.cache.count_hits(k as u64);
+        self.walk.addr = addr;
+        self.walk.it.remaining = 0;
+        self.stats.ranges += k as u64;
+        self.stats.instructions += instructions;
+        let run = whole.then_some(Run { count: k, indirect, links, instructions: instructions as u32, next: addr });
+        (k, run)
     }
 
     #[inline]

@@ -91,7 +91,7 @@ pub struct PeContext {
 }
 
 /// An executed instruction range `[start, end)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct InstrRange {
     /// First instruction address.
     pub start: u64,
@@ -226,7 +226,7 @@ pub struct Element {
 /// An instruction range as the decoder hands it over: ranges, by far the most common element,
 /// go to [`ElementSink::ranges`](crate::decoder::ElementSink::ranges) in batches of these,
 /// without an [`Element`] built for each (the trace ID is the batch's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Range {
     /// Trace index of the originating packet.
     pub index: u64,
