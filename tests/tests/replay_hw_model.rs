@@ -38,7 +38,8 @@ fn programs() -> Option<&'static Vec<Built>> {
     .as_ref()
 }
 
-/// `etm-bpf replay DIR --samples-out`: the joined samples and the JSON summary.
+/// `etm-bpf replay DIR --samples-out`: the joined pause samples (the synthesized ones, which
+/// the model's live pipeline does not make, left out) and the JSON summary.
 fn replay(session: &Path) -> (Vec<Joined>, serde_json::Value) {
     let out = session.with_extension("samples.jsonl");
     let o = Command::new(etm_bpf_bin())
@@ -53,8 +54,9 @@ fn replay(session: &Path) -> (Vec<Joined>, serde_json::Value) {
     let text = std::fs::read_to_string(&out).expect("samples written");
     let joined = text
         .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["synth"] == 0)
+        .map(|v| {
             let branches = v["branches"]
                 .as_array()
                 .unwrap()
@@ -106,6 +108,14 @@ fn record_and_replay(
     assert!(c.complete >= 100, "{label}: only {} complete windows", c.complete);
     assert!(c.share() >= 0.95, "{label}: {:.1}% of complete windows joined ({c:?})", 100.0 * c.share());
     eprintln!("{label}: {} windows, {} complete, {:.1}% joined; losses {:?}", c.windows, c.complete, 100.0 * c.share(), c.losses);
+    let j = &summary["join"];
+    eprintln!(
+        "{label}: synthesized {} rejected {} {} stops {}",
+        j["synthesized"], j["synth_rejected"], j["synth_rejected_by_reason"], j["synth_stops_by_reason"]
+    );
+    // The model's windows of several processes and threads give synthesized samples (the
+    // replay's default) and none contradicts its window's branches.
+    assert!(j["synthesized"].as_u64().unwrap() > 0 && j["synth_rejected"] == 0, "{label}: {j}");
     Some(summary)
 }
 

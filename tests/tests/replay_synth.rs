@@ -70,7 +70,10 @@ struct Sample {
 
 struct Replay {
     stats: serde_json::Value,
+    /// The pause samples.
     samples: Vec<Sample>,
+    /// The synthesized samples: (k, sample), the window's k-th back from its pause.
+    synth: Vec<(u64, Sample)>,
     dumps: PathBuf,
 }
 
@@ -86,23 +89,25 @@ fn replay_with(session: &Path, work: &Path, tag: &str, extra: &[&str]) -> Replay
     c.arg("--samples-out").arg(&samples_path).arg("--dump-dir").arg(&dumps).args(extra);
     let stats: serde_json::Value = serde_json::from_str(&run(&mut c)).expect("--json summary");
     let text = std::fs::read_to_string(&samples_path).expect("samples written");
-    let samples = text
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).expect("sample line");
-            Sample {
-                time: v["time"].as_u64().unwrap(),
-                stack: v["stack"].as_array().unwrap().iter().map(|a| a.as_u64().unwrap()).collect(),
-                branches: v["branches"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|b| (b["from"].as_u64().unwrap(), b["to"].as_u64().unwrap()))
-                    .collect(),
-            }
-        })
-        .collect();
-    Replay { stats, samples, dumps }
+    let (mut samples, mut synth) = (Vec::new(), Vec::new());
+    for l in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).expect("sample line");
+        let s = Sample {
+            time: v["time"].as_u64().unwrap(),
+            stack: v["stack"].as_array().unwrap().iter().map(|a| a.as_u64().unwrap()).collect(),
+            branches: v["branches"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| (b["from"].as_u64().unwrap(), b["to"].as_u64().unwrap()))
+                .collect(),
+        };
+        match v["synth"].as_u64().expect("synth field") {
+            0 => samples.push(s),
+            k => synth.push((k, s)),
+        }
+    }
+    Replay { stats, samples, synth, dumps }
 }
 
 /// The true last-N branches of a window (newest first).
@@ -110,10 +115,28 @@ fn true_branches(w: &gtfile::GtWindow) -> Vec<(u64, u64)> {
     w.branches.iter().take(DEPTH).map(|b| (b.from, b.to)).collect()
 }
 
-/// Check every joined sample against the truth; returns how many matched.
+/// The true branches of a window's synthesized samples (k = 1, 2, ...), newest first: the
+/// window's unbroken chain up to the pause is its newest `chain_len` branches (`m`); sample k
+/// is at the source of the chain's newest k * N-th branch, before it ran, with the N branches
+/// before it (fewer for the oldest): floor((m - 1) / N) samples.
+fn true_synth_branches(w: &gtfile::GtWindow) -> Vec<Vec<(u64, u64)>> {
+    let m = w.chain_len as usize;
+    (1..)
+        .take_while(|k| k * DEPTH < m)
+        .map(|k| w.branches[k * DEPTH..m.min((k + 1) * DEPTH)].iter().map(|b| (b.from, b.to)).collect())
+        .collect()
+}
+
+/// Check every joined sample against the truth; returns how many pause samples matched. The
+/// synthesized samples of each checked window: as many as [`true_synth_branches`] gives, each
+/// with its branches and its leaf at the source of the branch after them.
 fn check_samples(gt: &GroundTruth, r: &Replay, skip_windows: &[u64]) -> usize {
     let by_time: HashMap<u64, &gtfile::GtWindow> = gt.windows.iter().map(|w| (w.sample_time, w)).collect();
     let mut ok = 0;
+    let mut synth: HashMap<u64, Vec<(u64, &Sample)>> = HashMap::new();
+    for (k, s) in &r.synth {
+        synth.entry(s.time).or_default().push((*k, s));
+    }
     for s in &r.samples {
         let w = by_time.get(&s.time).unwrap_or_else(|| panic!("joined sample at {} has no window", s.time));
         if skip_windows.contains(&w.index) {
@@ -121,7 +144,20 @@ fn check_samples(gt: &GroundTruth, r: &Replay, skip_windows: &[u64]) -> usize {
         }
         assert_eq!(s.stack, w.stack, "window {}: stack differs from the true call stack", w.index);
         assert_eq!(s.branches, true_branches(w), "window {}: branches differ from the true last {DEPTH}", w.index);
+        let want = true_synth_branches(w);
+        let got = synth.remove(&s.time).unwrap_or_default();
+        assert_eq!(got.len(), want.len(), "window {}: synthesized samples for {} branches", w.index, w.chain_len);
+        for (i, (k, g)) in got.iter().enumerate() {
+            assert_eq!(*k as usize, i + 1, "window {}: synthesized samples in order", w.index);
+            assert_eq!(g.branches, want[i], "window {} synthesized sample {k}: branches", w.index);
+            let next = &w.branches[*k as usize * DEPTH - 1];
+            assert_eq!(g.stack[0], next.from, "window {} synthesized sample {k}: leaf", w.index);
+        }
         ok += 1;
+    }
+    for (t, v) in synth {
+        let w = by_time.get(&t).unwrap_or_else(|| panic!("synthesized sample at {t} has no window"));
+        assert!(skip_windows.contains(&w.index), "window {}: synthesized samples {} without its pause sample", w.index, v.len());
     }
     ok
 }
@@ -193,13 +229,15 @@ fn clean_program(name: &str, args: &[&str], window: u64, period: u64, retstack: 
     let file = prog.file_name().unwrap().to_string_lossy().into_owned();
     let ps = perfscript_samples(&r.dumps.join(format!("{file}.perfscript")));
     let got = counts(ps.iter().map(|(n, _, b)| (*n, b.as_slice())));
-    let truth: Vec<Vec<(u64, u64)>> = gt.windows.iter().map(true_branches).filter(|b| !b.is_empty()).collect();
+    let mut truth: Vec<Vec<(u64, u64)>> = gt.windows.iter().map(true_branches).filter(|b| !b.is_empty()).collect();
+    truth.extend(gt.windows.iter().flat_map(true_synth_branches));
     let want = counts(truth.iter().map(|b| (1, b.as_slice())));
     assert_eq!(got.0, want.0, "{name}: branch counts differ from the truth");
     assert_eq!(got.1, want.1, "{name}: range counts differ from the truth");
     let total: u64 = ps.iter().map(|p| p.0).sum();
-    assert_eq!(total as usize, with_branches, "{name}: samples in the perf-script dump");
-    eprintln!("{name}: {} windows, {matched} samples joined and exact", gt.windows.len());
+    assert_eq!(total as usize, truth.len(), "{name}: samples in the perf-script dump");
+    assert_eq!(j["synthesized"], r.synth.len(), "{name}: {}", r.stats);
+    eprintln!("{name}: {} windows, {matched} samples joined and exact, {} synthesized", gt.windows.len(), r.synth.len());
 }
 
 /// Counted loops with data-dependent branches.
@@ -1022,4 +1060,150 @@ fn coverage_of_windows_and_of_leaves() {
     assert!(leaves.len() < windows.len(), "leaves {} against windows {}", leaves.len(), windows.len());
     let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(r.dumps.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(m["exact"]["functions"], table.len(), "{}", m["exact"]);
+}
+
+/// Branch instructions by binutils `objdump -d`: address -> unconditional (taken whenever it
+/// runs) or not (conditional: taken when the next instruction is not the following one);
+/// and the `svc` instructions (the trace restarts after each).
+fn objdump_branches(prog: &Path) -> (HashMap<u64, bool>, std::collections::HashSet<u64>) {
+    let out = run(Command::new("aarch64-linux-gnu-objdump").args(["-d", "--no-show-raw-insn"]).arg(prog));
+    let (mut br, mut svc) = (HashMap::new(), std::collections::HashSet::new());
+    for l in out.lines() {
+        let Some((addr, rest)) = l.trim_start().split_once(":\t") else { continue };
+        let Ok(addr) = u64::from_str_radix(addr, 16) else { continue };
+        let Some(m) = rest.split_whitespace().next() else { continue };
+        let uncond = matches!(
+            m,
+            "b" | "bl"
+                | "br"
+                | "blr"
+                | "ret"
+                | "braa"
+                | "brab"
+                | "braaz"
+                | "brabz"
+                | "blraa"
+                | "blrab"
+                | "blraaz"
+                | "blrabz"
+                | "retaa"
+                | "retab"
+        );
+        let cond = m.starts_with("b.") || matches!(m, "cbz" | "cbnz" | "tbz" | "tbnz");
+        if uncond || cond {
+            br.insert(addr, uncond);
+        } else if m == "svc" {
+            svc.insert(addr);
+        }
+    }
+    (br, svc)
+}
+
+/// Branches, newest first.
+type Branches = Vec<(u64, u64)>;
+
+/// Synthesized samples against qemu's exact path: replayed synthetic sessions of recursion.c
+/// (fib and tree recursion: calls and returns of varying depth inside every window) and
+/// percall.c (one function shared by two callers). From qemu's instruction log of the whole
+/// run and binutils' classes of its instructions (objdump): the taken branches of each window
+/// after its last `svc` (its unbroken chain, `m` branches) and the true call stack at every
+/// instruction (a return address pushed by each call instruction, popped by each return, from
+/// the program's first instruction). Every window has floor((m - 1) / N) synthesized samples;
+/// the k-th is at the source of the chain's (m - kN)-th branch (counting from 0, oldest first)
+/// and its stack equals the true stack there (leaf, then every return address down to
+/// `_start`'s caller-less bottom) and its branches the true last taken branches before it
+/// (N, fewer for the oldest: those of the chain). The only stops are windows whose chain
+/// begins after an `svc` (trace restart); no synthesized sample is rejected; and the
+/// perf-script dump's samples are the pause plus the synthesized ones (llvm-profgen's input).
+#[test]
+fn synthesized_samples_equal_the_path() {
+    for (name, window, period) in [("recursion", 1000, 7919), ("percall_a", 1000, 7919)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let Some(prog) = build(name, tmp.path()) else { return };
+        let sess = tmp.path().join("s");
+        let gt = synth(&prog, &[], &sess, window, period, true);
+        let r = replay(&sess, tmp.path(), name);
+        let (br, svc) = objdump_branches(&prog);
+        let flow = objdump_flow(&prog);
+        let pcs = etm_synth::qemu::run(&prog, &[], &etm_synth::qemu::QemuOptions::default()).expect("qemu runs").pcs;
+        let taken = |i: usize| br.get(&pcs[i]).is_some_and(|&u| u || pcs.get(i + 1).is_some_and(|&n| n != pcs[i] + 4));
+        // Per window: the instruction indices of its chain's taken branches, oldest first.
+        let mut by_time: HashMap<u64, Vec<(u64, &Sample)>> = HashMap::new();
+        for (k, s) in &r.synth {
+            by_time.entry(s.time).or_default().push((*k, s));
+        }
+        // Instruction index -> the synthesized samples there, with their true branches.
+        let mut at: BTreeMap<usize, Vec<(&Sample, Branches)>> = BTreeMap::new();
+        let (mut restarts, mut n_synth) = (0, 0);
+        for w in &gt.windows {
+            let mut chain: Vec<usize> = Vec::new();
+            let mut restarted = false;
+            let (lo, hi) = (w.start_index as usize, w.pause_index as usize);
+            for (i, pc) in pcs.iter().enumerate().take(hi).skip(lo) {
+                if svc.contains(pc) {
+                    chain.clear();
+                    restarted = true;
+                } else if taken(i) {
+                    chain.push(i);
+                }
+            }
+            let m = chain.len();
+            let got = by_time.remove(&w.sample_time).unwrap_or_default();
+            let want = m.saturating_sub(1) / DEPTH;
+            assert_eq!(got.len(), want, "{name} window {}: {m} branches in its chain", w.index);
+            if restarted && m > DEPTH {
+                restarts += 1;
+            }
+            for (k, s) in got {
+                let p = m - k as usize * DEPTH;
+                let branches = chain[p.saturating_sub(DEPTH)..p].iter().rev().map(|&i| (pcs[i], pcs[i + 1])).collect();
+                at.entry(chain[p]).or_default().push((s, branches));
+                n_synth += 1;
+            }
+        }
+        assert!(by_time.is_empty(), "{name}: synthesized samples of no window");
+        assert!(n_synth >= 2 * gt.windows.len(), "{name}: {n_synth} synthesized samples in {} windows", gt.windows.len());
+        // The true stack at each of those instructions.
+        let mut stack: Vec<u64> = Vec::new();
+        let (mut checked, mut deepest) = (0, 0);
+        for (i, &pc) in pcs.iter().enumerate() {
+            if let Some(v) = at.get(&i) {
+                let mut truth = vec![pc];
+                truth.extend(stack.iter().rev());
+                for (s, branches) in v {
+                    assert_eq!(s.stack, truth, "{name}: synthesized stack at instruction {i} ({pc:#x})");
+                    assert_eq!(&s.branches, branches, "{name}: synthesized branches at instruction {i} ({pc:#x})");
+                    checked += 1;
+                    deepest = deepest.max(truth.len());
+                }
+            }
+            match flow.get(&pc) {
+                Some(Flow::Call) => stack.push(pc + 4),
+                Some(Flow::Return) => {
+                    stack.pop();
+                }
+                None => {}
+            }
+        }
+        assert_eq!(checked, n_synth, "{name}: every synthesized sample inside qemu's log");
+        let j = &r.stats["join"];
+        assert_eq!(j["synthesized"], n_synth, "{name}: {j}");
+        assert_eq!(j["synth_rejected"], 0, "{name}: {j}");
+        let stops = if restarts > 0 { serde_json::json!({"trace-restart": restarts}) } else { serde_json::json!({}) };
+        assert_eq!(j["synth_stops_by_reason"], stops, "{name}: {j}");
+        let file = prog.file_name().unwrap().to_string_lossy().into_owned();
+        let ps = perfscript_samples(&r.dumps.join(format!("{file}.perfscript")));
+        let total: u64 = ps.iter().map(|p| p.0).sum();
+        assert_eq!(total as usize, r.samples.len() + n_synth, "{name}: samples in the perf-script dump");
+        eprintln!(
+            "{name}: {} windows, {n_synth} synthesized samples equal to the path (stacks up to {deepest} frames), {restarts} windows stopped at an svc",
+            gt.windows.len()
+        );
+        // Off: the pause samples alone, in the profile and in the dump.
+        let off = replay_with(&sess, tmp.path(), "off", &["--no-synth-samples"]);
+        assert!(off.synth.is_empty() && off.samples == r.samples, "{name}");
+        assert_eq!(off.stats["join"]["synthesized"], 0);
+        let ps = perfscript_samples(&off.dumps.join(format!("{file}.perfscript")));
+        assert_eq!(ps.iter().map(|p| p.0).sum::<u64>() as usize, off.samples.len(), "{name}: without synthesized samples");
+    }
 }

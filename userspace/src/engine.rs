@@ -11,10 +11,9 @@ use std::rc::Rc;
 
 use etm_profile::BinaryInfo;
 use etm_session::image::ImageBytes;
-use etm_session::join::RejectReason;
 use etm_session::pipeline::FrameNamer;
 use etm_session::session::{PauseSample, SessionEvent, Sideband};
-use etm_session::{Pipeline, PipelineConfig, PipelineStats};
+use etm_session::{Pipeline, PipelineConfig};
 use etm_stacks::addrspace::Binary;
 use etm_stacks::{Frame, FrameId, FrameTable};
 
@@ -373,8 +372,8 @@ impl EventSink for Engine {
     }
 }
 
-fn rejects(st: &PipelineStats) -> std::collections::BTreeMap<&'static str, u64> {
-    RejectReason::ALL.iter().map(|&r| (r.name(), st.rejected().get(r))).filter(|&(_, n)| n > 0).collect()
+fn rejects(c: &etm_session::join::RejectCounts) -> std::collections::BTreeMap<&'static str, u64> {
+    c.iter().map(|(r, n)| (r.name(), n)).collect()
 }
 
 /// The pipeline's counters as JSON (replay summary, `run` manifest).
@@ -399,7 +398,12 @@ pub fn pipeline_json(p: &Pipeline) -> serde_json::Value {
             "samples": st.samples, "joined": st.join.joined, "partial": st.join.partial,
             "forced": st.join.forced, "by_watermark": st.join.by_watermark, "unverified": st.join.unverified,
             "leaf_frame_missing": st.join.leaf_frame_missing,
-            "rejected": st.join.rejected.total(), "rejected_by_reason": rejects(&st),
+            "rejected": st.join.rejected.total(), "rejected_by_reason": rejects(st.rejected()),
+            "synthesized": st.join.synthesized, "synth_unverified": st.join.synth_unverified,
+            "synth_rejected": st.join.synth_rejected.total(),
+            "synth_rejected_by_reason": rejects(&st.join.synth_rejected),
+            "synth_stops": st.join.synth_stops.total(),
+            "synth_stops_by_reason": st.join.synth_stops.iter().map(|(r, n)| (r.name(), n)).collect::<std::collections::BTreeMap<_, _>>(),
         },
         "samples": {"lbr": st.lbr_samples, "stack_only": st.stack_only_samples, "profiled": st.profiled, "stacks_truncated": st.stacks_truncated},
         "exact": exact_json(p),

@@ -32,6 +32,26 @@
 //!
 //! Without code for an address, the code checks are skipped and counted
 //! ([`JoinStats::unverified`]).
+//!
+//! # Synthesized samples ([`JoinConfig::synth_samples`])
+//!
+//! A window longer than `depth` branches holds more of the path than its pause sample's
+//! branches: at earlier points of it, the stack is the pause stack unwound backwards through
+//! the window's branches (what perf's instruction-trace synthesis and llvm-profgen's hybrid
+//! input do). Walking back from the pause, a return (RET from A to B) means the frame it left
+//! existed before it: its return address B is pushed (B must follow a call instruction); a
+//! call (BL/BLR at A) means the callee's frame did not exist before it: the top return address
+//! must be A + 4 and is popped. Other branches (jumps, tail calls) leave the return addresses
+//! as they are. With `m` branches in the window's newest segment (oldest `b[0]`), the
+//! synthesized sample `k` (1, 2, ...) is at the source of branch `b[m - k*depth]` (the
+//! instruction before that branch ran, leaf of its stack), with the `depth` branches before
+//! it (`b[m - k*depth - 1]` newest, fewer for the oldest): `floor((m - 1) / depth)` samples,
+//! at most `synth_samples`, each validated like the pause sample ([`RejectReason`], counted in
+//! [`JoinStats::synth_rejected`]). The walk stops for the window, counted by [`SynthStop`],
+//! when the reconstruction is not sound (unknown code, a call that is not the top of the
+//! stack, a return not after a call, a branch from an exception return) or the window's trace
+//! goes on beyond the segment (a trace restart: an exception filtered out, a gap) or beyond
+//! the branches kept.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -224,6 +244,81 @@ impl RejectCounts {
     }
 }
 
+/// Why the synthesis of a window's earlier samples stopped before the window's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SynthStop {
+    /// The pause stack lacked the leaf frame's return address: the stack to unwind from is
+    /// not known.
+    LeafFrameMissing,
+    /// No code for a branch source, or for a return's target.
+    UnknownCode,
+    /// Undoing a call: the top of the known stack is not that call's return address.
+    CallMismatch,
+    /// Undoing a return: its target does not follow a call instruction.
+    ReturnNotAfterCall,
+    /// A branch from an instruction that is neither a call, a return nor a jump (an exception
+    /// return, ...): not user code's call flow.
+    ExceptionFlow,
+    /// The window's trace restarted before the segment (an exception filtered out of the
+    /// trace, a context change, a gap): the stack before it is not followed.
+    TraceRestart,
+    /// The window had more branches than the segment keeps (`depth * (1 + synth_samples)`, at
+    /// most 65,536 unless `depth` is more).
+    BranchLimit,
+}
+
+impl SynthStop {
+    /// All reasons, in display order.
+    pub const ALL: [SynthStop; 7] = [
+        SynthStop::LeafFrameMissing,
+        SynthStop::UnknownCode,
+        SynthStop::CallMismatch,
+        SynthStop::ReturnNotAfterCall,
+        SynthStop::ExceptionFlow,
+        SynthStop::TraceRestart,
+        SynthStop::BranchLimit,
+    ];
+
+    /// Short name for summaries.
+    pub fn name(self) -> &'static str {
+        match self {
+            SynthStop::LeafFrameMissing => "leaf-frame-missing",
+            SynthStop::UnknownCode => "unknown-code",
+            SynthStop::CallMismatch => "call-mismatch",
+            SynthStop::ReturnNotAfterCall => "return-not-after-call",
+            SynthStop::ExceptionFlow => "exception-flow",
+            SynthStop::TraceRestart => "trace-restart",
+            SynthStop::BranchLimit => "branch-limit",
+        }
+    }
+}
+
+/// Synthesis stops, one counter per [`SynthStop`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SynthStopCounts([u64; SynthStop::ALL.len()]);
+
+impl SynthStopCounts {
+    /// Count of one reason.
+    pub fn get(&self, r: SynthStop) -> u64 {
+        self.0[r as usize]
+    }
+    /// Sum over all reasons.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+    fn bump(&mut self, r: SynthStop) {
+        self.0[r as usize] += 1;
+    }
+    /// `(reason, count)` for the non-zero reasons.
+    pub fn iter(&self) -> impl Iterator<Item = (SynthStop, u64)> + '_ {
+        SynthStop::ALL.iter().map(|&r| (r, self.get(r))).filter(|&(_, n)| n > 0)
+    }
+}
+
+/// Synthesized samples per window the binary asks for unless told not to
+/// ([`JoinConfig::synth_samples`]).
+pub const DEFAULT_SYNTH_SAMPLES: usize = 64;
+
 /// Join configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JoinConfig {
@@ -242,6 +337,22 @@ pub struct JoinConfig {
     pub allow_missing_leaf_frame: bool,
     /// Pending segments per CPU kept for samples that have not arrived yet.
     pub max_pending_segments: usize,
+    /// At most this many synthesized samples per window (module docs), 0 = none; a segment
+    /// keeps its newest `depth * (1 + synth_samples)` branches (at most 65,536 beyond `depth`).
+    pub synth_samples: usize,
+}
+
+/// Branches a segment keeps for synthesized samples at most (16 bytes each), whatever the
+/// depth: a large `depth` gets fewer synthesized samples, not a larger ring.
+const MAX_SYNTH_RING: usize = 1 << 16;
+
+impl JoinConfig {
+    /// Branches a segment keeps: `depth`, or `depth * (1 + synth_samples)` up to
+    /// [`MAX_SYNTH_RING`].
+    fn ring_cap(&self) -> usize {
+        let want = self.depth.saturating_mul(self.synth_samples.saturating_add(1));
+        want.min(self.depth.max(MAX_SYNTH_RING))
+    }
 }
 
 impl Default for JoinConfig {
@@ -254,6 +365,7 @@ impl Default for JoinConfig {
             max_pending_samples: 4096,
             allow_missing_leaf_frame: true,
             max_pending_segments: 1024,
+            synth_samples: 0,
         }
     }
 }
@@ -291,6 +403,15 @@ pub struct JoinStats {
     pub throttles: u64,
     /// Rejected samples by reason.
     pub rejected: RejectCounts,
+    /// Synthesized samples ([`JoinConfig::synth_samples`]) validated and kept.
+    pub synthesized: u64,
+    /// Of those, samples whose code checks could not all run.
+    pub synth_unverified: u64,
+    /// Synthesized samples rejected by the pause sample's validation, by reason (the window's
+    /// synthesis stops there).
+    pub synth_rejected: RejectCounts,
+    /// Windows whose synthesis stopped before the window's start, by reason.
+    pub synth_stops: SynthStopCounts,
 }
 
 /// A joined, validated hybrid sample (borrowed for the duration of the callback).
@@ -308,6 +429,9 @@ pub struct Joined<'a> {
     pub stack: &'a [u64],
     /// Branch records, newest first.
     pub branches: &'a [BranchPair],
+    /// 0 for the pause sample; `k` for the window's `k`-th synthesized sample back from the
+    /// pause ([`JoinConfig::synth_samples`]), which carries the pause's `time`.
+    pub synth: u32,
 }
 
 /// A sample waiting for its window.
@@ -342,16 +466,19 @@ struct Segment {
     window_start: bool,
     /// The traced context (CONTEXTIDR: the thread id) if the trace reported one.
     ctx: Option<u32>,
+    /// Older branches fell out of the ring.
+    dropped: bool,
 }
 
 impl Segment {
-    fn push(&mut self, b: BranchPair, depth: usize) {
-        if self.ring.len() < depth {
+    fn push(&mut self, b: BranchPair, cap: usize) {
+        if self.ring.len() < cap {
             self.ring.push(b);
-        } else if depth > 0 {
+        } else if cap > 0 {
             self.ring[self.head] = b;
             self.head += 1;
-            if self.head == depth {
+            self.dropped = true;
+            if self.head == cap {
                 self.head = 0;
             }
         }
@@ -388,6 +515,9 @@ pub struct Joiner {
     pool_stacks: Vec<Vec<u64>>,
     scratch: Vec<BranchPair>,
     shadow: Vec<u64>,
+    /// Synthesized samples: the return addresses (outermost first) and the stack.
+    synth_callers: Vec<u64>,
+    synth_stack: Vec<u64>,
 }
 
 impl Joiner {
@@ -401,6 +531,8 @@ impl Joiner {
             pool_stacks: Vec::new(),
             scratch: Vec::new(),
             shadow: Vec::new(),
+            synth_callers: Vec::new(),
+            synth_stack: Vec::new(),
         }
     }
 
@@ -430,7 +562,17 @@ impl Joiner {
         let c = self.cpus.entry(cpu);
         c.open = true;
         let window_start = std::mem::take(&mut c.next_window_start);
-        c.segs.push_back(Segment { time, ts_known, ring, head: 0, broken: false, throttled: false, window_start, ctx: None });
+        c.segs.push_back(Segment {
+            time,
+            ts_known,
+            ring,
+            head: 0,
+            broken: false,
+            throttled: false,
+            window_start,
+            ctx: None,
+            dropped: false,
+        });
         if c.segs.len() > self.cfg.max_pending_segments
             && let Some(g) = c.segs.pop_front()
         {
@@ -499,6 +641,7 @@ impl Joiner {
             throttled: true,
             window_start: false,
             ctx: None,
+            dropped: false,
         });
     }
 
@@ -537,26 +680,30 @@ impl Joiner {
     /// A taken branch in the open segment of `cpu` (in execution order).
     #[inline]
     pub fn branch(&mut self, cpu: i32, b: BranchPair) {
-        let depth = self.cfg.depth;
+        let cap = self.cfg.ring_cap();
         if let Some(c) = self.cpus.get_mut(cpu)
             && c.open
             && let Some(g) = c.segs.back_mut()
         {
-            g.push(b, depth);
+            g.push(b, cap);
         }
     }
 
-    /// Taken branches in the open segment of `cpu`, oldest first (only the newest `depth`
-    /// can matter: older ones would fall out of the segment's ring).
+    /// Taken branches in the open segment of `cpu`, oldest first (only the newest the ring
+    /// keeps can matter: older ones would fall out of it).
     #[inline]
     pub fn branches(&mut self, cpu: i32, bs: &[BranchPair]) {
-        let depth = self.cfg.depth;
+        let cap = self.cfg.ring_cap();
         if let Some(c) = self.cpus.get_mut(cpu)
             && c.open
             && let Some(g) = c.segs.back_mut()
         {
-            for &b in &bs[bs.len().saturating_sub(depth)..] {
-                g.push(b, depth);
+            let skip = bs.len().saturating_sub(cap);
+            if skip > 0 {
+                g.dropped = true;
+            }
+            for &b in &bs[skip..] {
+                g.push(b, cap);
             }
         }
     }
@@ -573,6 +720,7 @@ impl Joiner {
                 g.ring.clear();
                 g.head = 0;
                 g.broken = true;
+                g.dropped = false;
             }
         }
     }
@@ -744,10 +892,16 @@ impl Joiner {
                 }
             }
         };
-        // Whatever happened, these segments belonged to this pause.
-        for _ in 0..n {
+        // Whatever happened, these segments belonged to this pause; the newest one's branches
+        // are kept for the synthesized samples.
+        let mut newest: Option<Segment> = None;
+        for i in 0..n {
             if let Some(g) = c.segs.pop_front() {
-                recycle(&mut self.pool_rings, g.ring);
+                if i + 1 == n && self.cfg.synth_samples > 0 {
+                    newest = Some(g);
+                } else {
+                    recycle(&mut self.pool_rings, g.ring);
+                }
             }
         }
         let verdict = verdict.and_then(|()| {
@@ -762,9 +916,26 @@ impl Joiner {
                 self.stats.joined += 1;
                 self.stats.unverified += u64::from(check.unverified);
                 self.stats.leaf_frame_missing += u64::from(check.leaf_frame_missing);
-                out(&Joined { cpu, pid: s.pid, tid: s.tid, time: s.time, stack: &s.stack, branches: &self.scratch });
+                out(&Joined { cpu, pid: s.pid, tid: s.tid, time: s.time, stack: &s.stack, branches: &self.scratch, synth: 0 });
+                if let Some(g) = newest.as_mut()
+                    && !g.broken
+                {
+                    g.ring.rotate_left(g.head);
+                    let more = if g.dropped {
+                        Some(SynthStop::BranchLimit)
+                    } else {
+                        (!g.window_start).then_some(SynthStop::TraceRestart)
+                    };
+                    let w = SynthWindow { cpu, s: &s, leaf_frame_missing: check.leaf_frame_missing, ring: &g.ring, more };
+                    let buf =
+                        SynthBuf { callers: &mut self.synth_callers, stack: &mut self.synth_stack, branches: &mut self.scratch };
+                    synthesize(&w, buf, &self.cfg, oracle, &mut self.shadow, &mut self.stats, out);
+                }
             }
             Err(r) => self.stats.rejected.bump(r),
+        }
+        if let Some(g) = newest {
+            recycle(&mut self.pool_rings, g.ring);
         }
         recycle(&mut self.pool_stacks, s.stack);
     }
@@ -875,6 +1046,111 @@ fn recycle<T>(pool: &mut Vec<Vec<T>>, mut v: Vec<T>) {
 struct Check {
     unverified: bool,
     leaf_frame_missing: bool,
+}
+
+/// A joined pause sample's window, for its synthesized samples.
+struct SynthWindow<'a> {
+    cpu: i32,
+    s: &'a PendingSample,
+    leaf_frame_missing: bool,
+    /// The newest segment's branches, oldest first.
+    ring: &'a [BranchPair],
+    /// Why the window goes on before the ring's oldest branch, if it does.
+    more: Option<SynthStop>,
+}
+
+/// Scratch buffers of [`synthesize`].
+struct SynthBuf<'a> {
+    callers: &'a mut Vec<u64>,
+    stack: &'a mut Vec<u64>,
+    branches: &'a mut Vec<BranchPair>,
+}
+
+/// The synthesized samples of a window (module docs): the pause stack unwound backwards
+/// through the branches, a sample every `depth` branches, each validated by [`validate`].
+fn synthesize(
+    w: &SynthWindow<'_>,
+    buf: SynthBuf<'_>,
+    cfg: &JoinConfig,
+    oracle: &dyn CodeOracle,
+    shadow: &mut Vec<u64>,
+    stats: &mut JoinStats,
+    out: &mut dyn FnMut(&Joined<'_>),
+) {
+    let (ring, d, pid) = (w.ring, cfg.depth, w.s.pid);
+    let m = ring.len();
+    if d == 0 || m <= d {
+        return;
+    }
+    if w.leaf_frame_missing {
+        stats.synth_stops.bump(SynthStop::LeafFrameMissing);
+        return;
+    }
+    // Return addresses, the innermost last.
+    let callers = buf.callers;
+    callers.clear();
+    callers.extend(w.s.stack[1..].iter().rev());
+    let undo = |b: BranchPair, callers: &mut Vec<u64>| -> Result<(), SynthStop> {
+        match oracle.insn_kind(pid, b.from) {
+            None => Err(SynthStop::UnknownCode),
+            Some(InsnKind::Call) => {
+                let ret = oracle.insn_len(pid, b.from).ok_or(SynthStop::UnknownCode)? + b.from;
+                if callers.last() == Some(&ret) {
+                    callers.pop();
+                    Ok(())
+                } else {
+                    Err(SynthStop::CallMismatch)
+                }
+            }
+            Some(InsnKind::Return) => match oracle.after_call(pid, b.to) {
+                Some(true) => {
+                    callers.push(b.to);
+                    Ok(())
+                }
+                Some(false) => Err(SynthStop::ReturnNotAfterCall),
+                None => Err(SynthStop::UnknownCode),
+            },
+            Some(InsnKind::Exception | InsnKind::Flow) => Err(SynthStop::ExceptionFlow),
+            Some(InsnKind::Other | InsnKind::CondBranch | InsnKind::Jump) => Ok(()),
+        }
+    };
+    // The stack is rebuilt from a complete pause stack: its leaf frame cannot be missing.
+    let vcfg = JoinConfig { allow_missing_leaf_frame: false, ..*cfg };
+    // Branches ring[undone..] are undone: the stack is the one before ring[undone] ran.
+    let mut undone = m;
+    for k in 1..=cfg.synth_samples {
+        // The point: the source of branch p, before it ran.
+        let Some(p) = m.checked_sub(k * d).filter(|&p| p >= 1) else { break };
+        while undone > p {
+            undone -= 1;
+            if let Err(r) = undo(ring[undone], callers) {
+                stats.synth_stops.bump(r);
+                return;
+            }
+        }
+        buf.stack.clear();
+        buf.stack.push(ring[p].from);
+        buf.stack.extend(callers.iter().rev());
+        buf.branches.clear();
+        buf.branches.extend(ring[p.saturating_sub(d)..p].iter().rev());
+        let check = if cfg.validate {
+            match validate(buf.stack, buf.branches, &[], pid, oracle, &vcfg, shadow) {
+                Ok(c) => c,
+                Err(r) => {
+                    stats.synth_rejected.bump(r);
+                    return;
+                }
+            }
+        } else {
+            Check::default()
+        };
+        stats.synthesized += 1;
+        stats.synth_unverified += u64::from(check.unverified);
+        out(&Joined { cpu: w.cpu, pid, tid: w.s.tid, time: w.s.time, stack: buf.stack, branches: buf.branches, synth: k as u32 });
+    }
+    if let Some(r) = w.more {
+        stats.synth_stops.bump(r);
+    }
 }
 
 /// Walk `[from, to)` and require straight-line code (no instruction that always changes the
@@ -1345,5 +1621,95 @@ mod tests {
         j.flush(&NoCode, &mut out);
         assert_eq!(n, 1);
         assert_eq!(j.stats().unverified, 1);
+    }
+
+    /// One window of the toy path (Trace Info before it), its pause sample, synthesized
+    /// samples collected as (synth, stack, branches).
+    type Synth = Vec<(u32, Vec<u64>, Vec<BranchPair>)>;
+    fn synth_run(cfg: JoinConfig, stack: &[u64], window_start: bool) -> (Synth, JoinStats) {
+        synth_run_path(cfg, &window_path(), stack, window_start)
+    }
+    fn synth_run_path(cfg: JoinConfig, path: &[BranchPair], stack: &[u64], window_start: bool) -> (Synth, JoinStats) {
+        let oracle = toy();
+        let mut j = Joiner::new(cfg);
+        let mut got = Vec::new();
+        let mut out = |s: &Joined<'_>| got.push((s.synth, s.stack.to_vec(), s.branches.to_vec()));
+        if window_start {
+            j.trace_info(0);
+        }
+        j.begin_segment(0, 10, true, &oracle, &mut out);
+        j.branches(0, path);
+        j.end_segment(0);
+        j.sample(0, 1, 1, 20, stack, &oracle, &mut out);
+        j.flush(&oracle, &mut out);
+        (got, *j.stats())
+    }
+
+    /// Depth 2 over the toy's 6 branches: floor(5 / 2) = 2 synthesized samples, worked out by
+    /// hand from the toy's code: at g's ret (0x3008, g called from f at 0x2020, f from main)
+    /// after f's call of g and its loop branch; at f's loop branch (0x2010) after f's second
+    /// iteration and main's call of f.
+    #[test]
+    fn synthesized_samples_unwind_the_pause_stack() {
+        let cfg = JoinConfig { depth: 2, synth_samples: 8, ..Default::default() };
+        let (got, st) = synth_run(cfg, &[0x2044, 0x1014], true);
+        let w = window_path();
+        assert_eq!(
+            got,
+            vec![
+                (0, vec![0x2044, 0x1014], vec![w[5], w[4]]),
+                (1, vec![0x3008, 0x2024, 0x1014], vec![w[3], w[2]]),
+                (2, vec![0x2010, 0x1014], vec![w[1], w[0]]),
+            ]
+        );
+        assert_eq!((st.joined, st.synthesized, st.synth_rejected.total(), st.synth_stops.total()), (1, 2, 0, 0), "{st:?}");
+        // Off: the pause sample alone.
+        let (got, st) = synth_run(JoinConfig { synth_samples: 0, ..cfg }, &[0x2044, 0x1014], true);
+        assert_eq!((got.len(), st.synthesized), (1, 0));
+        // Depth 5: floor(5 / 5) = 1, with the one branch before the point.
+        let (got, _) = synth_run(JoinConfig { depth: 5, ..cfg }, &[0x2044, 0x1014], true);
+        assert_eq!(got[1..], [(1, vec![0x2010, 0x1014], vec![w[0]])]);
+    }
+
+    /// A wrong caller below the pause's branches: the pause sample cannot see it, the first
+    /// synthesized sample neither, the second (main's call of f) is rejected by the pause
+    /// sample's validation and the synthesis stops there.
+    #[test]
+    fn synthesized_samples_are_validated() {
+        let cfg = JoinConfig { depth: 2, synth_samples: 8, ..Default::default() };
+        let (got, st) = synth_run(cfg, &[0x2044, 0x5550], true);
+        assert_eq!(got.len(), 2);
+        assert_eq!((st.synthesized, st.synth_rejected.get(RejectReason::StackMismatch)), (1, 1), "{st:?}");
+    }
+
+    /// The ring's bound: depth * (1 + synth_samples), at most 65,536 branches unless the depth
+    /// alone is more.
+    #[test]
+    fn synthesis_ring_is_bounded() {
+        let c = |depth, synth_samples| JoinConfig { depth, synth_samples, ..Default::default() }.ring_cap();
+        assert_eq!(
+            (c(32, 0), c(32, 64), c(4096, 64), c(100_000, 64), c(usize::MAX, 64)),
+            (32, 2080, 65_536, 100_000, usize::MAX)
+        );
+    }
+
+    /// The ring keeps depth * (1 + synth_samples) branches: one synthesized sample, and the
+    /// window's older branches counted as beyond the limit; a segment that is not the start of
+    /// its window (no Trace Info) counts as a restart.
+    #[test]
+    fn synthesis_stops_are_counted() {
+        let cfg = JoinConfig { depth: 2, synth_samples: 1, ..Default::default() };
+        let (got, st) = synth_run(cfg, &[0x2044, 0x1014], true);
+        assert_eq!(got.len(), 2);
+        assert_eq!(st.synth_stops.get(SynthStop::BranchLimit), 1, "{st:?}");
+        let cfg = JoinConfig { depth: 2, synth_samples: 8, ..Default::default() };
+        let (got, st) = synth_run(cfg, &[0x2044, 0x1014], false);
+        assert_eq!(got.len(), 3);
+        assert_eq!(st.synth_stops.get(SynthStop::TraceRestart), 1, "{st:?}");
+        // Sampled in g before its frame record: the pause stack lacks f's return address
+        // (accepted as a missing leaf frame), so there is no stack to unwind from.
+        let (got, st) = synth_run_path(JoinConfig { depth: 1, ..cfg }, &window_path()[..4], &[0x3004, 0x1014], true);
+        assert_eq!((got.len(), st.leaf_frame_missing), (1, 1), "{st:?}");
+        assert_eq!(st.synth_stops.get(SynthStop::LeafFrameMissing), 1, "{st:?}");
     }
 }

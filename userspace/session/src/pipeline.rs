@@ -253,7 +253,7 @@ pub struct PipelineStats {
     pub trace_complete: u64,
     /// The join's counters (windows, joined, rejected by reason, ...).
     pub join: JoinStats,
-    /// Samples added to the profile.
+    /// Pause samples added to the profile (synthesized ones: [`JoinStats::synthesized`]).
     pub profiled: u64,
     /// Profiled stacks cut at a return address not preceded by a call
     /// ([`CodeMap::checked_depth`]): the frames beyond it were not real callers.
@@ -1196,13 +1196,13 @@ impl Pipeline {
                 let depth = cfg.join.depth.min(kept.len());
                 let (b, t) = (&kept[..depth], &types[..depth]);
                 if joiner.validate_sample(s.pid, &s.stack, b, t, code).is_ok() {
-                    sink.accept(&Joined { cpu: s.cpu, pid: s.pid, tid: s.tid, time: s.time, stack: &s.stack, branches: b });
+                    sink.accept(&pause_joined(s, b));
                 }
             }
             None if cfg.cpus.is_empty() => {
                 sink.stats.stack_only_samples += 1;
                 if !s.stack.is_empty() {
-                    sink.accept(&Joined { cpu: s.cpu, pid: s.pid, tid: s.tid, time: s.time, stack: &s.stack, branches: &[] });
+                    sink.accept(&pause_joined(s, &[]));
                 }
             }
             None => joiner.sample(s.cpu, s.pid, s.tid, s.time, &s.stack, code, &mut |j| sink.accept(j)),
@@ -1495,6 +1495,11 @@ impl ExactState {
     }
 }
 
+/// A pause sample that carried its own branches (or none) as a joined sample.
+fn pause_joined<'a>(s: &'a PauseSample, branches: &'a [BranchPair]) -> Joined<'a> {
+    Joined { cpu: s.cpu, pid: s.pid, tid: s.tid, time: s.time, stack: &s.stack, branches, synth: 0 }
+}
+
 /// The root frame of a stack cut by the callers check (views, folded and pprof output).
 pub const TRUNCATED_FRAME: &str = "[truncated]";
 
@@ -1530,6 +1535,11 @@ impl Sink<'_> {
             self.profile.add_cut(&sample, self.resolver)
         } else {
             self.profile.add(&sample, self.resolver)
+        }
+        if j.synth > 0 {
+            // Synthesized samples feed the PGO dumps only: the sampled stacks (trie, folded,
+            // pprof, live view) stay one per pause, proportional to time.
+            return;
         }
         self.stats.profiled += 1;
         // Context trie: root first.

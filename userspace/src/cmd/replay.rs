@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use etm_session::join::RejectReason;
+use etm_session::join::{DEFAULT_SYNTH_SAMPLES, RejectReason};
 use etm_session::session::SessionReader;
 use etm_session::{Pipeline, PipelineConfig, PipelineStats};
 
@@ -42,7 +42,9 @@ pub struct ReplayArgs {
     /// returns vs. the stack).
     #[arg(long)]
     no_validate: bool,
-    /// Write every joined sample as a JSON line {cpu,pid,tid,time,stack,branches} to this file.
+    /// Write every joined sample as a JSON line {cpu,pid,tid,time,stack,branches,synth} to this
+    /// file (`synth`: 0 for a pause sample, k for the window's k-th synthesized one back from
+    /// the pause).
     #[arg(long)]
     samples_out: Option<PathBuf>,
     /// Print the summary as JSON instead of text (with --headless).
@@ -56,6 +58,9 @@ pub struct ReplayArgs {
     /// No exact per-function counts from the trace (as `run --no-exact`).
     #[arg(long)]
     no_exact: bool,
+    /// No synthesized samples inside the windows (as `run --no-synth-samples`).
+    #[arg(long)]
+    no_synth_samples: bool,
 }
 
 pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
@@ -81,6 +86,7 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     }
     cfg.join.validate = !args.no_validate;
     cfg.exact = !args.no_exact;
+    cfg.join.synth_samples = if args.no_synth_samples { 0 } else { DEFAULT_SYNTH_SAMPLES };
     // The same engine (pipeline, symbolizer, writers) as `run`.
     let mut engine = Engine::new(cfg, None);
     // Pause records with stack copies unwind as the live run unwound them (before the images
@@ -113,6 +119,7 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
                     "cpu": j.cpu, "pid": j.pid, "tid": j.tid, "time": j.time,
                     "stack": j.stack,
                     "branches": j.branches.iter().map(|b| serde_json::json!({"from": b.from, "to": b.to})).collect::<Vec<_>>(),
+                    "synth": j.synth,
                 });
                 let mut w = w2.borrow_mut();
                 let _ = serde_json::to_writer(&mut *w, &v);
@@ -267,6 +274,19 @@ fn print_summary(
     );
     for (name, n) in rejects(st) {
         println!("    rejected {name}: {n}");
+    }
+    println!(
+        "  synthesized: {} (unverified {}), rejected {}, windows stopped early {}",
+        st.join.synthesized,
+        st.join.synth_unverified,
+        st.join.synth_rejected.total(),
+        st.join.synth_stops.total()
+    );
+    for (r, n) in st.join.synth_rejected.iter() {
+        println!("    synthesized rejected {}: {n}", r.name());
+    }
+    for (r, n) in st.join.synth_stops.iter() {
+        println!("    synthesis stopped {}: {n}", r.name());
     }
     println!(
         "  samples:  lbr {} stack-only {} profiled {} (stacks cut at a return address after no call {}); lost records {} (events {})",

@@ -145,6 +145,11 @@ pub struct RunArgs {
     /// instructions.folded/svg, the view's instr column): saves their cost per decoded range.
     #[arg(long)]
     pub no_exact: bool,
+    /// With ETM: no synthesized samples inside the windows (by default a window longer than
+    /// --depth branches also gives a hybrid sample every --depth branches back from its pause,
+    /// its stack unwound backwards through the window's calls and returns, for the PGO dumps).
+    #[arg(long)]
+    pub no_synth_samples: bool,
     /// Log file in live-view mode (default: DUMP_DIR/etm-bpf.log, else /tmp/etm-bpf-PID.log).
     #[arg(long)]
     pub log_file: Option<PathBuf>,
@@ -676,6 +681,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let mut pc = etm.pipeline_config(args.depth.unwrap_or(ETM_DEPTH) as usize);
         pc.trie_nodes = args.max_contexts;
         pc.exact = !args.no_exact;
+        pc.join.synth_samples = if args.no_synth_samples { 0 } else { etm_session::join::DEFAULT_SYNTH_SAMPLES };
         let mut engine = Engine::new(pc, Some(loader()));
         if stack_bytes != 0 {
             engine.enable_unwinding(args.unwind);
@@ -1416,6 +1422,15 @@ fn print_summary(
             st.join.joined,
             st.join.rejected.total()
         );
+        if info.branches == "etm" {
+            let _ = writeln!(
+                out,
+                "synthesized samples {}, rejected {}, windows stopped early {}",
+                st.join.synthesized,
+                st.join.synth_rejected.total(),
+                st.join.synth_stops.total()
+            );
+        }
         if info.branches == "lbr" {
             let _ = writeln!(
                 out,
