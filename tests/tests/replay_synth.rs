@@ -935,24 +935,67 @@ fn true_per_call(prog: &Path, fns: &[(u64, u64, String)], windows: u64, period: 
     calls.iter().map(|(f, &c)| (f.to_string(), own.get(f).copied().unwrap_or(0) as f64 / c as f64)).collect()
 }
 
+/// The calls of qemu's log from `main` to the last window (as in [`true_per_call`]), with
+/// their callers: a frame pushed at each call instruction (objdump) whose target is in that
+/// span, counting the instructions executed while it is on top (its own) and until its return
+/// (inclusive); per (caller, callee) by nm, the calls that returned in the span: (calls, own
+/// instructions, inclusive instructions).
+fn true_calls_by_caller(
+    prog: &Path,
+    fns: &[(u64, u64, String)],
+    windows: u64,
+    period: u64,
+) -> BTreeMap<(String, String), (u64, u64, u64)> {
+    let flow = objdump_flow(prog);
+    let pcs = etm_synth::qemu::run(prog, &[], &etm_synth::qemu::QemuOptions::default()).expect("qemu runs").pcs;
+    let main_at = pcs.iter().position(|&pc| function_of(fns, pc) == "main").expect("main runs");
+    let hi = ((windows * period) as usize).min(pcs.len());
+    // (caller, callee, own, first instruction)
+    let mut stack: Vec<(&str, &str, u64, usize)> = Vec::new();
+    let mut out: BTreeMap<(String, String), (u64, u64, u64)> = BTreeMap::new();
+    for i in main_at..hi {
+        if let Some(top) = stack.last_mut() {
+            top.2 += 1;
+        }
+        match flow.get(&pcs[i]) {
+            Some(Flow::Call) if i + 1 < hi => stack.push((function_of(fns, pcs[i]), function_of(fns, pcs[i + 1]), 0, i + 1)),
+            Some(Flow::Return) => {
+                if let Some((caller, callee, own, start)) = stack.pop() {
+                    let e = out.entry((caller.to_string(), callee.to_string())).or_default();
+                    *e = (e.0 + 1, e.1 + own, e.2 + (i + 1 - start) as u64);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 /// `diff` on instructions per call (tests/aarch64/percall.c: B runs 6 instructions fewer per
 /// call of `shared`, which `left` and `right` call): `shared`'s change of self instructions
 /// per call is significant, negative, with the true change (qemu's path of each build, calls
 /// by objdump) inside its 95% interval; no other function's change is significant. And for a
 /// B identical to A (the same build sampled at another period): nothing significant, neither
-/// per call nor in the instruction shares.
+/// per call nor in the instruction shares. Per calling context (`contexts.csv`, the caller
+/// chain each window saw, matched by names): every context of `shared` (from `left` and from
+/// `right`, both seen from `main`) significant, negative, with the true change of its caller
+/// (qemu's log, a shadow stack by objdump's calls and returns) inside its interval; the
+/// contexts of `left` and `right` not; A against A nothing.
 #[test]
 fn per_call_diff_of_two_builds() {
     let tmp = tempfile::tempdir().unwrap();
     let (Some(a), Some(b)) = (build("percall_a", tmp.path()), build("percall_b", tmp.path())) else { return };
     let window = 1000;
     let mut truth = Vec::new();
+    let mut by_caller = Vec::new();
     let mut dumps = Vec::new();
     for (tag, prog, period) in [("a", &a, 7919), ("b", &b, 7919), ("a2", &a, 6151)] {
         let sess = tmp.path().join(format!("s-{tag}"));
         let gt = synth(prog, &[], &sess, window, period, true);
         dumps.push(replay(&sess, tmp.path(), tag).dumps);
-        truth.push(true_per_call(prog, &nm_functions(prog), gt.windows.len() as u64, period));
+        let fns = nm_functions(prog);
+        truth.push(true_per_call(prog, &fns, gt.windows.len() as u64, period));
+        by_caller.push(true_calls_by_caller(prog, &fns, gt.windows.len() as u64, period));
     }
     let diff = |x: &Path, y: &Path| -> serde_json::Value {
         serde_json::from_str(&run(Command::new(etm_bpf_bin()).args(["diff", "--json"]).arg(x).arg(y))).unwrap()
@@ -981,9 +1024,41 @@ fn per_call_diff_of_two_builds() {
         }
     }
     assert!(pc.iter().any(|e| e["function"] == "shared"), "{v}");
+    let ctx = v["per_call_contexts"].as_array().expect("per-context comparison in the diff");
+    let self_per_call = |t: &BTreeMap<(String, String), (u64, u64, u64)>, k: &(String, String)| {
+        t.get(k).map_or(f64::NAN, |&(c, own, _)| own as f64 / c as f64)
+    };
+    for e in ctx {
+        let c = e["context"].as_str().unwrap();
+        let path: Vec<&str> = c.split(';').collect();
+        assert!(path.len() >= 2, "a complete call has its caller in the window: {c}");
+        let key = (path[path.len() - 2].to_string(), path[path.len() - 1].to_string());
+        let d = self_per_call(&by_caller[1], &key) - self_per_call(&by_caller[0], &key);
+        let (lo, hi) = (e["ci95"][0].as_f64().unwrap(), e["ci95"][1].as_f64().unwrap());
+        eprintln!(
+            "{c}: {} / {} calls, true change {d:+.3}, estimate {:+.3} [{lo:+.3}, {hi:+.3}], significant {}",
+            e["calls_a"],
+            e["calls_b"],
+            e["change"].as_f64().unwrap(),
+            e["significant"]
+        );
+        assert_eq!(e["significant"], key.1 == "shared", "{c}: {e}");
+        if key.1 == "shared" {
+            assert!((d + 6.0).abs() < 1e-9, "{c}: the builds differ by 6 instructions per call of shared: {d}");
+            assert!(e["change"].as_f64().unwrap() < 0.0 && lo <= d && d <= hi, "{c}: true change {d} outside [{lo}, {hi}]");
+        }
+    }
+    for caller in ["main;left;shared", "main;right;shared"] {
+        assert!(ctx.iter().any(|e| e["context"] == caller && e["significant"] == true), "{caller}: {v}");
+    }
     let v = diff(&dumps[0], &dumps[2]);
     let sig = |k: &str| v[k].as_array().unwrap().iter().filter(|e| e["significant"] == true).count();
-    assert_eq!((sig("per_call"), sig("exact_functions")), (0, 0), "A against A at another period: {v}");
+    assert_eq!(
+        (sig("per_call"), sig("exact_functions"), sig("per_call_contexts")),
+        (0, 0, 0),
+        "A against A at another period: {v}"
+    );
+    assert!(!v["per_call_contexts"].as_array().unwrap().is_empty(), "{v}");
 }
 
 /// Coverage of the flat workload's functions (256 small ones called through a table), against

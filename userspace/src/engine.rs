@@ -336,6 +336,9 @@ pub struct DumpSnapshot {
     pub exact_totals: (u64, u64),
     /// The exact instructions per calling context, as folded lines (`instructions.folded`).
     pub exact_folded: Vec<String>,
+    /// The calling contexts entered by a call, named as in `exact_folded`, with their calls
+    /// and instructions per call (`contexts.csv`).
+    pub exact_context_calls: Vec<(String, etm_profile::exact::ContextCalls)>,
 }
 
 impl Engine {
@@ -357,6 +360,7 @@ impl Engine {
             functions: exact_functions(p),
             exact_totals: (p.exact_counts().segments(), p.exact_counts().instructions()),
             exact_folded: exact_folded(p),
+            exact_context_calls: exact_context_calls(p),
         }
     }
 }
@@ -398,6 +402,8 @@ pub fn write_snapshot_files(
     if s.exact_totals.0 > 0 {
         write_atomic(&dir.join("functions.csv"), |w| write_functions_csv(s, w))?;
         files.push("functions.csv".into());
+        write_atomic(&dir.join("contexts.csv"), |w| write_contexts_csv(s, w))?;
+        files.push("contexts.csv".into());
         write_atomic(&dir.join("instructions.folded"), |w| {
             for l in &s.exact_folded {
                 writeln!(w, "{l}")?;
@@ -431,17 +437,20 @@ pub fn exact_functions(p: &Pipeline) -> Vec<etm_session::pipeline::ExactFunction
 /// The exact instructions per calling context as folded lines (`outermost;...;innermost
 /// instructions`, sorted), the names demangled as in [`exact_functions`].
 fn exact_folded(p: &Pipeline) -> Vec<String> {
-    let mut v: Vec<String> = p
-        .exact_contexts()
-        .into_iter()
-        .map(|(path, n)| {
-            let names: Vec<std::borrow::Cow<'_, str>> =
-                path.into_iter().map(|f| addr2line::demangle_auto(f.into(), None)).collect();
-            format!("{} {n}", names.join(";"))
-        })
-        .collect();
+    let mut v: Vec<String> = p.exact_contexts().into_iter().map(|(path, n)| format!("{} {n}", context_name(path))).collect();
     v.sort();
     v
+}
+
+/// A context's path as in `instructions.folded`: `outermost;...;innermost`, demangled.
+fn context_name(path: Vec<&str>) -> String {
+    let names: Vec<std::borrow::Cow<'_, str>> = path.into_iter().map(|f| addr2line::demangle_auto(f.into(), None)).collect();
+    names.join(";")
+}
+
+/// The calling contexts entered by a call, named by [`context_name`].
+fn exact_context_calls(p: &Pipeline) -> Vec<(String, etm_profile::exact::ContextCalls)> {
+    p.exact_context_calls().into_iter().map(|(path, c)| (context_name(path), c)).collect()
 }
 
 /// Per function name: its share of the traced instructions (the live view's column).
@@ -465,6 +474,7 @@ fn exact_json(p: &Pipeline) -> serde_json::Value {
         "blocks_covered": c.coverage().0,
         "branches_covered": c.coverage().1,
         "coverage_beyond_bound": c.coverage_overflow,
+        "context_calls_beyond_bound": c.context_calls_beyond_bound,
     })
 }
 
@@ -487,10 +497,6 @@ fn write_functions_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io:
          inclusive_per_call,inclusive_per_call_ci95_low,inclusive_per_call_ci95_high,inclusive_per_call_stderr,\
          blocks,branches,complete_calls"
     )?;
-    let ratio = |r: Option<etm_profile::exact::Ratio>| match r {
-        Some(r) => format!("{:.4},{:.4},{:.4},{:.4}", r.value, r.ci.0, r.ci.1, r.stderr),
-        None => ",,,".to_owned(),
-    };
     for f in &s.functions {
         let c = &f.count;
         writeln!(
@@ -506,14 +512,51 @@ fn write_functions_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io:
             c.segments,
             c.inclusive,
             c.calls,
-            ratio(c.self_per_call),
-            ratio(c.inclusive_per_call),
+            ratio_fields(c.self_per_call),
+            ratio_fields(c.inclusive_per_call),
             c.blocks,
             c.branches,
             c.complete_calls
         )?;
     }
     Ok(())
+}
+
+/// `contexts.csv`: per calling context entered by a call in the decoded trace (its path as in
+/// `instructions.folded`, the innermost function the one called), the instructions that
+/// function executed in it, its calls and complete calls, and its instructions per call self
+/// and inclusive with 95% intervals (the estimator of `functions.csv`, over the calls of this
+/// context: `etm_profile::exact`), most calls first.
+fn write_contexts_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+    writeln!(
+        w,
+        "context,function,instructions,calls,complete_calls,\
+         self_per_call,self_per_call_ci95_low,self_per_call_ci95_high,self_per_call_stderr,\
+         inclusive_per_call,inclusive_per_call_ci95_low,inclusive_per_call_ci95_high,inclusive_per_call_stderr"
+    )?;
+    for (name, c) in &s.exact_context_calls {
+        let function = name.rsplit(';').next().unwrap_or(name);
+        writeln!(
+            w,
+            "{},{},{},{},{},{},{}",
+            csv_field(name),
+            csv_field(function),
+            c.instructions,
+            c.calls,
+            c.complete_calls,
+            ratio_fields(c.self_per_call),
+            ratio_fields(c.inclusive_per_call)
+        )?;
+    }
+    Ok(())
+}
+
+/// A ratio estimate as four CSV fields (value, 95% interval, stderr), empty without one.
+fn ratio_fields(r: Option<etm_profile::exact::Ratio>) -> String {
+    match r {
+        Some(r) => format!("{:.4},{:.4},{:.4},{:.4}", r.value, r.ci.0, r.ci.1, r.stderr),
+        None => ",,,".to_owned(),
+    }
 }
 
 /// The address-level pprof profile of a snapshot ([`etm_stacks::pprof::build_address_profile`]),
