@@ -285,7 +285,7 @@ fn replay_without_exact_counts_keeps_the_profile() {
         v
     };
     let (na, nb) = (names(&a.dumps), names(&b.dumps));
-    let exact_files = ["functions.csv", "instructions.folded", "instructions.svg"];
+    let exact_files = ["functions.csv", "contexts.csv", "instructions.folded", "instructions.svg"];
     for f in exact_files {
         assert!(na.iter().any(|n| n == f), "{f} missing with exact counts: {na:?}");
     }

@@ -453,13 +453,9 @@ fn exact_context_calls(p: &Pipeline) -> Vec<(String, etm_profile::exact::Context
     p.exact_context_calls().into_iter().map(|(path, c)| (context_name(path), c)).collect()
 }
 
-/// Per function name: its share of the traced instructions (the live view's column).
-pub fn exact_shares(p: &Pipeline) -> std::collections::HashMap<String, f64> {
-    let mut m = std::collections::HashMap::new();
-    for f in exact_functions(p) {
-        *m.entry(f.function).or_insert(0.0) += f.count.share;
-    }
-    m
+/// Per function name: its exact counts (the live view's columns).
+pub fn exact_figures(p: &Pipeline) -> std::collections::HashMap<String, crate::tui::app::ExactFigures> {
+    crate::tui::app::ExactFigures::by_name(&exact_functions(p))
 }
 
 /// The summary of the exact per-function counts (`functions.csv`).
