@@ -53,21 +53,15 @@ fn read_folded(dir: &Path) -> anyhow::Result<(String, std::collections::BTreeMap
     Ok((text, m))
 }
 
-/// The exact counts of a dump, if it has them.
-fn read_exact(dir: &Path) -> anyhow::Result<Option<Vec<etm_stacks::diff::ExactRow>>> {
-    let p = dir.join("functions.csv");
+/// A CSV of exact counts in a dump (`functions.csv`, `contexts.csv`), parsed, if the dump has it.
+fn read_csv<T>(
+    dir: &Path,
+    name: &str,
+    parse: fn(&str) -> Result<Vec<T>, etm_stacks::folded::FoldedError>,
+) -> anyhow::Result<Option<Vec<T>>> {
+    let p = dir.join(name);
     let Ok(bytes) = std::fs::read(&p) else { return Ok(None) };
-    let rows = parse_functions_csv(&String::from_utf8_lossy(&bytes))
-        .with_context(|| format!("{} is not an etm-bpf functions.csv", p.display()))?;
-    Ok(Some(rows))
-}
-
-/// The per-call figures by calling context of a dump, if it has them.
-fn read_contexts(dir: &Path) -> anyhow::Result<Option<Vec<etm_stacks::diff::ContextRow>>> {
-    let p = dir.join("contexts.csv");
-    let Ok(bytes) = std::fs::read(&p) else { return Ok(None) };
-    let rows = parse_contexts_csv(&String::from_utf8_lossy(&bytes))
-        .with_context(|| format!("{} is not an etm-bpf contexts.csv", p.display()))?;
+    let rows = parse(&String::from_utf8_lossy(&bytes)).with_context(|| format!("{} is not an etm-bpf {name}", p.display()))?;
     Ok(Some(rows))
 }
 
@@ -188,14 +182,18 @@ pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
     let (tb, b) = read_folded(&args.b)?;
     anyhow::ensure!(args.alpha > 0.0 && args.alpha < 1.0, "--alpha must be between 0 and 1, not {}", args.alpha);
     let c = compare(&a, &b, args.alpha);
-    let (exact, per_call) = match (read_exact(&args.a)?, read_exact(&args.b)?) {
+    let (exact, per_call) = match (
+        read_csv(&args.a, "functions.csv", parse_functions_csv)?,
+        read_csv(&args.b, "functions.csv", parse_functions_csv)?,
+    ) {
         (Some(ea), Some(eb)) => (Some(compare_exact(&ea, &eb, args.alpha)), Some(compare_per_call(&ea, &eb, args.alpha))),
         _ => (None, None),
     };
-    let per_context = match (read_contexts(&args.a)?, read_contexts(&args.b)?) {
-        (Some(ca), Some(cb)) => Some(compare_context_per_call(&ca, &cb, args.alpha)),
-        _ => None,
-    };
+    let per_context =
+        match (read_csv(&args.a, "contexts.csv", parse_contexts_csv)?, read_csv(&args.b, "contexts.csv", parse_contexts_csv)?) {
+            (Some(ca), Some(cb)) => Some(compare_context_per_call(&ca, &cb, args.alpha)),
+            _ => None,
+        };
     let svg = args.svg.clone().unwrap_or_else(|| args.b.join("diff.svg"));
     let title = format!("{} -> {}", args.a.display(), args.b.display());
     // Both dumps with exact counts: the graph is of their instructions per context (no skid).
