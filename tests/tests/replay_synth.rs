@@ -732,6 +732,12 @@ fn exact_diff_of_two_builds() {
 
 /// `functions.csv` by column name: function -> column -> field (C test programs: no quoting).
 fn functions_table(path: &Path) -> BTreeMap<String, BTreeMap<String, String>> {
+    csv_rows(path).into_iter().collect()
+}
+
+/// The rows of a CSV dump (`functions.csv`, `contexts.csv`) by column name, keyed by the
+/// first column, in file order (C test programs: no quoting).
+fn csv_rows(path: &Path) -> Vec<(String, BTreeMap<String, String>)> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut lines = text.lines();
     let head: Vec<&str> = lines.next().expect("header").split(',').collect();
@@ -775,6 +781,9 @@ struct TrueCalls {
     calls: BTreeMap<String, u64>,
     blocks: BTreeMap<String, u64>,
     branches: BTreeMap<String, u64>,
+    /// Calls per calling context (`outermost;...;callee`): the frames from the lowest stack
+    /// depth the window reached so far up to the caller, then the callee.
+    context_calls: BTreeMap<String, u64>,
 }
 
 /// The truth of [`TrueCalls`] from qemu's instruction log of the whole run: the true call
@@ -816,6 +825,7 @@ fn true_calls(prog: &Path, gt: &GroundTruth, fns: &[(u64, u64, String)]) -> True
     let mut stack: Vec<String> = Vec::new();
     let mut wi = 0;
     let mut in_window: Vec<Vec<String>> = Vec::new();
+    let mut low_so_far = usize::MAX;
     for (i, &pc) in pcs.iter().enumerate() {
         let i = i as u64;
         let top = name(pc);
@@ -826,8 +836,12 @@ fn true_calls(prog: &Path, gt: &GroundTruth, fns: &[(u64, u64, String)]) -> True
         if let Some(&(lo, hi, _)) = windows.get(wi) {
             if (lo..hi).contains(&i) {
                 in_window.push(stack.clone());
+                low_so_far = low_so_far.min(stack.len());
                 if i + 1 < hi && flow.get(&pc) == Some(&Flow::Call) {
-                    *t.calls.entry(name(pcs[i as usize + 1])).or_default() += 1;
+                    let callee = name(pcs[i as usize + 1]);
+                    let ctx = format!("{};{callee}", stack[low_so_far - 1..].join(";"));
+                    *t.context_calls.entry(ctx).or_default() += 1;
+                    *t.calls.entry(callee).or_default() += 1;
                 }
             }
             if i + 1 == hi {
@@ -839,6 +853,7 @@ fn true_calls(prog: &Path, gt: &GroundTruth, fns: &[(u64, u64, String)]) -> True
                     }
                 }
                 in_window.clear();
+                low_so_far = usize::MAX;
                 wi += 1;
             }
         }
@@ -854,8 +869,9 @@ fn true_calls(prog: &Path, gt: &GroundTruth, fns: &[(u64, u64, String)]) -> True
     t
 }
 
-/// Inclusive counts, calls, blocks and branches per function from the trace (the shadow call
-/// stack over each window's ranges) equal the truth of qemu's exact path ([`true_calls`]):
+/// Inclusive counts, calls, blocks and branches per function, and calls per calling context
+/// (`contexts.csv`), from the trace (the shadow call stack over each window's ranges) equal the
+/// truth of qemu's exact path ([`true_calls`]):
 /// the flat workload (calls through a table), recursion, and the A/B program's build A (one
 /// function shared by two callers).
 #[test]
@@ -871,8 +887,17 @@ fn exact_inclusive_and_calls_equal_the_path() {
             table.iter().map(|(f, row)| (f.clone(), row[c].parse::<u64>().unwrap())).filter(|(_, n)| *n > 0).collect()
         };
         let truth = true_calls(&prog, &gt, &nm_functions(&prog));
-        let ours =
-            TrueCalls { inclusive: col("inclusive"), calls: col("calls"), blocks: col("blocks"), branches: col("branches") };
+        let mut context_calls: BTreeMap<String, u64> = BTreeMap::new();
+        for (c, row) in csv_rows(&r.dumps.join("contexts.csv")) {
+            *context_calls.entry(c).or_default() += row["calls"].parse::<u64>().unwrap();
+        }
+        let ours = TrueCalls {
+            inclusive: col("inclusive"),
+            calls: col("calls"),
+            blocks: col("blocks"),
+            branches: col("branches"),
+            context_calls,
+        };
         let n_calls: u64 = truth.calls.values().sum();
         eprintln!(
             "{name}: {} functions, {n_calls} calls, {} blocks, {} branches in the windows",
@@ -885,6 +910,8 @@ fn exact_inclusive_and_calls_equal_the_path() {
         assert_eq!(ours.calls, truth.calls, "{name}: calls");
         assert_eq!(ours.blocks, truth.blocks, "{name}: blocks");
         assert_eq!(ours.branches, truth.branches, "{name}: branches");
+        assert_eq!(ours.context_calls, truth.context_calls, "{name}: calls per calling context (contexts.csv)");
+        eprintln!("{name}: {} calling contexts", truth.context_calls.len());
         let m: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(r.dumps.join("manifest.json")).unwrap()).unwrap();
         let ex = &m["exact"];
