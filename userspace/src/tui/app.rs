@@ -391,6 +391,40 @@ mod tests {
         assert_eq!(app.sort, SortKey::SelfSamples);
     }
 
+    /// One name in two binaries: shares add up, per-call figures weighted by complete calls.
+    #[test]
+    fn exact_figures_by_name() {
+        use etm_profile::exact::{FunctionCount, Ratio};
+        let r = |v: f64| Some(Ratio { value: v, stderr: 0.0, ci: (v, v) });
+        let f =
+            |binary: &str, share: f64, k: u64, own: Option<Ratio>, incl: Option<Ratio>| etm_session::pipeline::ExactFunction {
+                binary: binary.into(),
+                function: "f".into(),
+                count: FunctionCount {
+                    function: 0,
+                    instructions: 1,
+                    segments: 1,
+                    share,
+                    stderr: 0.0,
+                    ci: (share, share),
+                    inclusive: 1,
+                    calls: k,
+                    complete_calls: k,
+                    self_per_call: own,
+                    inclusive_per_call: incl,
+                    blocks: 1,
+                    branches: 0,
+                },
+            };
+        let m = ExactFigures::by_name(&[f("/a", 0.25, 10, r(4.0), r(8.0)), f("/b", 0.5, 30, r(8.0), r(12.0))]);
+        assert_eq!(
+            m["f"],
+            ExactFigures { share: 0.75, complete_calls: 40, self_per_call: Some(7.0), inclusive_per_call: Some(11.0) }
+        );
+        let m = ExactFigures::by_name(&[f("/a", 0.25, 0, None, None)]);
+        assert_eq!((m["f"].self_per_call, m["f"].inclusive_per_call), (None, None));
+    }
+
     /// Enter toggles expansion of the selected row; the selection stays within bounds.
     #[test]
     fn expand_collapse_and_selection_bounds() {
