@@ -214,6 +214,7 @@ fn opencsd_decodes_generated_trace_to_ground_truth_ranges() {
                 "flat" => "8000",
                 "ab_a" | "ab_b" => "60",
                 "percall_a" | "percall_b" => "2000",
+                "varying" => "2000",
                 _ => "600",
             };
             let args = [arg.to_string()];

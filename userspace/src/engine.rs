@@ -452,6 +452,9 @@ pub struct DumpSnapshot {
     pub exact_totals: (u64, u64),
     /// The exact instructions per calling context, as folded lines (`instructions.folded`).
     pub exact_folded: Vec<String>,
+    /// The calling contexts entered by a call, named as in `exact_folded`, with their calls
+    /// and instructions per call (`contexts.csv`).
+    pub exact_context_calls: Vec<(String, etm_profile::exact::ContextCalls)>,
 }
 
 impl Engine {
@@ -473,6 +476,7 @@ impl Engine {
             functions: exact_functions(p),
             exact_totals: (p.exact_counts().segments(), p.exact_counts().instructions()),
             exact_folded: exact_folded(p),
+            exact_context_calls: exact_context_calls(p),
         }
     }
 }
@@ -514,6 +518,8 @@ pub fn write_snapshot_files(
     if s.exact_totals.0 > 0 {
         write_atomic(&dir.join("functions.csv"), |w| write_functions_csv(s, w))?;
         files.push("functions.csv".into());
+        write_atomic(&dir.join("contexts.csv"), |w| write_contexts_csv(s, w))?;
+        files.push("contexts.csv".into());
         write_atomic(&dir.join("instructions.folded"), |w| {
             for l in &s.exact_folded {
                 writeln!(w, "{l}")?;
@@ -545,25 +551,25 @@ pub fn exact_functions(p: &Pipeline) -> Vec<etm_session::pipeline::ExactFunction
 /// The exact instructions per calling context as folded lines (`outermost;...;innermost
 /// instructions`, sorted), the names demangled as in [`exact_functions`].
 fn exact_folded(p: &Pipeline) -> Vec<String> {
-    let mut v: Vec<String> = p
-        .exact_contexts()
-        .into_iter()
-        .map(|(path, n)| {
-            let names: Vec<String> = path.into_iter().map(crate::symbolize::demangle).collect();
-            format!("{} {n}", names.join(";"))
-        })
-        .collect();
+    let mut v: Vec<String> = p.exact_contexts().into_iter().map(|(path, n)| format!("{} {n}", context_name(path))).collect();
     v.sort();
     v
 }
 
-/// Per function name: its share of the traced instructions (the live view's column).
-pub fn exact_shares(p: &Pipeline) -> std::collections::HashMap<String, f64> {
-    let mut m = std::collections::HashMap::new();
-    for f in exact_functions(p) {
-        *m.entry(f.function).or_insert(0.0) += f.count.share;
-    }
-    m
+/// A context's path as in `instructions.folded`: `outermost;...;innermost`, demangled.
+fn context_name(path: Vec<&str>) -> String {
+    let names: Vec<String> = path.into_iter().map(crate::symbolize::demangle).collect();
+    names.join(";")
+}
+
+/// The calling contexts entered by a call, named by [`context_name`].
+fn exact_context_calls(p: &Pipeline) -> Vec<(String, etm_profile::exact::ContextCalls)> {
+    p.exact_context_calls().into_iter().map(|(path, c)| (context_name(path), c)).collect()
+}
+
+/// Per function name: its exact counts (the live view's columns).
+pub fn exact_figures(p: &Pipeline) -> std::collections::HashMap<String, crate::tui::app::ExactFigures> {
+    crate::tui::app::ExactFigures::by_name(&exact_functions(p))
 }
 
 /// The summary of the exact per-function counts (`functions.csv`).
@@ -578,6 +584,7 @@ fn exact_json(p: &Pipeline) -> serde_json::Value {
         "blocks_covered": c.coverage().0,
         "branches_covered": c.coverage().1,
         "coverage_beyond_bound": c.coverage_overflow,
+        "context_calls_beyond_bound": c.context_calls_beyond_bound,
     })
 }
 
@@ -600,10 +607,6 @@ fn write_functions_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io:
          inclusive_per_call,inclusive_per_call_ci95_low,inclusive_per_call_ci95_high,inclusive_per_call_stderr,\
          blocks,branches,complete_calls"
     )?;
-    let ratio = |r: Option<etm_profile::exact::Ratio>| match r {
-        Some(r) => format!("{:.4},{:.4},{:.4},{:.4}", r.value, r.ci.0, r.ci.1, r.stderr),
-        None => ",,,".to_owned(),
-    };
     for f in &s.functions {
         let c = &f.count;
         writeln!(
@@ -619,14 +622,51 @@ fn write_functions_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io:
             c.segments,
             c.inclusive,
             c.calls,
-            ratio(c.self_per_call),
-            ratio(c.inclusive_per_call),
+            ratio_fields(c.self_per_call),
+            ratio_fields(c.inclusive_per_call),
             c.blocks,
             c.branches,
             c.complete_calls
         )?;
     }
     Ok(())
+}
+
+/// `contexts.csv`: per calling context entered by a call in the decoded trace (its path as in
+/// `instructions.folded`, the innermost function the one called), the instructions that
+/// function executed in it, its calls and complete calls, and its instructions per call self
+/// and inclusive with 95% intervals (the estimator of `functions.csv`, over the calls of this
+/// context: `etm_profile::exact`), most calls first.
+fn write_contexts_csv(s: &DumpSnapshot, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+    writeln!(
+        w,
+        "context,function,instructions,calls,complete_calls,\
+         self_per_call,self_per_call_ci95_low,self_per_call_ci95_high,self_per_call_stderr,\
+         inclusive_per_call,inclusive_per_call_ci95_low,inclusive_per_call_ci95_high,inclusive_per_call_stderr"
+    )?;
+    for (name, c) in &s.exact_context_calls {
+        let function = name.rsplit(';').next().unwrap_or(name);
+        writeln!(
+            w,
+            "{},{},{},{},{},{},{}",
+            csv_field(name),
+            csv_field(function),
+            c.instructions,
+            c.calls,
+            c.complete_calls,
+            ratio_fields(c.self_per_call),
+            ratio_fields(c.inclusive_per_call)
+        )?;
+    }
+    Ok(())
+}
+
+/// A ratio estimate as four CSV fields (value, 95% interval, stderr), empty without one.
+fn ratio_fields(r: Option<etm_profile::exact::Ratio>) -> String {
+    match r {
+        Some(r) => format!("{:.4},{:.4},{:.4},{:.4}", r.value, r.ci.0, r.ci.1, r.stderr),
+        None => ",,,".to_owned(),
+    }
 }
 
 /// The address-level pprof profile of a snapshot ([`etm_stacks::pprof::build_address_profile`]),

@@ -25,7 +25,12 @@
 //!
 //! Calling contexts: the instructions of each path of the segments' visible call stacks (root
 //! first, as the caller's shadow stack sees them), bounded by `max_contexts` nodes (beyond,
-//! instructions are counted apart): the instruction-weighted flame graph.
+//! instructions are counted apart): the instruction-weighted flame graph. Per context also the
+//! calls into its innermost function and, from the complete ones, its instructions per call,
+//! self and inclusive, by the same estimator as per function (the segments as the sampling
+//! unit); at most [`MAX_CALL_CONTEXTS`] contexts keep per-call sums (complete calls in further
+//! contexts, or in contexts beyond the node bound, are counted in
+//! [`ExactCounts::context_calls_beyond_bound`], still in their function's figures).
 //!
 //! Memory: a dozen numbers per function seen, a per-segment list of the functions it touched;
 //! bounded by `max_functions` (beyond it, instructions go to one `other` bucket, counted).
@@ -85,9 +90,18 @@ struct Acc {
     /// Inclusive instructions and calls.
     y: u64,
     c: u64,
-    /// Complete calls: their number; per segment the weighted own (`a`) and inclusive (`ai`)
-    /// instructions and the weights (`b`): sum a, sum a^2, sum a b, sum ai, sum ai^2,
-    /// sum ai b, sum b, sum b^2.
+    /// Complete calls.
+    calls: CallSums,
+    /// Distinct blocks and taken branches.
+    blocks: u32,
+    branches: u32,
+}
+
+/// Complete calls over the closed segments: their number; per segment the weighted own (`a`)
+/// and inclusive (`ai`) instructions and the weights (`b`): sum a, sum a^2, sum a b, sum ai,
+/// sum ai^2, sum ai b, sum b, sum b^2.
+#[derive(Debug, Clone, Copy, Default)]
+struct CallSums {
     complete: u64,
     a: f64,
     aa: f64,
@@ -97,9 +111,45 @@ struct Acc {
     aib: f64,
     b: f64,
     bb: f64,
-    /// Distinct blocks and taken branches.
-    blocks: u32,
-    branches: u32,
+}
+
+impl CallSums {
+    /// One segment's complete calls (`k` of them; their sums, [`SegmentCalls`]).
+    fn add_segment(&mut self, s: &SegmentCalls) {
+        self.complete += s.k;
+        self.a += s.a;
+        self.aa += s.a * s.a;
+        self.ab += s.a * s.b;
+        self.ai += s.ai;
+        self.aai += s.ai * s.ai;
+        self.aib += s.ai * s.b;
+        self.b += s.b;
+        self.bb += s.b * s.b;
+    }
+
+    /// Instructions per call, self and inclusive, over `n` segments.
+    fn per_call(&self, n: u64) -> (Option<Ratio>, Option<Ratio>) {
+        (Ratio::of(n, self.a, self.aa, self.ab, self.b, self.bb), Ratio::of(n, self.ai, self.aai, self.aib, self.b, self.bb))
+    }
+}
+
+/// The open segment's complete calls of one function or context: their number, weighted own
+/// and inclusive instructions, weights (module docs).
+#[derive(Debug, Clone, Copy, Default)]
+struct SegmentCalls {
+    k: u64,
+    a: f64,
+    ai: f64,
+    b: f64,
+}
+
+impl SegmentCalls {
+    fn add(&mut self, w: f64, own: u64, inclusive: u64) {
+        self.k += 1;
+        self.a += w * own as f64;
+        self.ai += w * inclusive as f64;
+        self.b += w;
+    }
 }
 
 /// A ratio estimate `sum a_i / sum b_i` over the segments, its standard error and 95% interval.
@@ -159,11 +209,24 @@ struct Cur {
     x: u64,
     y: u64,
     c: u64,
-    /// Complete calls: their number, weighted own and inclusive instructions, weights.
-    k: u64,
-    a: f64,
-    ai: f64,
-    b: f64,
+    calls: SegmentCalls,
+}
+
+/// One calling context's calls: how many entered its innermost function by a call, and (from
+/// the complete ones) its instructions per call ([`ExactCounts::context_calls`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContextCalls {
+    /// The context's path, outermost first (its innermost function is the one called).
+    pub path: Vec<FunctionIndex>,
+    /// Instructions its innermost function executed in this context.
+    pub instructions: u64,
+    /// Entries by a call instruction inside the segments, and those also returned inside.
+    pub calls: u64,
+    pub complete_calls: u64,
+    /// Instructions per call, self and inclusive (`None` without complete calls, or when the
+    /// context was beyond [`MAX_CALL_CONTEXTS`]).
+    pub self_per_call: Option<Ratio>,
+    pub inclusive_per_call: Option<Ratio>,
 }
 
 /// The counts (module docs).
@@ -185,15 +248,25 @@ pub struct ExactCounts {
     max_coverage: usize,
     /// Blocks and branches not recorded: the coverage sets were full.
     pub coverage_overflow: u64,
-    /// Context nodes: (parent, function, instructions).
-    contexts: Vec<(ContextIndex, FunctionIndex, u64)>,
+    /// Context nodes: (parent, function, instructions, calls).
+    contexts: Vec<(ContextIndex, FunctionIndex, u64, u64)>,
     context_index: IntMap<(ContextIndex, FunctionIndex), ContextIndex>,
     /// Instructions in contexts beyond the node bound.
     pub context_overflow_instructions: u64,
+    /// Complete calls per context: over the closed segments, and the open segment's.
+    context_sums: IntMap<ContextIndex, CallSums>,
+    context_cur: IntMap<ContextIndex, SegmentCalls>,
+    /// Complete calls not kept per context: in contexts beyond the node bound or beyond
+    /// [`MAX_CALL_CONTEXTS`] (module docs).
+    pub context_calls_beyond_bound: u64,
+    max_call_contexts: usize,
 }
 
 /// Context nodes kept.
 const MAX_CONTEXTS: usize = 1 << 18;
+
+/// Contexts that keep per-call sums (~80 bytes each).
+pub const MAX_CALL_CONTEXTS: usize = 1 << 16;
 
 const NONE: u32 = u32::MAX;
 
@@ -223,7 +296,17 @@ impl ExactCounts {
             contexts: Vec::new(),
             context_index: IntMap::default(),
             context_overflow_instructions: 0,
+            context_sums: IntMap::default(),
+            context_cur: IntMap::default(),
+            context_calls_beyond_bound: 0,
+            max_call_contexts: MAX_CALL_CONTEXTS,
         }
+    }
+
+    /// At most `n` contexts keep per-call sums (default [`MAX_CALL_CONTEXTS`]).
+    pub fn with_call_context_bound(mut self, n: usize) -> Self {
+        self.max_call_contexts = n;
+        self
     }
 
     /// The context of a frame of `f` called from context `parent` ([`ROOT_CONTEXT`]: none).
@@ -238,7 +321,7 @@ impl ExactCounts {
             return OVERFLOW_CONTEXT;
         }
         let c = self.contexts.len() as ContextIndex;
-        self.contexts.push((parent, f, 0));
+        self.contexts.push((parent, f, 0, 0));
         self.context_index.insert((parent, f), c);
         c
     }
@@ -252,20 +335,55 @@ impl ExactCounts {
         }
     }
 
+    /// A call entered context `c`'s innermost function.
+    #[inline]
+    pub fn add_context_call(&mut self, c: ContextIndex) {
+        if let Some(node) = self.contexts.get_mut(c as usize) {
+            node.3 += 1;
+        }
+    }
+
+    /// The path of context `c`, outermost first.
+    fn path(&self, c: ContextIndex) -> Vec<FunctionIndex> {
+        let mut path = Vec::new();
+        let mut at = c;
+        while let Some(&(p, g, _, _)) = self.contexts.get(at as usize) {
+            path.push(g);
+            at = p;
+        }
+        path.reverse();
+        path
+    }
+
+    /// The contexts entered by a call: their path, instructions, calls and instructions per
+    /// call (module docs), most calls first.
+    pub fn context_calls(&self) -> Vec<ContextCalls> {
+        let mut v: Vec<ContextCalls> = (0..self.contexts.len() as ContextIndex)
+            .filter(|&c| self.contexts[c as usize].3 > 0 || self.context_sums.contains_key(&c))
+            .map(|c| {
+                let s = self.context_sums.get(&c).copied().unwrap_or_default();
+                let (self_per_call, inclusive_per_call) = s.per_call(self.n);
+                ContextCalls {
+                    path: self.path(c),
+                    instructions: self.contexts[c as usize].2,
+                    calls: self.contexts[c as usize].3,
+                    complete_calls: s.complete,
+                    self_per_call,
+                    inclusive_per_call,
+                }
+            })
+            .collect();
+        v.sort_by(|a, b| b.calls.cmp(&a.calls).then_with(|| a.path.cmp(&b.path)));
+        v
+    }
+
     /// The contexts with instructions: their path (outermost first) and instructions.
     pub fn context_paths(&self) -> Vec<(Vec<FunctionIndex>, u64)> {
         self.contexts
             .iter()
-            .filter(|c| c.2 > 0)
-            .map(|&(mut parent, f, n)| {
-                let mut path = vec![f];
-                while let Some(&(p, g, _)) = self.contexts.get(parent as usize) {
-                    path.push(g);
-                    parent = p;
-                }
-                path.reverse();
-                (path, n)
-            })
+            .enumerate()
+            .filter(|(_, node)| node.2 > 0)
+            .map(|(c, node)| (self.path(c as ContextIndex), node.2))
             .collect()
     }
 
@@ -282,7 +400,7 @@ impl ExactCounts {
         let p = match self.cur_pos[i] {
             NONE => {
                 self.cur_pos[i] = self.cur.len() as u32;
-                self.cur.push(Cur { f, x: 0, y: 0, c: 0, k: 0, a: 0.0, ai: 0.0, b: 0.0 });
+                self.cur.push(Cur { f, x: 0, y: 0, c: 0, calls: SegmentCalls::default() });
                 self.cur.len() - 1
             }
             p => p as usize,
@@ -316,16 +434,23 @@ impl ExactCounts {
         }
     }
 
-    /// A call of `f` entered and returned in the open segment, which has `segment`
-    /// instructions in all: its own and its inclusive instructions (module docs).
+    /// A call of `f` in context `ctx` (whose innermost function is `f`) entered and returned in
+    /// the open segment, which has `segment` instructions in all: its own and its inclusive
+    /// instructions (module docs).
     #[inline]
-    pub fn add_complete_call(&mut self, f: FunctionIndex, own: u64, inclusive: u64, segment: u64) {
+    pub fn add_complete_call(&mut self, f: FunctionIndex, ctx: ContextIndex, own: u64, inclusive: u64, segment: u64) {
         let w = segment as f64 / (segment as f64 - inclusive as f64 + 1.0).max(1.0);
         if let Some(c) = self.cur(f) {
-            c.k += 1;
-            c.a += w * own as f64;
-            c.ai += w * inclusive as f64;
-            c.b += w;
+            c.calls.add(w, own, inclusive);
+        }
+        let kept = (ctx as usize) < self.contexts.len()
+            && (self.context_cur.contains_key(&ctx)
+                || self.context_sums.contains_key(&ctx)
+                || self.context_sums.len() + self.context_cur.len() < self.max_call_contexts);
+        if kept {
+            self.context_cur.entry(ctx).or_default().add(w, own, inclusive);
+        } else {
+            self.context_calls_beyond_bound += 1;
         }
     }
 
@@ -394,18 +519,13 @@ impl ExactCounts {
             a.segments += u64::from(k.x > 0);
             a.y += k.y;
             a.c += k.c;
-            a.complete += k.k;
-            a.a += k.a;
-            a.aa += k.a * k.a;
-            a.ab += k.a * k.b;
-            a.ai += k.ai;
-            a.aai += k.ai * k.ai;
-            a.aib += k.ai * k.b;
-            a.b += k.b;
-            a.bb += k.b * k.b;
+            a.calls.add_segment(&k.calls);
         }
         self.cur = cur;
         self.cur.clear();
+        for (c, k) in self.context_cur.drain() {
+            self.context_sums.entry(c).or_default().add_segment(&k);
+        }
         if self.cur_t == 0 {
             return;
         }
@@ -440,6 +560,7 @@ impl ExactCounts {
             .filter(|(_, a)| a.x > 0)
             .map(|(i, a)| {
                 let share = Ratio::of(self.n, a.x as f64, a.xx, a.xt, t, self.tt).expect("instructions counted");
+                let (self_per_call, inclusive_per_call) = a.calls.per_call(self.n);
                 FunctionCount {
                     function: i as FunctionIndex,
                     instructions: a.x,
@@ -449,9 +570,9 @@ impl ExactCounts {
                     ci: (share.ci.0.max(0.0), share.ci.1.min(1.0)),
                     inclusive: a.y,
                     calls: a.c,
-                    complete_calls: a.complete,
-                    self_per_call: Ratio::of(self.n, a.a, a.aa, a.ab, a.b, a.bb),
-                    inclusive_per_call: Ratio::of(self.n, a.ai, a.aai, a.aib, a.b, a.bb),
+                    complete_calls: a.calls.complete,
+                    self_per_call,
+                    inclusive_per_call,
                     blocks: a.blocks,
                     branches: a.branches,
                 }
@@ -508,7 +629,7 @@ mod tests {
                 c.add_call(1);
             }
             for &(own, incl) in calls {
-                c.add_complete_call(1, own, incl, 100);
+                c.add_complete_call(1, ROOT_CONTEXT, own, incl, 100);
             }
             c.add(2, 60);
             c.end_segment();
@@ -562,6 +683,53 @@ mod tests {
         let mut p = c.context_paths();
         p.sort();
         assert_eq!(p, [(vec![0], 4), (vec![0, 1, 2], 4)]);
+    }
+
+    /// Per context: the same estimator as per function over the calls of that context alone
+    /// (a second count fed only them), calls per context; beyond the bound of call contexts
+    /// the complete calls are counted apart and still in their function's figures.
+    #[test]
+    fn per_call_by_context() {
+        // f called from m (context mf) and from n (nf); segments of 100 instructions with
+        // complete calls (context, own, inclusive).
+        let segs: [&[(bool, u64, u64)]; 3] =
+            [&[(true, 10, 12), (false, 30, 30)], &[(true, 14, 20), (true, 6, 6)], &[(false, 31, 40)]];
+        let mut c = ExactCounts::new(10).with_call_context_bound(2);
+        let m = c.context(ROOT_CONTEXT, 0);
+        let n = c.context(ROOT_CONTEXT, 2);
+        let (mf, nf) = (c.context(m, 1), c.context(n, 1));
+        let o = c.context(ROOT_CONTEXT, 3);
+        let other = c.context(o, 1);
+        let (mut om, mut on) = (ExactCounts::new(10), ExactCounts::new(10));
+        for s in segs {
+            for e in [&mut c, &mut om, &mut on] {
+                e.add(0, 99);
+                e.add(1, 1);
+            }
+            for &(from_m, own, incl) in s {
+                let ctx = if from_m { mf } else { nf };
+                c.add_context_call(ctx);
+                c.add_complete_call(1, ctx, own, incl, 100);
+                if from_m { &mut om } else { &mut on }.add_complete_call(1, ROOT_CONTEXT, own, incl, 100);
+            }
+            c.add_complete_call(1, other, 5, 5, 100); // a third context: beyond the bound of 2
+            for e in [&mut c, &mut om, &mut on] {
+                e.end_segment();
+            }
+        }
+        assert_eq!(c.context_calls_beyond_bound, 3);
+        let cc = c.context_calls();
+        assert_eq!(
+            cc.iter().map(|x| (x.path.clone(), x.calls, x.complete_calls)).collect::<Vec<_>>(),
+            [(vec![0, 1], 3, 3), (vec![2, 1], 2, 2)]
+        );
+        for (x, o) in cc.iter().zip([&om, &on]) {
+            let f = o.functions().into_iter().find(|f| f.function == 1).unwrap();
+            assert_eq!((x.self_per_call, x.inclusive_per_call), (f.self_per_call, f.inclusive_per_call));
+            assert!(x.self_per_call.unwrap().stderr > 0.0);
+        }
+        // The function's own figure holds all its complete calls, the third context's too.
+        assert_eq!(c.functions().iter().find(|f| f.function == 1).unwrap().complete_calls, 8);
     }
 
     /// Beyond the bound, instructions are counted apart, still in the totals.

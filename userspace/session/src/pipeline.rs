@@ -784,6 +784,13 @@ impl Pipeline {
         self.exact.counts.context_paths().into_iter().map(|(p, n)| (p.into_iter().map(name).collect(), n)).collect()
     }
 
+    /// The calling contexts entered by a call in the decoded trace, by function name
+    /// (outermost first), with their calls and instructions per call (most calls first).
+    pub fn exact_context_calls(&self) -> Vec<(Vec<&str>, etm_profile::exact::ContextCalls)> {
+        let name = |f: &u32| self.exact.names[*f as usize].1.as_str();
+        self.exact.counts.context_calls().into_iter().map(|c| (c.path.iter().map(name).collect(), c)).collect()
+    }
+
     /// Whether exact counts are kept ([`PipelineConfig::exact`]).
     pub fn exact_enabled(&self) -> bool {
         self.cfg.exact
@@ -1480,8 +1487,8 @@ impl ExactState {
             self.counts.add_call(f);
         }
         let total = open.own.iter().map(|o| o.1).sum();
-        for &(f, own, inclusive) in &open.complete {
-            self.counts.add_complete_call(f, own, inclusive, total);
+        for &(f, ctx, own, inclusive) in &open.complete {
+            self.counts.add_complete_call(f, ctx, own, inclusive, total);
         }
         open.clear();
         self.counts.end_segment();

@@ -47,9 +47,9 @@ pub(crate) struct SegmentWalk {
     pub(crate) inclusive: Vec<(u32, u64)>,
     /// The functions entered by a call.
     pub(crate) calls: Vec<u32>,
-    /// Calls entered and returned in the segment: (function, its own instructions, its
-    /// inclusive instructions).
-    pub(crate) complete: Vec<(u32, u64, u64)>,
+    /// Calls entered and returned in the segment: (function, its calling context, its own
+    /// instructions, its inclusive instructions).
+    pub(crate) complete: Vec<(u32, ContextIndex, u64, u64)>,
     stack: Vec<Frame>,
     /// Where the current chain's entries of `inclusive` begin: a frame seen from the chain's
     /// start (returned into) covers what earlier frames of its function in the chain were
@@ -78,12 +78,15 @@ impl SegmentWalk {
                     InsnKind::Call => {
                         self.push(f, self.t, true, ctx);
                         self.calls.push(f);
+                        if let Some(fr) = self.stack.last() {
+                            ctx.add_context_call(fr.node);
+                        }
                     }
                     InsnKind::Return => {
                         if let Some(fr) = self.pop()
                             && fr.by_call
                         {
-                            self.complete.push((fr.f, fr.own, self.t - fr.seen));
+                            self.complete.push((fr.f, fr.node, fr.own, self.t - fr.seen));
                         }
                         if self.stack.is_empty() {
                             self.push(f, self.chain_start, false, ctx);
@@ -201,7 +204,9 @@ mod tests {
         assert_eq!(sums(&w.own), [(1, 3), (2, 3), (3, 4), (4, 5)].into());
         assert_eq!(sums(&w.inclusive), [(1, 3), (2, 10), (3, 4), (4, 15)].into());
         assert_eq!(w.calls, [3]);
-        assert_eq!(w.complete, [(3, 4, 4)]);
+        assert_eq!(w.complete.iter().map(|c| (c.0, c.2, c.3)).collect::<Vec<_>>(), [(3, 4, 4)]);
+        // h's call in its context f;h.
+        assert_eq!(c.context_calls().iter().map(|x| (x.path.clone(), x.calls)).collect::<Vec<_>>(), [(vec![2, 3], 1)]);
         // Contexts as the frames were seen: g alone, then f (returned into), f;h, then m.
         let mut p = c.context_paths();
         p.sort();
@@ -226,7 +231,7 @@ mod tests {
         // The innermost call of r ended by its tail call (not complete), the tail-called t was
         // entered by a jump (not a call); the middle call of r returned: own 2 + 1, inclusive
         // 2 + 3 + 4 + 1. The bottom frame was entered before the segment.
-        assert_eq!(w.complete, [(1, 3, 10)]);
+        assert_eq!(w.complete.iter().map(|c| (c.0, c.2, c.3)).collect::<Vec<_>>(), [(1, 3, 10)]);
     }
 
     /// The segment begins deep in a recursion: each return below the bottom lands in another

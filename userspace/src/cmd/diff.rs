@@ -7,14 +7,18 @@
 //! When both dumps hold `functions.csv` (ETM: exact instruction counts from the trace), the
 //! functions' shares of the traced instructions are compared too, without skid, and so are
 //! the instructions per call of the functions called in both (self per call tested, inclusive
-//! per call beside it).
+//! per call beside it), and, when both hold `contexts.csv`, the same per calling context (the
+//! caller chain the trace saw, matched by symbol names).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use etm_stacks::diff::{Comparison, ExactDiff, PerCallDiff, compare, compare_exact, compare_per_call, parse_functions_csv};
+use etm_stacks::diff::{
+    Comparison, ExactDiff, PerCallDiff, compare, compare_context_per_call, compare_exact, compare_per_call, parse_contexts_csv,
+    parse_functions_csv,
+};
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -49,12 +53,15 @@ fn read_folded(dir: &Path) -> anyhow::Result<(String, std::collections::BTreeMap
     Ok((text, m))
 }
 
-/// The exact counts of a dump, if it has them.
-fn read_exact(dir: &Path) -> anyhow::Result<Option<Vec<etm_stacks::diff::ExactRow>>> {
-    let p = dir.join("functions.csv");
+/// A CSV of exact counts in a dump (`functions.csv`, `contexts.csv`), parsed, if the dump has it.
+fn read_csv<T>(
+    dir: &Path,
+    name: &str,
+    parse: fn(&str) -> Result<Vec<T>, etm_stacks::folded::FoldedError>,
+) -> anyhow::Result<Option<Vec<T>>> {
+    let p = dir.join(name);
     let Ok(bytes) = std::fs::read(&p) else { return Ok(None) };
-    let rows = parse_functions_csv(&String::from_utf8_lossy(&bytes))
-        .with_context(|| format!("{} is not an etm-bpf functions.csv", p.display()))?;
+    let rows = parse(&String::from_utf8_lossy(&bytes)).with_context(|| format!("{} is not an etm-bpf {name}", p.display()))?;
     Ok(Some(rows))
 }
 
@@ -76,12 +83,14 @@ fn exact_table(d: &[ExactDiff], top: usize) -> String {
     s
 }
 
-fn per_call_table(d: &[PerCallDiff], top: usize) -> String {
-    let mut s = String::from(
-        "instructions per call from the trace (functions.csv): self instructions per call in A and B, change with its 95% \
+fn per_call_table(d: &[PerCallDiff], top: usize, by_context: bool) -> String {
+    let (file, what) = if by_context { ("contexts.csv", "context (caller;...;function)") } else { ("functions.csv", "function") };
+    let mut s = format!(
+        "instructions per call from the trace ({file}){}: self instructions per call in A and B, change with its 95% \
          interval, * = significant (z-test, Holm-Bonferroni); inclusive per call beside it; no skid\n",
+        if by_context { " by calling context" } else { "" }
     );
-    s += &format!("{:>9} {:>9} {:>26} {:>26}  {}\n", "self A", "self B", "self change", "inclusive change", "function");
+    s += &format!("{:>9} {:>9} {:>26} {:>26}  {}\n", "self A", "self B", "self change", "inclusive change", what);
     let ch = |sig: bool, d: f64, ci: (f64, f64)| format!("{}{:+.2} [{:+.2}, {:+.2}]", if sig { "*" } else { "" }, d, ci.0, ci.1);
     for f in d.iter().take(top) {
         let incl = f.inclusive_delta.map_or_else(|| "-".to_owned(), |(d, ci)| ch(false, d, ci));
@@ -156,15 +165,35 @@ fn json(c: &Comparison) -> serde_json::Value {
     })
 }
 
+/// One per-call change as JSON (a function's or a context's).
+fn per_call_json(f: &PerCallDiff) -> serde_json::Value {
+    serde_json::json!({
+        "function": f.function, "calls_a": f.calls_a, "calls_b": f.calls_b,
+        "self_per_call_a": f.self_a, "self_per_call_b": f.self_b, "change": f.delta,
+        "ci95": [f.ci.0, f.ci.1], "p_value": f.p_value, "significant": f.significant,
+        "inclusive_per_call_a": f.inclusive_a, "inclusive_per_call_b": f.inclusive_b,
+        "inclusive_change": f.inclusive_delta.map(|x| x.0),
+        "inclusive_ci95": f.inclusive_delta.map(|x| [x.1.0, x.1.1]),
+    })
+}
+
 pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
     let (ta, a) = read_folded(&args.a)?;
     let (tb, b) = read_folded(&args.b)?;
     anyhow::ensure!(args.alpha > 0.0 && args.alpha < 1.0, "--alpha must be between 0 and 1, not {}", args.alpha);
     let c = compare(&a, &b, args.alpha);
-    let (exact, per_call) = match (read_exact(&args.a)?, read_exact(&args.b)?) {
+    let (exact, per_call) = match (
+        read_csv(&args.a, "functions.csv", parse_functions_csv)?,
+        read_csv(&args.b, "functions.csv", parse_functions_csv)?,
+    ) {
         (Some(ea), Some(eb)) => (Some(compare_exact(&ea, &eb, args.alpha)), Some(compare_per_call(&ea, &eb, args.alpha))),
         _ => (None, None),
     };
+    let per_context =
+        match (read_csv(&args.a, "contexts.csv", parse_contexts_csv)?, read_csv(&args.b, "contexts.csv", parse_contexts_csv)?) {
+            (Some(ca), Some(cb)) => Some(compare_context_per_call(&ca, &cb, args.alpha)),
+            _ => None,
+        };
     let svg = args.svg.clone().unwrap_or_else(|| args.b.join("diff.svg"));
     let title = format!("{} -> {}", args.a.display(), args.b.display());
     // Both dumps with exact counts: the graph is of their instructions per context (no skid).
@@ -194,17 +223,16 @@ pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
                 .collect();
         }
         if let Some(d) = &per_call {
-            v["per_call"] = d
+            v["per_call"] = d.iter().map(per_call_json).collect();
+        }
+        if let Some(d) = &per_context {
+            v["per_call_contexts"] = d
                 .iter()
                 .map(|f| {
-                    serde_json::json!({
-                        "function": f.function, "calls_a": f.calls_a, "calls_b": f.calls_b,
-                        "self_per_call_a": f.self_a, "self_per_call_b": f.self_b, "change": f.delta,
-                        "ci95": [f.ci.0, f.ci.1], "p_value": f.p_value, "significant": f.significant,
-                        "inclusive_per_call_a": f.inclusive_a, "inclusive_per_call_b": f.inclusive_b,
-                        "inclusive_change": f.inclusive_delta.map(|x| x.0),
-                        "inclusive_ci95": f.inclusive_delta.map(|x| [x.1.0, x.1.1]),
-                    })
+                    let mut e = per_call_json(f);
+                    e["context"] = serde_json::json!(f.function);
+                    e["function"] = serde_json::json!(f.function.rsplit(';').next().unwrap_or(&f.function));
+                    e
                 })
                 .collect();
         }
@@ -215,7 +243,10 @@ pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
             write!(out, "\n{}", exact_table(d, args.top))?;
         }
         if let Some(d) = &per_call {
-            write!(out, "\n{}", per_call_table(d, args.top))?;
+            write!(out, "\n{}", per_call_table(d, args.top, false))?;
+        }
+        if let Some(d) = &per_context {
+            write!(out, "\n{}", per_call_table(d, args.top, true))?;
         }
         writeln!(out, "differential flame graph ({weight}): {}", svg.display())?;
     }

@@ -378,7 +378,7 @@ impl View {
             let snap = Snapshot {
                 total: trie.total_samples(),
                 rows: rows_from_trie(trie, frames, 200),
-                instr: crate::engine::exact_shares(p),
+                instr: crate::engine::exact_figures(p),
                 status: Status {
                     target: self.target.clone(),
                     target_state: if block { "replayed (q to quit)".into() } else { "replaying".into() },

@@ -141,8 +141,8 @@ pub struct RunArgs {
     /// Memory bound of the context trie (number of contexts).
     #[arg(long, default_value_t = 200_000)]
     pub max_contexts: usize,
-    /// With ETM: no exact per-function counts from the trace (functions.csv,
-    /// instructions.folded/svg, the view's instr column): saves their cost per decoded range.
+    /// With ETM: no exact per-function counts from the trace (functions.csv, contexts.csv,
+    /// instructions.folded/svg, the view's instr and per-call columns): saves their cost per decoded range.
     #[arg(long)]
     pub no_exact: bool,
     /// With ETM: no synthesized samples inside the windows (by default a window longer than
@@ -1362,7 +1362,7 @@ fn snapshot(info: &RunInfo, feeds: &Feeds, k: &BpfCounters, rate: f64, state: &s
     Snapshot {
         total,
         rows,
-        instr: crate::engine::exact_shares(feed.engine.pipeline()),
+        instr: crate::engine::exact_figures(feed.engine.pipeline()),
         status: Status {
             target: match &info.output {
                 Some(o) => format!("pid {pids} ({}) output: {}", info.command.join(" "), o.display()),

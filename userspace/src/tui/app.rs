@@ -78,15 +78,59 @@ pub struct Snapshot {
     pub rows: Vec<ContextRow>,
     /// Status numbers.
     pub status: Status,
-    /// Per function name: its share of the traced instructions (exact counts from the
-    /// decoded trace; empty without ETM).
-    pub instr: std::collections::HashMap<String, f64>,
+    /// Per function name: its exact counts from the decoded trace (empty without ETM).
+    pub instr: std::collections::HashMap<String, ExactFigures>,
+}
+
+/// A function's exact counts from the decoded trace, as the view shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ExactFigures {
+    /// Share of the traced instructions.
+    pub share: f64,
+    /// Calls complete inside a window, and the instructions per call over them, self and
+    /// inclusive (`None` without complete calls).
+    pub complete_calls: u64,
+    pub self_per_call: Option<f64>,
+    pub inclusive_per_call: Option<f64>,
+}
+
+impl ExactFigures {
+    /// Per function name (one name in several binaries: shares add up, the per-call figures
+    /// are weighted by the complete calls).
+    pub fn by_name(functions: &[etm_session::pipeline::ExactFunction]) -> std::collections::HashMap<String, ExactFigures> {
+        let mut m: std::collections::HashMap<String, (ExactFigures, f64, f64)> = std::collections::HashMap::new();
+        for f in functions {
+            let c = &f.count;
+            let e = m.entry(f.function.clone()).or_default();
+            e.0.share += c.share;
+            e.0.complete_calls += c.complete_calls;
+            let k = c.complete_calls as f64;
+            if let (Some(s), Some(i)) = (c.self_per_call, c.inclusive_per_call) {
+                e.1 += k * s.value;
+                e.2 += k * i.value;
+            }
+        }
+        m.into_iter()
+            .map(|(name, (mut x, s, i))| {
+                if x.complete_calls > 0 {
+                    let k = x.complete_calls as f64;
+                    (x.self_per_call, x.inclusive_per_call) = (Some(s / k), Some(i / k));
+                }
+                (name, x)
+            })
+            .collect()
+    }
 }
 
 impl Snapshot {
+    /// The exact counts of a row's leaf function, if the trace counted it.
+    pub fn instr_of(&self, r: &ContextRow) -> Option<&ExactFigures> {
+        r.frames.first().and_then(|f| self.instr.get(f))
+    }
+
     /// The exact instruction share of a row's leaf function, if the trace counted it.
     pub fn instr_share(&self, r: &ContextRow) -> Option<f64> {
-        r.frames.first().and_then(|f| self.instr.get(f)).copied()
+        self.instr_of(r).map(|x| x.share)
     }
 }
 
@@ -332,7 +376,10 @@ mod tests {
     fn instructions_ranking() {
         let mut app = App::default();
         let mut s = snapshot();
-        s.instr = [("hot2".to_string(), 0.7), ("hot1".to_string(), 0.2)].into_iter().collect();
+        s.instr = [("hot2".to_string(), 0.7), ("hot1".to_string(), 0.2)]
+            .into_iter()
+            .map(|(f, share)| (f, ExactFigures { share, ..Default::default() }))
+            .collect();
         app.set_snapshot(s);
         app.on_key(Key::Char('i'));
         assert_eq!(app.sort, SortKey::Instructions);
@@ -342,6 +389,40 @@ mod tests {
         assert_eq!(app.snapshot.instr_share(v[0]), Some(0.7));
         app.on_key(Key::Char('i'));
         assert_eq!(app.sort, SortKey::SelfSamples);
+    }
+
+    /// One name in two binaries: shares add up, per-call figures weighted by complete calls.
+    #[test]
+    fn exact_figures_by_name() {
+        use etm_profile::exact::{FunctionCount, Ratio};
+        let r = |v: f64| Some(Ratio { value: v, stderr: 0.0, ci: (v, v) });
+        let f =
+            |binary: &str, share: f64, k: u64, own: Option<Ratio>, incl: Option<Ratio>| etm_session::pipeline::ExactFunction {
+                binary: binary.into(),
+                function: "f".into(),
+                count: FunctionCount {
+                    function: 0,
+                    instructions: 1,
+                    segments: 1,
+                    share,
+                    stderr: 0.0,
+                    ci: (share, share),
+                    inclusive: 1,
+                    calls: k,
+                    complete_calls: k,
+                    self_per_call: own,
+                    inclusive_per_call: incl,
+                    blocks: 1,
+                    branches: 0,
+                },
+            };
+        let m = ExactFigures::by_name(&[f("/a", 0.25, 10, r(4.0), r(8.0)), f("/b", 0.5, 30, r(8.0), r(12.0))]);
+        assert_eq!(
+            m["f"],
+            ExactFigures { share: 0.75, complete_calls: 40, self_per_call: Some(7.0), inclusive_per_call: Some(11.0) }
+        );
+        let m = ExactFigures::by_name(&[f("/a", 0.25, 0, None, None)]);
+        assert_eq!((m["f"].self_per_call, m["f"].inclusive_per_call), (None, None));
     }
 
     /// Enter toggles expansion of the selected row; the selection stays within bounds.

@@ -109,9 +109,13 @@ fn render(f: &mut Frame, app: &App) {
                 }
                 (Text::from(l), 1)
             };
-            let instr = app.snapshot.instr_share(r).map_or("     -".to_string(), |x| format!("{:5.1}%", 100.0 * x));
+            let x = app.snapshot.instr_of(r);
+            let instr = x.map_or("     -".to_string(), |x| format!("{:5.1}%", 100.0 * x.share));
+            let per_call = |v: Option<f64>| v.map_or_else(|| format!("{:>8}", "-"), |v| format!("{v:>8.1}"));
             Row::new(vec![
                 Cell::from(instr),
+                Cell::from(per_call(x.and_then(|x| x.self_per_call))),
+                Cell::from(per_call(x.and_then(|x| x.inclusive_per_call))),
                 Cell::from(pct(r.self_count, total)),
                 Cell::from(pct(r.total_count, total)),
                 Cell::from(format!("{:>8}", r.self_count)),
@@ -125,6 +129,8 @@ fn render(f: &mut Frame, app: &App) {
         rows,
         [
             Constraint::Length(7),
+            Constraint::Length(9),
+            Constraint::Length(9),
             Constraint::Length(7),
             Constraint::Length(7),
             Constraint::Length(9),
@@ -133,7 +139,7 @@ fn render(f: &mut Frame, app: &App) {
         ],
     )
     .header(
-        Row::new(["instr", "self", "total", "self#", "total#", "context (leaf ← callers)"])
+        Row::new(["instr", "ins/call", "incl/call", "self", "total", "self#", "total#", "context (leaf ← callers)"])
             .style(Style::new().add_modifier(Modifier::REVERSED)),
     )
     .row_highlight_style(Style::new().add_modifier(Modifier::BOLD).add_modifier(Modifier::REVERSED));
@@ -154,4 +160,63 @@ fn render(f: &mut Frame, app: &App) {
         )),
     ]);
     f.render_widget(Paragraph::new(status_text).reversed(), status);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::app::{App, ContextRow, ExactFigures, Key, Snapshot};
+    use ratatui::{Terminal, backend::TestBackend};
+
+    fn screen(app: &App) -> Vec<String> {
+        let mut t = Terminal::new(TestBackend::new(120, 10)).unwrap();
+        t.draw(|f| super::render(f, app)).unwrap();
+        let b = t.backend().buffer();
+        (0..b.area.height).map(|y| (0..b.area.width).map(|x| b[(x, y)].symbol()).collect::<String>()).collect()
+    }
+
+    fn row(node: u32, self_count: u64, frames: &[&str]) -> ContextRow {
+        ContextRow { node, self_count, total_count: self_count, frames: frames.iter().map(|f| f.to_string()).collect() }
+    }
+
+    /// The exact columns beside the sample columns: a leaf function's instruction share and
+    /// its instructions per call (self, inclusive), `-` where the trace has none; `i` ranks by
+    /// the share and back.
+    #[test]
+    fn exact_columns_and_ranking() {
+        let mut s = Snapshot {
+            total: 10,
+            rows: vec![row(1, 6, &["hot1", "main"]), row(2, 3, &["hot2", "main"]), row(3, 1, &["cold", "main"])],
+            ..Default::default()
+        };
+        s.instr.insert(
+            "hot1".into(),
+            ExactFigures { share: 0.25, complete_calls: 40, self_per_call: Some(12.5), inclusive_per_call: Some(30.0) },
+        );
+        s.instr.insert("hot2".into(), ExactFigures { share: 0.5, ..Default::default() });
+        let mut app = App::default();
+        app.set_snapshot(s);
+        let lines = screen(&app);
+        let head = lines.iter().find(|l| l.contains("ins/call")).expect("header");
+        assert!(head.contains("incl/call") && head.find("instr") < head.find("self"), "{head}");
+        let line = |leaf: &str, lines: &[String]| -> String {
+            lines.iter().find(|l| l.contains(&format!("▸ {leaf} ←"))).unwrap_or_else(|| panic!("{leaf}: {lines:#?}")).clone()
+        };
+        let words = |l: String| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(words(line("hot1", &lines))[..5], ["25.0%", "12.5", "30.0", "60.0%", "60.0%"]);
+        assert_eq!(words(line("hot2", &lines))[..4], ["50.0%", "-", "-", "30.0%"]);
+        assert_eq!(words(line("cold", &lines))[..4], ["-", "-", "-", "10.0%"]);
+        // Sample order, then instruction order with `i`, then back.
+        let order = |lines: &[String]| -> Vec<usize> {
+            ["hot1", "hot2", "cold"].iter().map(|f| lines.iter().position(|l| l.contains(&format!("▸ {f} ←"))).unwrap()).collect()
+        };
+        let o = order(&lines);
+        assert!(o[0] < o[1] && o[1] < o[2], "{lines:#?}");
+        app.on_key(Key::Char('i'));
+        let lines = screen(&app);
+        assert!(lines[1].contains("sort: instructions"), "{}", lines[1]);
+        let o = order(&lines);
+        assert!(o[1] < o[0] && o[0] < o[2], "{lines:#?}");
+        app.on_key(Key::Char('i'));
+        assert!(screen(&app)[1].contains("sort: self"));
+    }
 }

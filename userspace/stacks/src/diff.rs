@@ -219,28 +219,44 @@ impl PerCallSum {
     }
 }
 
+/// The fields of one CSV line (RFC 4180 quoting).
+fn csv_fields(l: &str) -> Vec<String> {
+    let (mut out, mut cur, mut q, mut it) = (Vec::new(), String::new(), false, l.chars().peekable());
+    while let Some(c) = it.next() {
+        match (c, q) {
+            ('"', true) if it.peek() == Some(&'"') => {
+                cur.push('"');
+                it.next();
+            }
+            ('"', _) => q = !q,
+            (',', false) => out.push(std::mem::take(&mut cur)),
+            (c, _) => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+/// An instructions-per-call estimate and its stderr from fields `v` and `e` of a row (`None`
+/// when empty or absent).
+fn per_call_pair(f: &[String], v: usize, e: usize, line: usize) -> Result<Option<(f64, f64)>, crate::folded::FoldedError> {
+    let bad = |why| crate::folded::FoldedError { line, why };
+    match (f.get(v).map(String::as_str), f.get(e).map(String::as_str)) {
+        (None | Some(""), _) => Ok(None),
+        (Some(v), Some(e)) => match (v.parse(), e.parse()) {
+            (Ok(v), Ok(e)) => Ok(Some((v, e))),
+            _ => Err(bad("an instructions-per-call field is not a number")),
+        },
+        (Some(_), None) => Err(bad("an instructions-per-call field without its stderr")),
+    }
+}
+
 /// Reads a `functions.csv` (RFC 4180 quoting); rows of one function name in several
 /// binaries add up (shares and variances).
 pub fn parse_functions_csv(text: &str) -> Result<Vec<ExactRow>, crate::folded::FoldedError> {
-    fn fields(l: &str) -> Vec<String> {
-        let (mut out, mut cur, mut q, mut it) = (Vec::new(), String::new(), false, l.chars().peekable());
-        while let Some(c) = it.next() {
-            match (c, q) {
-                ('"', true) if it.peek() == Some(&'"') => {
-                    cur.push('"');
-                    it.next();
-                }
-                ('"', _) => q = !q,
-                (',', false) => out.push(std::mem::take(&mut cur)),
-                (c, _) => cur.push(c),
-            }
-        }
-        out.push(cur);
-        out
-    }
     let mut m: BTreeMap<String, (u64, f64, f64, PerCallSum)> = BTreeMap::new();
     for (i, l) in text.lines().enumerate().skip(1) {
-        let f = fields(l);
+        let f = csv_fields(l);
         let bad = |why| crate::folded::FoldedError { line: i + 1, why };
         if f.len() < 8 {
             return Err(bad("fewer than 8 fields"));
@@ -254,17 +270,7 @@ pub fn parse_functions_csv(text: &str) -> Result<Vec<ExactRow>, crate::folded::F
             None => 0,
             Some(c) => c.parse().map_err(|_| bad("calls is not a number"))?,
         };
-        let pair = |v: usize, e: usize| -> Result<Option<(f64, f64)>, crate::folded::FoldedError> {
-            match (f.get(v).map(String::as_str), f.get(e).map(String::as_str)) {
-                (None | Some(""), _) => Ok(None),
-                (Some(v), Some(e)) => match (v.parse(), e.parse()) {
-                    (Ok(v), Ok(e)) => Ok(Some((v, e))),
-                    _ => Err(bad("an instructions-per-call field is not a number")),
-                },
-                (Some(_), None) => Err(bad("an instructions-per-call field without its stderr")),
-            }
-        };
-        let (own, incl) = (pair(10, 13)?, pair(14, 17)?);
+        let (own, incl) = (per_call_pair(&f, 10, 13, i + 1)?, per_call_pair(&f, 14, 17, i + 1)?);
         let e = m.entry(f[0].clone()).or_default();
         e.0 += n;
         e.1 += share;
@@ -277,6 +283,40 @@ pub fn parse_functions_csv(text: &str) -> Result<Vec<ExactRow>, crate::folded::F
             instructions,
             share,
             stderr: var.sqrt(),
+            calls: pc.calls,
+            self_per_call: pc.get(pc.own),
+            inclusive_per_call: pc.get(pc.incl),
+        })
+        .collect())
+}
+
+/// One calling context of a `contexts.csv`: its path (`outermost;...;innermost`, by symbol
+/// names), its calls and instructions per call (estimate, standard error).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContextRow {
+    pub context: String,
+    pub calls: u64,
+    pub self_per_call: Option<(f64, f64)>,
+    pub inclusive_per_call: Option<(f64, f64)>,
+}
+
+/// Reads a `contexts.csv` (RFC 4180 quoting); rows of one context name (the same names in
+/// several binaries) combine as in [`parse_functions_csv`].
+pub fn parse_contexts_csv(text: &str) -> Result<Vec<ContextRow>, crate::folded::FoldedError> {
+    let mut m: BTreeMap<String, PerCallSum> = BTreeMap::new();
+    for (i, l) in text.lines().enumerate().skip(1) {
+        let f = csv_fields(l);
+        let bad = |why| crate::folded::FoldedError { line: i + 1, why };
+        if f.len() < 13 {
+            return Err(bad("fewer than 13 fields"));
+        }
+        let calls: u64 = f[3].parse().map_err(|_| bad("calls is not a number"))?;
+        let (own, incl) = (per_call_pair(&f, 5, 8, i + 1)?, per_call_pair(&f, 9, 12, i + 1)?);
+        m.entry(f[0].clone()).or_default().add(calls, own, incl);
+    }
+    Ok(m.into_iter()
+        .map(|(context, pc)| ContextRow {
+            context,
             calls: pc.calls,
             self_per_call: pc.get(pc.own),
             inclusive_per_call: pc.get(pc.incl),
@@ -431,17 +471,57 @@ pub struct PerCallDiff {
 /// places a change in the function whose own instructions changed, where the inclusive change
 /// of every caller follows its callees' (reported beside it).
 pub fn compare_per_call(a: &[ExactRow], b: &[ExactRow], alpha: f64) -> Vec<PerCallDiff> {
-    let mb: BTreeMap<&str, &ExactRow> = b.iter().map(|r| (r.function.as_str(), r)).collect();
+    let rows = |v: &[ExactRow]| -> Vec<PerCallRow> {
+        v.iter()
+            .map(|r| PerCallRow {
+                name: r.function.clone(),
+                calls: r.calls,
+                self_per_call: r.self_per_call,
+                inclusive_per_call: r.inclusive_per_call,
+            })
+            .collect()
+    };
+    compare_per_call_rows(&rows(a), &rows(b), alpha)
+}
+
+/// [`compare_per_call`] per calling context (`contexts.csv` of each trace, matched by the
+/// context's symbol names): the change of the self instructions per call of each context's
+/// innermost function, Holm–Bonferroni over the contexts in both; `function` of each result
+/// is the context (`outermost;...;innermost`).
+pub fn compare_context_per_call(a: &[ContextRow], b: &[ContextRow], alpha: f64) -> Vec<PerCallDiff> {
+    let rows = |v: &[ContextRow]| -> Vec<PerCallRow> {
+        v.iter()
+            .map(|r| PerCallRow {
+                name: r.context.clone(),
+                calls: r.calls,
+                self_per_call: r.self_per_call,
+                inclusive_per_call: r.inclusive_per_call,
+            })
+            .collect()
+    };
+    compare_per_call_rows(&rows(a), &rows(b), alpha)
+}
+
+/// The per-call figures of a function or a context.
+struct PerCallRow {
+    name: String,
+    calls: u64,
+    self_per_call: Option<(f64, f64)>,
+    inclusive_per_call: Option<(f64, f64)>,
+}
+
+fn compare_per_call_rows(a: &[PerCallRow], b: &[PerCallRow], alpha: f64) -> Vec<PerCallDiff> {
+    let mb: BTreeMap<&str, &PerCallRow> = b.iter().map(|r| (r.name.as_str(), r)).collect();
     let mut out: Vec<PerCallDiff> = a
         .iter()
         .filter_map(|ra| {
-            let rb = mb.get(ra.function.as_str())?;
+            let rb = mb.get(ra.name.as_str())?;
             let ((sa, ea), (sb, eb)) = (ra.self_per_call?, rb.self_per_call?);
             let d = sb - sa;
             let se = (ea * ea + eb * eb).sqrt();
             let incl = ra.inclusive_per_call.zip(rb.inclusive_per_call);
             Some(PerCallDiff {
-                function: ra.function.clone(),
+                function: ra.name.clone(),
                 calls_a: ra.calls,
                 calls_b: rb.calls,
                 self_a: sa,
@@ -545,6 +625,33 @@ mod tests {
         .unwrap();
         let (v, se) = c[0].self_per_call.unwrap();
         assert!((v - 7.0).abs() < 1e-12 && (se - 1000f64.sqrt() / 40.0).abs() < 1e-12);
+    }
+
+    /// Per context: rows matched by the context's names, the estimator's change tested as per
+    /// function; a context in one trace only is left out; two rows of one name combine.
+    #[test]
+    fn per_context_changes() {
+        let head = "context,function,instructions,calls,complete_calls,s,sl,sh,se,i,il,ih,ie\n";
+        let a = parse_contexts_csv(&format!(
+            "{head}main;left;shared,shared,900,100,90,12.0,0,0,0.1,12.0,0,0,0.1\n\
+             main;right;shared,shared,900,100,90,12.0,0,0,0.1,12.0,0,0,0.1\n\
+             main;left,left,300,50,50,6.0,0,0,0.2,18.0,0,0,0.2\n\
+             main;only_a,only_a,1,1,1,1.0,0,0,0,1.0,0,0,0\n"
+        ))
+        .unwrap();
+        let b = parse_contexts_csv(&format!(
+            "{head}main;left;shared,shared,600,100,90,6.0,0,0,0.1,6.0,0,0,0.1\n\
+             \"main;right;shared\",shared,900,100,90,12.1,0,0,0.1,12.1,0,0,0.1\n\
+             main;left,left,300,50,50,6.0,0,0,0.2,12.0,0,0,0.2\n"
+        ))
+        .unwrap();
+        let d = compare_context_per_call(&a, &b, 0.05);
+        assert_eq!(d.len(), 3);
+        assert_eq!((d[0].function.as_str(), d[0].significant), ("main;left;shared", true));
+        assert!((d[0].delta + 6.0).abs() < 1e-12 && (d[0].ci.1 - (-6.0 + 1.96 * 0.02f64.sqrt())).abs() < 1e-9, "{:?}", d[0]);
+        assert!(d[1..].iter().all(|x| !x.significant), "{d:?}");
+        assert!(parse_contexts_csv(&format!("{head}main;f,f,1,x,1,,,,,,,,\n")).is_err());
+        assert!(parse_contexts_csv(&format!("{head}main;f,f,1,1\n")).is_err());
     }
 
     /// A real shift is significant with the right sign and interval; equal shares are not;

@@ -71,6 +71,8 @@ pub const PROGRAMS: &[TestProgram] = &[
     // two callers share, and nothing else differs.
     TestProgram { name: "percall_a", sources: &["percall.c"], flags: &["-DPAD=6"] },
     TestProgram { name: "percall_b", sources: &["percall.c"], flags: &["-DPAD=0"] },
+    // Calls whose instructions vary from call to call (pseudo-random loop rounds).
+    TestProgram { name: "varying", sources: &["varying.c"], flags: &[] },
 ];
 
 /// Why a program could not be built.
