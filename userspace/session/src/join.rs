@@ -906,7 +906,7 @@ impl Joiner {
         }
         let verdict = verdict.and_then(|()| {
             if self.cfg.validate {
-                validate(&s.stack, &self.scratch, &[], s.pid, oracle, &self.cfg, &mut self.shadow)
+                validate(&s.stack, &self.scratch, &[], false, s.pid, oracle, &self.cfg, &mut self.shadow)
             } else {
                 Ok(Check::default())
             }
@@ -958,7 +958,7 @@ impl Joiner {
         } else if branches.is_empty() || !self.cfg.validate {
             Ok(Check::default())
         } else {
-            validate(stack, branches, types, pid, oracle, &self.cfg, &mut self.shadow)
+            validate(stack, branches, types, false, pid, oracle, &self.cfg, &mut self.shadow)
         };
         match r {
             Ok(c) => {
@@ -1134,7 +1134,9 @@ fn synthesize(
         buf.branches.clear();
         buf.branches.extend(ring[p.saturating_sub(d)..p].iter().rev());
         let check = if cfg.validate {
-            match validate(buf.stack, buf.branches, &[], pid, oracle, &vcfg, shadow) {
+            // its leaf and branches lie in the segment the decoder walked: the straight code
+            // between them is proven
+            match validate(buf.stack, buf.branches, &[], true, pid, oracle, &vcfg, shadow) {
                 Ok(c) => c,
                 Err(r) => {
                     stats.synth_rejected.bump(r);
@@ -1167,33 +1169,40 @@ fn straight_line(pid: u32, from: u64, to: u64, oracle: &dyn CodeOracle, max: u64
 }
 
 /// Validate a hybrid sample; `branches` newest first, `types` empty or one per branch.
+/// `walked`: the leaf and the branches lie in one decoded trace segment, whose walk of the
+/// code proved the straight code from each branch's target to the next branch (and to the
+/// leaf), so those checks are not repeated; the calls and returns are checked all the same.
+#[allow(clippy::too_many_arguments)]
 fn validate(
     stack: &[u64],
     branches: &[BranchPair],
     types: &[Option<InsnKind>],
+    walked: bool,
     pid: u32,
     oracle: &dyn CodeOracle,
     cfg: &JoinConfig,
     shadow: &mut Vec<u64>,
 ) -> Result<Check, RejectReason> {
     let mut check = Check::default();
-    let leaf = stack[0];
-    let target = branches[0].to;
-    if leaf < target || leaf - target > cfg.max_straight_line {
-        return Err(RejectReason::LeafBeforeTarget);
-    }
-    match straight_line(pid, target, leaf, oracle, cfg.max_straight_line) {
-        Ok(true) => {}
-        Ok(false) => check.unverified = true,
-        Err(()) => return Err(RejectReason::LeafNotReachable),
-    }
-    // The chain: between consecutive branches (older.to .. newer.from) only straight code.
-    for w in branches.windows(2) {
-        let (newer, older) = (w[0], w[1]);
-        match straight_line(pid, older.to, newer.from, oracle, cfg.max_straight_line) {
+    if !walked {
+        let leaf = stack[0];
+        let target = branches[0].to;
+        if leaf < target || leaf - target > cfg.max_straight_line {
+            return Err(RejectReason::LeafBeforeTarget);
+        }
+        match straight_line(pid, target, leaf, oracle, cfg.max_straight_line) {
             Ok(true) => {}
             Ok(false) => check.unverified = true,
-            Err(()) => return Err(RejectReason::BrokenChain),
+            Err(()) => return Err(RejectReason::LeafNotReachable),
+        }
+        // The chain: between consecutive branches (older.to .. newer.from) only straight code.
+        for w in branches.windows(2) {
+            let (newer, older) = (w[0], w[1]);
+            match straight_line(pid, older.to, newer.from, oracle, cfg.max_straight_line) {
+                Ok(true) => {}
+                Ok(false) => check.unverified = true,
+                Err(()) => return Err(RejectReason::BrokenChain),
+            }
         }
     }
     // Calls and returns, oldest first.
