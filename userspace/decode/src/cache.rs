@@ -66,7 +66,7 @@ pub struct Run {
     pub indirect: bool,
     /// Bit `i`: range `i` ended in a taken branch with link (its end is pushed).
     pub links: u8,
-    /// Instructions in the ranges.
+    /// Instructions in the ranges (at most `RUN_MAX` walks of at most `walk::MAX_WALK` each).
     pub instructions: u32,
     /// The address after the run (after the indirect branch when `indirect`).
     pub next: u64,

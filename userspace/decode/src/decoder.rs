@@ -31,7 +31,7 @@ use crate::cache::{self, RUN_MAX, Run, SharedBlockCache};
 use crate::elements::{Element, ElementKind, InstrRange, MemTrans, PeContext, Range, Security, TraceOnReason, UnsyncReason};
 use crate::image::{MemSpace, MemoryAccess};
 use crate::insn::{ArchVersion, DecodeConfig, InstrSubtype, InstrType, Isa};
-use crate::packet::{Atoms, Context, Packet};
+use crate::packet::{Address, Atoms, Context, Packet};
 use crate::snapshot::{CoreProfile, EtmConfig};
 pub use crate::walk::DecodeOptions;
 use crate::walk::{self, RawRange, WalkState, WpRes};
@@ -504,8 +504,7 @@ impl Decoder {
             && self.spec_depth == 0
             && !self.res.any()
         {
-            self.last_is = addr.is;
-            self.push(P0Kind::Addr { addr: addr.addr, is: addr.is }, false, index);
+            self.push_addr(addr, index);
             return ControlFlow::Continue(());
         }
         self.run(index, pkt, mem, sink)
@@ -751,6 +750,13 @@ impl Decoder {
 
     // ---------------------------------------------------------------- packets -> P0 stack
 
+    /// A (target) address packet onto the P0 stack.
+    #[inline]
+    fn push_addr(&mut self, addr: Address, index: u64) {
+        self.last_is = addr.is;
+        self.push(P0Kind::Addr { addr: addr.addr, is: addr.is }, false, index);
+    }
+
     #[inline]
     fn push(&mut self, kind: P0Kind, is_p0: bool, index: u64) {
         self.p0.push_back(P0 { kind, is_p0, index });
@@ -771,12 +777,12 @@ impl Decoder {
                 self.push(P0Kind::Ctxt { ctx, is }, false, index);
             }
             Packet::Address { addr, context, source } => {
-                self.last_is = addr.is;
                 if source {
+                    self.last_is = addr.is;
                     self.push(P0Kind::SrcAddr { addr: addr.addr, is: addr.is }, true, index);
                     self.spec_depth += 1;
                 } else {
-                    self.push(P0Kind::Addr { addr: addr.addr, is: addr.is }, false, index);
+                    self.push_addr(addr, index);
                     is_addr = true;
                     if let Some(ctx) = context {
                         self.push(P0Kind::Ctxt { ctx, is: addr.is }, false, index);
@@ -1075,35 +1081,18 @@ impl Decoder {
                 let key = b & ((1u32 << m) - 1);
                 let r0 = self.ranges.len();
                 if let Some(run) = self.cache.replay_run(start, tag, key, m, &mut self.ranges, index) {
-                    // the run replayed: the ranges (above), return-stack pushes, address and
-                    // counts `cached_atoms` produced when it was stored
-                    let mut links = run.links;
-                    while links != 0 {
-                        let i = links.trailing_zeros() as usize;
-                        links &= links - 1;
-                        self.ret.push(self.ranges[r0 + i].range.end, Isa::A64);
-                    }
-                    if run.indirect {
-                        self.need_addr = true;
-                        self.ret.set_pop_pending();
-                    }
-                    let c = run.count as u64;
-                    self.cache.count_hits(c);
-                    self.walk.addr = run.next;
-                    self.walk.it.remaining = 0;
-                    self.stats.ranges += c;
-                    self.stats.instructions += run.instructions as u64;
+                    self.apply_run(&run, r0);
                     b >>= run.count;
                     k += run.count;
                     continue;
                 }
-                let r0 = self.ranges.len();
-                let (done, run) = self.cached_atoms(&mut b, m, index, tag);
-                k += done;
-                if done > 0 {
-                    if let Some(run) = run {
+                let (run, whole) = self.cached_atoms(&mut b, m, index, tag);
+                if run.count > 0 {
+                    self.apply_run(&run, r0);
+                    if whole {
                         self.cache.put_run(start, tag, key, m, run, &self.ranges[r0..]);
                     }
+                    k += run.count;
                     continue;
                 }
             }
@@ -1119,19 +1108,16 @@ impl Decoder {
     /// The hot path of [`apply_atoms`](Self::apply_atoms): up to `max` atoms (oldest in bit 0
     /// of `bits`, consumed) from an A64 address while their blocks are cached, with the
     /// address in a local; stops after a taken indirect branch (its target comes from the
-    /// trace) and at the first block not cached. The same ranges and return-stack updates as
-    /// [`process_atom`](Self::process_atom)'s cached case, one per atom. Returns the atoms
-    /// applied and, when they are a run the run cache can replay (all `max` applied, or up to
-    /// a taken indirect branch that is not an ETE exception return), that run.
+    /// trace) and at the first block not cached. Pushes one range per atom, as
+    /// [`process_atom`](Self::process_atom)'s cached case does, and returns what else they did
+    /// as a [`Run`] for [`apply_run`](Self::apply_run), and whether the run cache may store it
+    /// (all `max` applied, or up to a taken indirect branch that is not an exception return).
     #[inline]
-    fn cached_atoms(&mut self, bits: &mut u32, max: u8, index: u64, tag: u64) -> (u8, Option<Run>) {
-        let mut addr = self.walk.addr;
-        let mut k = 0;
-        let mut instructions = 0u64;
-        let mut links = 0u8;
-        let mut indirect = false;
+    fn cached_atoms(&mut self, bits: &mut u32, max: u8, index: u64, tag: u64) -> (Run, bool) {
+        let mut run = Run { next: self.walk.addr, ..Run::default() };
         let mut whole = true;
-        while k < max {
+        while run.count < max {
+            let addr = run.next;
             let Some(blk) = self.cache.lookup(addr, tag) else {
                 whole = false;
                 break;
@@ -1139,7 +1125,7 @@ impl Decoder {
             let taken = *bits & 1 != 0;
             *bits >>= 1;
             let last = blk.last;
-            instructions += blk.num_instr as u64;
+            run.instructions += blk.num_instr;
             self.ranges.push(Range {
                 index,
                 range: InstrRange {
@@ -1154,23 +1140,18 @@ impl Decoder {
                     last_cond: last.is_cond,
                 },
             });
-            addr = blk.end;
+            run.next = blk.end;
+            let k = run.count;
+            run.count += 1;
             if taken {
                 match last.ty {
                     InstrType::Br => {
-                        if last.is_link {
-                            self.ret.push(blk.end, Isa::A64);
-                            links |= 1 << k;
-                        }
-                        addr = last.branch_addr;
+                        run.links |= (last.is_link as u8) << k;
+                        run.next = last.branch_addr;
                     }
                     InstrType::BrIndirect => {
-                        self.need_addr = true;
-                        if last.is_link {
-                            self.ret.push(blk.end, Isa::A64);
-                            links |= 1 << k;
-                        }
-                        self.ret.set_pop_pending();
+                        run.links |= (last.is_link as u8) << k;
+                        run.indirect = true;
                         if last.subtype == InstrSubtype::V8Eret {
                             // not stored as a run: what it emits depends on the decoder
                             whole = false;
@@ -1178,25 +1159,37 @@ impl Decoder {
                                 self.add(index, ElementKind::ExceptionRet);
                             }
                         }
-                        indirect = true;
-                        k += 1;
                         break;
                     }
                     _ => {}
                 }
             }
-            k += 1;
         }
-        if k == 0 {
-            return (0, None);
+        (run, whole)
+    }
+
+    /// What a run of cached atoms did besides its ranges (`self.ranges[r0..]`, already
+    /// pushed), the one rule for runs just walked ([`cached_atoms`](Self::cached_atoms)) and
+    /// runs replayed from the run cache: the return-stack pushes of its calls, the pending
+    /// address and pop after a taken indirect branch, the address, the counts.
+    #[inline(always)]
+    fn apply_run(&mut self, run: &Run, r0: usize) {
+        let mut links = run.links;
+        while links != 0 {
+            let i = links.trailing_zeros() as usize;
+            links &= links - 1;
+            self.ret.push(self.ranges[r0 + i].range.end, Isa::A64);
         }
-        self.cache.count_hits(k as u64);
-        self.walk.addr = addr;
+        if run.indirect {
+            self.need_addr = true;
+            self.ret.set_pop_pending();
+        }
+        let c = run.count as u64;
+        self.cache.count_hits(c);
+        self.walk.addr = run.next;
         self.walk.it.remaining = 0;
-        self.stats.ranges += k as u64;
-        self.stats.instructions += instructions;
-        let run = whole.then_some(Run { count: k, indirect, links, instructions: instructions as u32, next: addr });
-        (k, run)
+        self.stats.ranges += c;
+        self.stats.instructions += run.instructions as u64;
     }
 
     #[inline]

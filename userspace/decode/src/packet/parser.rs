@@ -555,11 +555,7 @@ impl PacketParser {
     fn h_no_payload(&mut self, b: u8) {
         use PacketType as T;
         let p = match self.ty {
-            T::AddrMatch | T::SrcAddrMatch => {
-                let idx = b & 3;
-                let a = self.exact_match(idx);
-                Packet::Address { addr: a, context: None, source: self.ty == T::SrcAddrMatch }
-            }
+            T::AddrMatch | T::SrcAddrMatch => self.addr_match_packet(b),
             T::Event => Packet::Event(b & 0xF),
             T::NumDsMkr => Packet::DataSyncMarker { numbered: true, value: b & 7 },
             T::UnnumDsMkr => Packet::DataSyncMarker { numbered: false, value: b & 7 },
@@ -1116,6 +1112,13 @@ impl PacketParser {
         self.vstack[0] = self.vaddr;
     }
 
+    /// The exact-match address packet with header `b` (type in `ty`).
+    #[inline]
+    fn addr_match_packet(&mut self, b: u8) -> Packet {
+        let a = self.exact_match(b & 3);
+        Packet::Address { addr: a, context: None, source: self.ty == PacketType::SrcAddrMatch }
+    }
+
     fn exact_match(&mut self, idx: u8) -> Address {
         let e = self.vstack[(idx as usize).min(2)];
         self.vaddr = e;
@@ -1124,10 +1127,8 @@ impl PacketParser {
     }
 
     fn h_short_addr(&mut self, b: u8) {
-        use PacketType as T;
         if self.len == 1 {
             self.addr_done = false;
-            self.addr_is = matches!(self.ty, T::AddrSIs1 | T::SrcAddrSIs1) as u8;
         } else if !self.addr_done {
             self.addr_done = self.len == 3 || b & 0x80 == 0;
         }
@@ -1206,7 +1207,7 @@ impl PacketParser {
         self.out = match h {
             H::ShortAddr => self.short_addr_packet(),
             H::LongAddr => self.long_addr_packet(),
-            _ => Packet::Address { addr: self.exact_match(b & 3), context: None, source: false },
+            _ => self.addr_match_packet(b),
         };
         true
     }
