@@ -286,7 +286,7 @@ impl Engine {
     }
 
     /// Feeds one event (the one entry point of both drivers). A sample with a stack copy
-    /// goes on with the stack `--unwind` chooses for it, and without the copy.
+    /// goes on with the stack `--unwind` chooses for it (nothing after this reads the copy).
     pub fn push(&mut self, ev: SessionEvent<'_>) {
         if let SessionEvent::Sample(s) = ev
             && let Some(us) = &s.user_stack
@@ -303,18 +303,19 @@ impl Engine {
                 size: us.size,
             };
             let mut d = std::mem::take(&mut self.unwound);
-            if !u.choose(self.unwind_mode, Some((regs, &us.bytes)), &s.stack, &mut d.stack) {
-                d.stack.clear();
-                d.stack.extend_from_slice(&s.stack);
+            if u.choose(self.unwind_mode, Some((regs, &us.bytes)), &s.stack, &mut d.stack) {
+                d.cpu = s.cpu;
+                d.pid = s.pid;
+                d.tid = s.tid;
+                d.time = s.time;
+                d.branches.clone_from(&s.branches);
+                d.branch_flags.clone_from(&s.branch_flags);
+                d.window_ns = s.window_ns;
+                self.push_event(SessionEvent::Sample(&d));
+            } else {
+                // its frame-pointer stack, as it came (the pipeline does not read the copy)
+                self.push_event(ev);
             }
-            d.cpu = s.cpu;
-            d.pid = s.pid;
-            d.tid = s.tid;
-            d.time = s.time;
-            d.branches.clone_from(&s.branches);
-            d.branch_flags.clone_from(&s.branch_flags);
-            d.window_ns = s.window_ns;
-            self.push_event(SessionEvent::Sample(&d));
             self.unwound = d;
             return;
         }
