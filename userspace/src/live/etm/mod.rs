@@ -879,3 +879,77 @@ mod tests {
         assert_eq!(std::fs::read(img).unwrap(), std::fs::read(&exe).unwrap());
     }
 }
+
+#[cfg(test)]
+mod vdso_replay {
+    use super::*;
+    use etm_session::session::{PauseSample, SessionEvent};
+
+    /// A frame in the target's `[vdso]` (no file: the recorder saves it from the target's
+    /// memory) names the same in the replay of the recording as live, with the stack copy
+    /// and the `--unwind` note a pause record of `run --record --unwind dwarf` carries.
+    #[test]
+    fn vdso_frames_replay_as_live() {
+        let pid = std::process::id();
+        let mut sb = Vec::new();
+        crate::live::maps::MapsTracker::new(pid).reload(1, &mut sb).unwrap();
+        let vdso = sb
+            .iter()
+            .find_map(|s| match s {
+                Sideband::Mmap2 { filename, addr, .. } if filename == "[vdso]" => Some(*addr),
+                _ => None,
+            })
+            .expect("a vdso mapping");
+        let mut sample = PauseSample { cpu: 0, pid, tid: pid, time: 5, stack: vec![vdso + 0x100], ..Default::default() };
+        sample.user_stack = Some(etm_session::session::UserStack {
+            flags: etm_bpf_common::USTACK_REGS,
+            pc: vdso + 0x100,
+            sp: 0x7fff_0000_0000,
+            fp: 0,
+            lr: 0,
+            size: 4096,
+            bytes: vec![0; 64],
+        });
+        let mode = crate::unwind::UnwindMode::Dwarf;
+        let mut live = crate::engine::Engine::new(
+            PipelineConfig { arch: etm_session::session::CodeArch::host(), ..Default::default() },
+            Some(Box::new(crate::live::maps::load_image)),
+        );
+        live.enable_unwinding(mode);
+        let dir = tempfile::tempdir().unwrap();
+        let rec = dir.path().join("session");
+        let mut notes = std::collections::HashMap::new();
+        notes.insert(crate::cmd::run::UNWIND_NOTE.to_string(), crate::cmd::run::unwind_name(mode));
+        let meta = SessionMeta {
+            source: etm_session::session::SessionSource::Live,
+            arch: etm_session::session::CodeArch::host(),
+            window: etm_session::session::WindowParams { mode: "none".into(), ..Default::default() },
+            notes,
+            ..Default::default()
+        };
+        let mut recorder = Recorder::create(&rec, meta, false).unwrap();
+        for x in &sb {
+            recorder.event(&SessionEvent::Sideband(x));
+            live.push(SessionEvent::Sideband(x));
+        }
+        recorder.event(&SessionEvent::Sample(&sample));
+        live.push(SessionEvent::Sample(&sample));
+        assert_eq!(recorder.errors, 0);
+        recorder.finish().unwrap();
+        let (trie, frames) = live.pipeline().trie();
+        let live: Vec<String> = etm_stacks::folded::folded_lines(trie, frames);
+        assert_eq!(live, vec!["[vdso] 1".to_string()]);
+
+        #[derive(clap::Parser)]
+        struct Replay {
+            #[command(flatten)]
+            args: crate::cmd::replay::ReplayArgs,
+        }
+        let out = dir.path().join("replayed");
+        let argv = ["replay".as_ref(), rec.as_os_str(), "--headless".as_ref(), "--dump-dir".as_ref(), out.as_os_str()];
+        crate::cmd::replay::main(<Replay as clap::Parser>::try_parse_from(argv).unwrap().args).unwrap();
+        let replayed: Vec<String> =
+            std::fs::read_to_string(out.join("profile.folded")).unwrap().lines().map(str::to_string).collect();
+        assert_eq!(replayed, live);
+    }
+}

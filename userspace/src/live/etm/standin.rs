@@ -645,6 +645,8 @@ fn pause_stack_copies_unwind_a_program_without_frame_pointers() {
     }
     assert_eq!(recorder.errors, 0);
     recorder.finish().unwrap();
+    // The live profile while the target still runs: its [vdso] is read from its memory.
+    let live = profile_of(&sb, s, Some(UnwindMode::Dwarf)).0;
     let _ = child.kill();
     let _ = child.wait();
     let mut r = etm_session::session::SessionReader::open(&rec).unwrap();
@@ -669,7 +671,6 @@ fn pause_stack_copies_unwind_a_program_without_frame_pointers() {
         let (path, n) = line.rsplit_once(' ').unwrap();
         *replayed.entry(path.split(';').map(str::to_string).collect::<Vec<_>>()).or_insert(0) += n.parse::<u64>().unwrap();
     }
-    let live = profile_of(&sb, s, Some(UnwindMode::Dwarf)).0;
     assert_eq!(replayed, live, "replay of the recorded copies against the live profile");
     assert!(spin_chains(&replayed).0 > 0);
 
