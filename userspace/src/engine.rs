@@ -377,6 +377,25 @@ fn rejects(c: &etm_session::join::RejectCounts) -> std::collections::BTreeMap<&'
     c.iter().map(|(r, n)| (r.name(), n)).collect()
 }
 
+/// What the DWARF unwinder did (`--unwind dwarf|auto`; `enabled: false` and zeros under
+/// `fp`), without wall times: the replay's manifest is deterministic, `run` adds its timing
+/// and the kernel's copy counters.
+pub fn unwind_counts(e: &Engine) -> serde_json::Value {
+    let u = e.unwinder().map(|u| u.stats).unwrap_or_default();
+    serde_json::json!({
+        "enabled": e.unwinder().is_some(),
+        "dwarf_stacks": u.dwarf,
+        "frame_pointer_stacks": u.fp,
+        "dwarf_truncated": u.truncated,
+        "dwarf_failed": u.failed,
+        "records_without_copy": u.no_copy,
+        "copy_bytes_per_sample": u.copied_bytes.checked_div(u.unwinds).unwrap_or(0),
+        "fp_stacks_trusted": u.fp_trusted,
+        "binaries_with_frame_pointers": u.fp_binaries,
+        "binaries_without_frame_pointers": u.no_fp_binaries,
+    })
+}
+
 /// The pipeline's counters as JSON (replay summary, `run` manifest).
 pub fn pipeline_json(p: &Pipeline) -> serde_json::Value {
     let st = p.stats();

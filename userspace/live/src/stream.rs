@@ -57,8 +57,12 @@ pub struct StreamStats {
     pub pause_records: u64,
     /// Header-only pause records: windows closed in another process.
     pub foreign_windows: u64,
-    /// Pause records of the target without a stack (`bpf_get_stack` failed).
+    /// Pause records of the target without a frame-pointer stack (`bpf_get_stack` failed).
     pub stack_errors: u64,
+    /// Of those, the ones that still made a sample: they carried the user registers and a
+    /// stack copy (the stack is the copy's pc, then its unwind). The others only end the
+    /// window.
+    pub stacks_from_copy: u64,
     /// bpf-output samples that are not pause records.
     pub bad_pause_records: u64,
     /// Windows missing from the pause records' sequence numbers (records lost).
@@ -230,16 +234,29 @@ impl CpuStream {
         {
             self.stats.leaf_not_ip += 1;
         }
-        if self.stack.is_empty() {
-            // A window of the target without a stack: it still ends the CPU's window.
-            self.stats.stack_errors += 1;
-            let sb = Sideband::WindowEnd { pid: h.pid, tid: h.tid, window_ns, time, cpu };
-            sink.event(SessionEvent::Sideband(&sb));
-            return;
-        }
         // The registers and stack copy (`--unwind dwarf|auto`), in a buffer reused across
         // records.
-        let user_stack = etm_bpf_common::PauseHeader::user_stack(s.raw).map(|(r, copy)| {
+        let copy = etm_bpf_common::PauseHeader::user_stack(s.raw);
+        if self.stack.is_empty() {
+            // `bpf_get_stack` failed (e.g. the CPU's callchain buffer was in use by a nested
+            // perf event: get_perf_callchain() gives none). With the user registers and a
+            // stack copy the window still has its stack: the copy's pc, unwound from the copy
+            // downstream as every copy is.
+            self.stats.stack_errors += 1;
+            match copy {
+                Some((r, c)) if r.flags & etm_bpf_common::USTACK_REGS != 0 && !c.is_empty() => {
+                    self.stats.stacks_from_copy += 1;
+                    self.stack.push(r.pc);
+                }
+                _ => {
+                    // A window of the target without a stack: it still ends the CPU's window.
+                    let sb = Sideband::WindowEnd { pid: h.pid, tid: h.tid, window_ns, time, cpu };
+                    sink.event(SessionEvent::Sideband(&sb));
+                    return;
+                }
+            }
+        }
+        let user_stack = copy.map(|(r, copy)| {
             self.stats.stack_copies += 1;
             let mut bytes = std::mem::take(&mut self.copy);
             bytes.clear();
@@ -555,6 +572,47 @@ mod tests {
         assert_eq!((u.flags, u.pc, u.sp, u.fp, u.lr, u.size), (1, 0x400100, 0x7ff0_0010, 1, 2, 4096));
         assert_eq!(u.bytes, copy);
         assert_eq!((s.stats.pause_records, s.stats.stack_copies, s.stats.bad_pause_records), (2, 2, 0));
+    }
+
+    /// A pause record of the target whose `bpf_get_stack` failed (no frame-pointer stack,
+    /// `PAUSE_STACK_ERR`) but that carries the user registers and a copy still makes a sample:
+    /// its stack the copy's pc (the unwind of the copy gives the rest). Without usable
+    /// registers (the copy failed) it only ends the window. Both counted.
+    #[test]
+    fn pause_record_without_a_stack_goes_on_with_its_copy() {
+        let mut ring = FakeRing::new(1 << 16, 1024);
+        let mut s = stream(1024);
+        let h = etm_bpf_common::PauseHeader {
+            flags: etm_bpf_common::PAUSE_TARGET | etm_bpf_common::PAUSE_STACK_ERR,
+            pid: 100,
+            tid: 101,
+            window_ns: 5,
+            seq: 1,
+            stack_len: 0,
+        };
+        let regs = etm_bpf_common::UserRegs {
+            flags: etm_bpf_common::USTACK_REGS,
+            pc: 0x400180,
+            sp: 0x7ff0_0010,
+            size: 4096,
+            ..Default::default()
+        };
+        let copy = vec![0x5au8; 64];
+        let failed = etm_bpf_common::UserRegs { flags: etm_bpf_common::USTACK_REGS | etm_bpf_common::USTACK_COPY_ERR, ..regs };
+        for (k, (r, c)) in [(regs, &copy[..]), (failed, &[][..])].into_iter().enumerate() {
+            let mut raw = vec![0u8; etm_bpf_common::pause_raw_bytes(0, Some(copy.len()))];
+            let h = etm_bpf_common::PauseHeader { seq: 1 + k as u32, ..h };
+            let n = h.encode_with_copy(&[], &r, c, &mut raw).unwrap();
+            let sid = SampleId { id: Some(OUT_ID), ..sid(20 + k as u64) };
+            ring.push_record(&build::sample_raw(&OUT_FMT, &sid, 0x400180, 1, &[], &raw[..n]));
+        }
+        let out = collect(&mut s, &mut ring);
+        assert_eq!(out.len(), 2, "{out:?}");
+        let Ev::Sample(p) = &out[0] else { panic!("{out:?}") };
+        assert_eq!(p.stack, vec![0x400180]);
+        assert_eq!(p.user_stack.as_ref().map(|u| (u.pc, u.bytes.clone())), Some((0x400180, copy)));
+        assert!(matches!(&out[1], Ev::Side(Sideband::WindowEnd { pid: 100, cpu: 2, .. })), "{out:?}");
+        assert_eq!((s.stats.pause_records, s.stats.stack_errors, s.stats.stacks_from_copy), (2, 2, 1));
     }
 
     /// With a target, other processes' mappings are dropped (counted) and their pause records

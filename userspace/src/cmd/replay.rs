@@ -183,7 +183,8 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         // Keep the final view until the user quits.
         while !v.tick(pipeline, true)? {}
     }
-    let summary = summary_json(&rs, pipeline, elapsed, events, &missing_images);
+    let mut summary = summary_json(&rs, pipeline, elapsed, events, &missing_images);
+    summary["unwind"] = crate::engine::unwind_counts(&engine);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
@@ -327,6 +328,7 @@ fn write_dumps(
     let mut files = write_profile_files(dir, e, &meta, true)?;
     files.push("manifest.json".into());
     let mut s = summary_json(rs, e.pipeline(), elapsed, events, &[]);
+    s["unwind"] = crate::engine::unwind_counts(e);
     s["tool"] = serde_json::json!("etm-bpf replay");
     s["files"] = serde_json::json!(files);
     s["session"] = serde_json::json!(session.display().to_string());

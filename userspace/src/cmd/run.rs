@@ -485,22 +485,12 @@ impl Feed {
 /// The unwinding counts of the manifest.
 fn unwind_json(e: &Engine, k: &BpfCounters) -> serde_json::Value {
     let u = e.unwinder().map(|u| u.stats).unwrap_or_default();
-    serde_json::json!({
-        "enabled": e.unwinder().is_some(),
-        "dwarf_stacks": u.dwarf,
-        "frame_pointer_stacks": u.fp,
-        "dwarf_truncated": u.truncated,
-        "dwarf_failed": u.failed,
-        "records_without_copy": u.no_copy,
-        "unwind_ns_per_sample": u.unwind_ns.checked_div(u.unwinds).unwrap_or(0),
-        "copy_bytes_per_sample": u.copied_bytes.checked_div(u.unwinds).unwrap_or(0),
-        "fp_stacks_trusted": u.fp_trusted,
-        "binaries_with_frame_pointers": u.fp_binaries,
-        "binaries_without_frame_pointers": u.no_fp_binaries,
-        "kernel_copy_errors": k.ustack_err,
-        "kernel_mode_samples": k.ustack_kernel,
-        "kernel_copies_shortened": k.ustack_short,
-    })
+    let mut v = crate::engine::unwind_counts(e);
+    v["unwind_ns_per_sample"] = serde_json::json!(u.unwind_ns.checked_div(u.unwinds).unwrap_or(0));
+    v["kernel_copy_errors"] = serde_json::json!(k.ustack_err);
+    v["kernel_mode_samples"] = serde_json::json!(k.ustack_kernel);
+    v["kernel_copies_shortened"] = serde_json::json!(k.ustack_short);
+    v
 }
 
 /// The stack [`Feed::choose_stack`] picked.

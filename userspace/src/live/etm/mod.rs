@@ -887,7 +887,8 @@ mod vdso_replay {
 
     /// A frame in the target's `[vdso]` (no file: the recorder saves it from the target's
     /// memory) names the same in the replay of the recording as live, with the stack copy
-    /// and the `--unwind` note a pause record of `run --record --unwind dwarf` carries.
+    /// and the `--unwind` note a pause record of `run --record --unwind dwarf` carries; the
+    /// replay's manifest has the live engine's unwind counts.
     #[test]
     fn vdso_frames_replay_as_live() {
         let pid = std::process::id();
@@ -936,6 +937,8 @@ mod vdso_replay {
         live.push(SessionEvent::Sample(&sample));
         assert_eq!(recorder.errors, 0);
         recorder.finish().unwrap();
+        let live_unwind = crate::engine::unwind_counts(&live);
+        assert_eq!((live_unwind["enabled"].as_bool(), live_unwind["dwarf_stacks"].as_u64()), (Some(true), Some(1)));
         let (trie, frames) = live.pipeline().trie();
         let live: Vec<String> = etm_stacks::folded::folded_lines(trie, frames);
         assert_eq!(live, vec!["[vdso] 1".to_string()]);
@@ -951,5 +954,9 @@ mod vdso_replay {
         let replayed: Vec<String> =
             std::fs::read_to_string(out.join("profile.folded")).unwrap().lines().map(str::to_string).collect();
         assert_eq!(replayed, live);
+        // The replay's manifest counts the unwinds as the live engine did.
+        let manifest: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+        assert_eq!(manifest["unwind"], live_unwind);
     }
 }
