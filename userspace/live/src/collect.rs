@@ -63,7 +63,7 @@ pub trait Groups {
 }
 
 /// Counters of the collector.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CollectStats {
     /// Ticks.
     pub ticks: u64,
@@ -220,12 +220,12 @@ impl Collector {
     }
 
     /// Stops every group, drains what is left and hands back the streams.
-    pub fn finish<G: Groups>(mut self, groups: &mut G, sink: &mut dyn EventSink) -> Vec<CpuStream> {
+    pub fn finish<G: Groups>(mut self, groups: &mut G, sink: &mut dyn EventSink) -> (Vec<CpuStream>, CollectStats) {
         for i in 0..groups.count() {
             let _ = groups.disable(i);
         }
         self.drain(groups, sink);
-        self.streams
+        (self.streams, self.stats)
     }
 }
 

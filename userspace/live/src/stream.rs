@@ -35,7 +35,7 @@ pub enum IdRole {
 }
 
 /// Counters of one stream.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct StreamStats {
     pub data: DataRingStats,
     pub aux: AuxStats,

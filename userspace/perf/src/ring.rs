@@ -127,7 +127,7 @@ pub fn aux_offset_for(page_size: u64, data_pages: u64) -> u64 {
 }
 
 /// Counters for the data ring reader.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DataRingStats {
     /// Complete records handed to the callback.
     pub records: u64,
@@ -219,7 +219,7 @@ pub fn copy_wrapped(ring: &[u8], off: usize, out: &mut [u8]) {
 }
 
 /// Counters for the AUX cursor.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct AuxStats {
     /// PERF_RECORD_AUX records seen.
     pub records: u64,

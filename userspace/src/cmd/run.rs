@@ -356,6 +356,8 @@ struct Feed {
     exited: Vec<u32>,
     /// `--branches etm`: events pass through the ETM collection (its recorder).
     etm: Option<EtmLive>,
+    /// The ETM collection's final counters (after `etm` is finished).
+    etm_counts: Option<serde_json::Value>,
     /// Stack-only/LBR `--record`.
     recorder: Option<Recorder>,
     /// Ring-buffer records that were too short.
@@ -882,6 +884,7 @@ impl Feed {
             maps,
             exited: Vec::new(),
             etm,
+            etm_counts: None,
             recorder,
             bad_records: 0,
             foreign: 0,
@@ -1010,7 +1013,8 @@ fn feed_finish(feed: &mut Feed) -> anyhow::Result<StopReason> {
             log::info!("ETM buffer of cpu {cpu}: {st:?}");
         }
         log::info!("ETM collection: {:?}", etm.collect_stats());
-        etm.finish(Some(&mut feed.engine)).context("finishing the ETM collection")?;
+        let (_, counts) = etm.finish(Some(&mut feed.engine)).context("finishing the ETM collection")?;
+        feed.etm_counts = Some(counts);
     }
     if let Some(r) = feed.recorder.take() {
         if r.errors > 0 {
@@ -1590,6 +1594,9 @@ fn dump_job(
     if let Some(w) = &info.window_line {
         let key = if info.branches == "etm" { "etm_window" } else { "branch_events" };
         manifest[key] = serde_json::json!(w);
+    }
+    if let Some(c) = feed.etm.as_ref().map(EtmLive::counts).or_else(|| feed.etm_counts.clone()) {
+        manifest["counts"]["etm"] = c;
     }
     DumpJob { dir: profile_dir(dir, info, feed), snapshot, meta, manifest }
 }

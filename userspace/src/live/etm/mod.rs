@@ -646,6 +646,14 @@ impl EtmLive {
         self.collector.streams().iter().map(|s| (s.cpu, s.stats)).collect()
     }
 
+    /// The collection's counters as the manifest's `etm` section: the collector's and, per
+    /// AUX buffer (one per CPU, or one per thread with cpu -1), its stream's (ring records,
+    /// AUX records and gaps, pause records, windows of other processes, stacks failed or
+    /// taken from the copy, sequence gaps, throttles, ...).
+    pub fn counts(&self) -> serde_json::Value {
+        counts_json(&self.collector.stats, self.collector.streams())
+    }
+
     /// The collector's counters.
     pub fn collect_stats(&self) -> etm_live::collect::CollectStats {
         self.collector.stats
@@ -653,10 +661,12 @@ impl EtmLive {
 
     /// Disables the groups, drains what is left, and finishes the recording (trace IDs from
     /// AUX_OUTPUT_HW_ID records are written into its metadata).
-    pub fn finish(self, pipeline: Option<&mut dyn EventSink>) -> anyhow::Result<Option<SessionMeta>> {
+    /// Returns the recording's metadata (if recording) and the final [`EtmLive::counts`].
+    pub fn finish(self, pipeline: Option<&mut dyn EventSink>) -> anyhow::Result<(Option<SessionMeta>, serde_json::Value)> {
         let EtmLive { mut groups, collector, mut recorder, .. } = self;
-        let streams = collector.finish(&mut groups, &mut Consumer { pipeline, recorder: recorder.as_mut() });
-        let Some(mut rec) = recorder else { return Ok(None) };
+        let (streams, collect) = collector.finish(&mut groups, &mut Consumer { pipeline, recorder: recorder.as_mut() });
+        let counts = counts_json(&collect, &streams);
+        let Some(mut rec) = recorder else { return Ok((None, counts)) };
         for s in &streams {
             if s.cpu < 0 {
                 continue;
@@ -669,8 +679,15 @@ impl EtmLive {
         if rec.errors > 0 {
             log::warn!("{} recording errors", rec.errors);
         }
-        Ok(Some(rec.finish()?))
+        Ok((Some(rec.finish()?), counts))
     }
+}
+
+fn counts_json(collect: &etm_live::collect::CollectStats, streams: &[etm_live::stream::CpuStream]) -> serde_json::Value {
+    serde_json::json!({
+        "collection": collect,
+        "buffers": streams.iter().map(|s| serde_json::json!({"cpu": s.cpu, "counts": s.stats})).collect::<Vec<_>>(),
+    })
 }
 
 #[cfg(test)]
@@ -822,7 +839,8 @@ mod tests {
 
     /// The recorded session holds exactly what the stream consumed from a fake ring: the AUX
     /// bytes with their record boundaries, the pause sample, the sideband (and the image of an
-    /// executable MMAP2), readable back with the replay engineer's SessionReader.
+    /// executable MMAP2), readable back with the replay engineer's SessionReader; the counts
+    /// the manifest carries are the stream's.
     #[test]
     fn record_round_trip_through_session_reader() {
         let fmt = SampleFormat { sample_type: RING_SAMPLE_TYPE, sample_id_all: true, branch_hw_index: false, regs_user_mask: 0 };
@@ -877,6 +895,13 @@ mod tests {
         assert_eq!(mmaps, 1);
         let img = r.image_path(&r.meta().images[0]);
         assert_eq!(std::fs::read(img).unwrap(), std::fs::read(&exe).unwrap());
+        // The manifest's `etm` counts are the stream's: 2 AUX records of 160 bytes, a pause
+        // record of the target.
+        let c = counts_json(&etm_live::collect::CollectStats::default(), std::slice::from_ref(&s));
+        let b = &c["buffers"][0];
+        assert_eq!((b["cpu"].as_i64(), b["counts"]["aux"]["records"].as_u64()), (Some(0), Some(2)));
+        assert_eq!((b["counts"]["aux"]["bytes"].as_u64(), b["counts"]["pause_records"].as_u64()), (Some(160), Some(1)));
+        assert_eq!(c["collection"]["ticks"].as_u64(), Some(0));
     }
 }
 

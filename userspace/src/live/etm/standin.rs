@@ -184,7 +184,7 @@ fn run(spec: &GroupSpec, busy: Duration) -> Run {
         col.tick(&mut groups, t.elapsed().as_nanos() as u64, &mut sink);
     }
     clock_probe();
-    let streams = col.finish(&mut groups, &mut sink);
+    let (streams, _) = col.finish(&mut groups, &mut sink);
     let probes: Vec<u64> = sideband
         .iter()
         .filter_map(|sb| match sb {
@@ -469,7 +469,7 @@ fn run_target(spec: &GroupSpec, pid: u32, stack_bytes: u32, window_flags: u32, d
         std::thread::sleep(Duration::from_millis(20));
         col.tick(&mut groups, t.elapsed().as_nanos() as u64, &mut sink);
     }
-    let streams = col.finish(&mut groups, &mut sink);
+    let (streams, _) = col.finish(&mut groups, &mut sink);
     let pause_runs = bpf.run_stats(etm_bpf_common::PAUSE_PROGRAM).unwrap();
     TargetRun { samples, stats: streams[0].stats, counters: bpf.counters().unwrap(), pause_runs }
 }
