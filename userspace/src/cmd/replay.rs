@@ -414,3 +414,16 @@ impl View {
         Ok(false)
     }
 }
+
+/// `etm-bpf replay SESSION --headless --dump-dir OUT`, as the command line parses it (for
+/// tests of recordings).
+#[cfg(test)]
+pub(crate) fn replay_headless(session: &Path, out: &Path) -> anyhow::Result<ExitCode> {
+    #[derive(clap::Parser)]
+    struct Replay {
+        #[command(flatten)]
+        args: ReplayArgs,
+    }
+    let argv = ["replay".as_ref(), session.as_os_str(), "--headless".as_ref(), "--dump-dir".as_ref(), out.as_os_str()];
+    main(<Replay as clap::Parser>::try_parse_from(argv)?.args)
+}

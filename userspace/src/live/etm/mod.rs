@@ -968,14 +968,8 @@ mod vdso_replay {
         let live: Vec<String> = etm_stacks::folded::folded_lines(trie, frames);
         assert_eq!(live, vec!["[vdso] 1".to_string()]);
 
-        #[derive(clap::Parser)]
-        struct Replay {
-            #[command(flatten)]
-            args: crate::cmd::replay::ReplayArgs,
-        }
         let out = dir.path().join("replayed");
-        let argv = ["replay".as_ref(), rec.as_os_str(), "--headless".as_ref(), "--dump-dir".as_ref(), out.as_os_str()];
-        crate::cmd::replay::main(<Replay as clap::Parser>::try_parse_from(argv).unwrap().args).unwrap();
+        crate::cmd::replay::replay_headless(&rec, &out).unwrap();
         let replayed: Vec<String> =
             std::fs::read_to_string(out.join("profile.folded")).unwrap().lines().map(str::to_string).collect();
         assert_eq!(replayed, live);

@@ -657,15 +657,8 @@ fn pause_stack_copies_unwind_a_program_without_frame_pointers() {
         }
     }
     assert_eq!(&back, s);
-    #[derive(clap::Parser)]
-    struct Replay {
-        #[command(flatten)]
-        args: crate::cmd::replay::ReplayArgs,
-    }
     let out = dir.path().join("replayed");
-    let argv = ["replay".as_ref(), rec.as_os_str(), "--headless".as_ref(), "--dump-dir".as_ref(), out.as_os_str()];
-    let replay = <Replay as clap::Parser>::try_parse_from(argv).unwrap();
-    crate::cmd::replay::main(replay.args).unwrap();
+    crate::cmd::replay::replay_headless(&rec, &out).unwrap();
     let mut replayed = std::collections::BTreeMap::new();
     for line in std::fs::read_to_string(out.join("profile.folded")).unwrap().lines() {
         let (path, n) = line.rsplit_once(' ').unwrap();
