@@ -806,6 +806,14 @@ impl Pipeline {
         self.namer = namer;
     }
 
+    /// The trace clock's conversion to the perf clock from now on (AUX data pushed after
+    /// this call): perf updates the ring's user page (`time_zero`, `time_mult`,
+    /// `time_shift`) when the clock source changes, and a driver that re-reads it hands the
+    /// new values over here. Data already pushed keeps the times it was given.
+    pub fn set_clock(&mut self, clock: Option<ClockParams>) {
+        self.cfg.clock = clock;
+    }
+
     /// Call `f` with every joined (accepted) sample, before it is profiled.
     pub fn set_observer(&mut self, f: Observer) {
         self.observer = Some(f);
@@ -2410,6 +2418,43 @@ mod tests {
         assert_eq!(joined(&got), vec![(2200, newest_first(&b))]);
         let st = p.stats();
         assert_eq!((st.aux_collision_resets, st.join.rejected.get(RejectReason::BrokenWindow)), (1, 1));
+    }
+
+    /// A new trace clock conversion (`set_clock`) dates the data pushed after it: the same
+    /// trace timestamp, with `time_zero` moved on by 10,000 ns, dates a window after the
+    /// previous pause, so its own pause joins it; without the new clock the window would date
+    /// before that pause and no later pause could join it.
+    #[test]
+    fn set_clock_dates_the_data_pushed_after_it() {
+        let a = bps(0x1000, 4);
+        // A window dated by its trace timestamp (after the trace-on, as the ETE adapter
+        // reports the one between sync and trace-on).
+        let win = |ts: u64| {
+            let mut w = ToyWriter::default();
+            w.sync().trace_info().trace_on().ts(ts);
+            for b in &a {
+                w.branch(b.from, b.to);
+            }
+            w.0
+        };
+        for shift in [true, false] {
+            let (mut p, got) = pipeline(&[0]);
+            let (r1, d1) = aux(0, 1100, &win(1000), 0);
+            feed(&mut p, &[E::Aux(r1, d1), E::S(tid_sample(0, 1, 1200))]);
+            if shift {
+                p.set_clock(Some(ClockParams { time_zero: 10_000, time_mult: 1, ..Default::default() }));
+            }
+            let (r2, d2) = aux(0, 11_100, &win(1000), 0);
+            let (r3, d3) = aux(0, 21_100, &win(if shift { 11_000 } else { 21_000 }), 0);
+            feed(&mut p, &[E::Aux(r2, d2), E::S(tid_sample(0, 1, 11_200)), E::Aux(r3, d3), E::S(tid_sample(0, 1, 21_200))]);
+            p.finish();
+            let times: Vec<u64> = joined(&got).iter().map(|j| j.0).collect();
+            if shift {
+                assert_eq!(times, vec![1200, 11_200, 21_200]);
+            } else {
+                assert_eq!(times, vec![1200, 21_200]);
+            }
+        }
     }
 
     /// Raw fragments of a per-thread buffer (AUX cpu -1) belong to the CPU in their

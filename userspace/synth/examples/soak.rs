@@ -7,12 +7,16 @@
 //! first, if the first loop's samples differ from the model's ground truth, or if anything is
 //! rejected or dropped.
 //!
-//!     cargo run --release -p etm-synth --example soak -- CPUS MS MINUTES
+//!     cargo run --release -p etm-synth --example soak -- CPUS MS MINUTES [perpause|watermark|harvest]
 //!
 //! The model (about 130x slower than the time it models) runs once for `MS` ms; the loops
-//! cost only the pipeline. The trace's own timestamps repeat with the loops, so the replay
-//! dates windows by their AUX records (`trace_timestamps = false`, which the live path uses
-//! with per-pause delivery).
+//! cost only the pipeline. Delivery (default `perpause`): a private ETR per CPU, one AUX
+//! record per pause, windows dated by their AUX records (`trace_timestamps = false`, the live
+//! path's rule for per-pause delivery); `watermark`: a TRBE per CPU publishing at its
+//! watermark, `harvest`: one ETR shared by every CPU (formatted, every trace ID) harvested
+//! every 5 ms — both date windows by the trace's own timestamps, which repeat with the loops,
+//! so each loop's trace clock is shifted with its perf times (`Pipeline::set_clock`: the
+//! conversion's `time_zero` moved by the loop's offset, as perf's user page would give).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -53,17 +57,29 @@ fn cpu_s() -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().skip(1).collect();
-    if a.len() != 3 {
-        return Err("usage: soak CPUS MS MINUTES".into());
+    if a.len() != 3 && a.len() != 4 {
+        return Err("usage: soak CPUS MS MINUTES [perpause|watermark|harvest]".into());
     }
     let (cpus, ms, minutes): (u32, u64, f64) = (a[0].parse()?, a[1].parse()?, a[2].parse()?);
+    let delivery = a.get(3).map_or("perpause", String::as_str);
     let work = std::env::temp_dir().join(format!("soak-{}", std::process::id()));
     let dir = work.join("session");
     std::fs::create_dir_all(&work)?;
     let progs = hw_run::build_programs(&work)?;
-    let cfg = ModelConfig { cpus, topology: Topology::PrivateEtr, ..ModelConfig::default() };
+    let (topology, delivery, harvest_ms) = match delivery {
+        "perpause" => (Topology::PrivateEtr, Delivery::PerPause, None),
+        "watermark" => (Topology::Trbe, Delivery::Watermark, Some(20)),
+        "harvest" => (Topology::SharedEtr, Delivery::Harvest, Some(5)),
+        d => return Err(format!("delivery {d}: perpause, watermark or harvest").into()),
+    };
+    let mut cfg = ModelConfig { cpus, topology, ..ModelConfig::default() };
+    if topology == Topology::SharedEtr {
+        // The ETR holds every CPU's trace between harvests.
+        cfg.etr_bytes = 64 << 20;
+        cfg.aux_bytes = 64 << 20;
+    }
     let opts = RunOptions {
-        strategy: Strategy { delivery: Delivery::PerPause, harvest_every_ns: None },
+        strategy: Strategy { delivery, harvest_every_ns: harvest_ms.map(|m| m * 1_000_000) },
         duration_ns: ms * 1_000_000,
         drain_ns: 1_000_000,
         complete_by_sample_time: false,
@@ -99,7 +115,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let mut pc = PipelineConfig::from_meta(&meta);
-    pc.trace_timestamps = false;
+    // Per-pause delivery: windows dated by their AUX records; otherwise by the trace.
+    pc.trace_timestamps = delivery != Delivery::PerPause;
+    let trace_clock = pc.trace_timestamps.then_some(meta.clock);
     let mut p = Pipeline::new(pc);
     for (path, bytes) in images {
         p.add_image(&path, bytes);
@@ -116,7 +134,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let loops = ((minutes * 60_000.0) / (ms as f64 * f64::from(cpus))).ceil().max(1.0) as u64;
     let report_every = (loops / 10).max(1);
-    println!("loops {loops} of {ms} ms on {cpus} CPUs = {minutes} min of traced CPU time; {} events per loop", events.len());
+    println!(
+        "loops {loops} of {ms} ms on {cpus} CPUs ({topology:?}, {delivery:?} delivery) = {minutes} min of traced CPU time; {} events per loop",
+        events.len()
+    );
     println!("{:>6} {:>10} {:>12} {:>10} {:>9} {:>12}", "loop", "windows", "AUX MiB", "RSS KiB", "CPU s", "windows/CPU s");
     let cpu0 = cpu_s();
     let mut expected = None;
@@ -124,6 +145,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for k in 0..loops {
         loop_joined.set(0);
         let dt = k * span;
+        if let Some(c) = trace_clock {
+            // The trace's timestamps repeat: this loop's convert to its shifted perf times.
+            let identity = etm_session::session::ClockParams { time_mult: 1, ..Default::default() };
+            let c = c.unwrap_or(identity);
+            p.set_clock(Some(etm_session::session::ClockParams { time_zero: c.time_zero + dt, ..c }));
+        }
         for e in &events {
             match e {
                 Owned::Aux(r, data) => {

@@ -197,7 +197,8 @@ pub struct TruthSample {
     pub tid: u32,
     /// The thread's branches in the window, newest first (at most `depth`).
     pub branches: Vec<BranchPair>,
-    /// Every byte of the window reached the AUX ring (and it was traced at all).
+    /// Every byte of the window reached the AUX ring (and it was traced at all), and so did
+    /// what shows where it ended.
     pub complete: bool,
     /// Why not complete.
     pub loss: Option<Loss>,
@@ -219,6 +220,10 @@ pub enum Loss {
     /// The thread's path jumped inside the window (the model's path restarted): its branches
     /// before the jump form no chain with those after it.
     Discontinuity,
+    /// The window's trace arrived whole, but the start of the next window on its CPU (its
+    /// Trace On, where a consumer's segment of this window ends) was cut by a TRBE wrap, and
+    /// the COLLISION record ends there: nothing in the trace shows the window over.
+    EndLost,
 }
 
 /// Counters of the model.
@@ -269,6 +274,8 @@ struct TraceUnit {
     lost: Option<Loss>,
     /// Shared ETR: frame position of the window's first bytes (wrap accounting).
     etr_pos: Option<u64>,
+    /// Some of its bytes reached the sink already (its start: sync, Trace Info, Trace On).
+    wrote: bool,
 }
 
 /// The AUX transaction (`struct perf_output_handle` between `perf_aux_output_begin` and
@@ -371,6 +378,8 @@ struct Cpu {
     pending_lost: u64,
     /// Truth samples whose windows' bytes are in the open TRBE transaction, not published yet.
     unpublished: Vec<usize>,
+    /// The truth sample of the CPU's last closed window, if it was a target window.
+    last_window: Option<usize>,
 }
 
 /// The model (module docs).
@@ -438,6 +447,7 @@ impl Model {
                 etr: Etr::default(),
                 pending_lost: 0,
                 unpublished: Vec::new(),
+                last_window: None,
             })
             .collect();
         let tasks: Vec<Task> = tasks
@@ -771,7 +781,8 @@ impl Model {
         enc.timestamp(Self::counter(self.t));
         let etr_pos = (self.cfg.topology == Topology::SharedEtr)
             .then_some(self.etr.written + 16 * (self.etr.fmt.pending() as u64 / 15 + 2));
-        self.cpus[c].tu = Some(TraceUnit { enc, pieces: Vec::new(), need_trace_on: true, after_gap: false, lost: None, etr_pos });
+        self.cpus[c].tu =
+            Some(TraceUnit { enc, pieces: Vec::new(), need_trace_on: true, after_gap: false, lost: None, etr_pos, wrote: false });
     }
 
     /// The trace unit is disabled (pause or stop): its bytes go to the sink.
@@ -792,8 +803,24 @@ impl Model {
         self.stats.trace_bytes += bytes.len() as u64;
         match self.cfg.topology {
             Topology::Trbe => {
-                if !self.trbe_write(c, bytes) {
-                    tu.lost.get_or_insert(Loss::TrbeWrap);
+                let first = !std::mem::replace(&mut tu.wrote, true);
+                match self.trbe_write(c, bytes) {
+                    TrbeWrite::Whole => {}
+                    TrbeWrite::Filled => {
+                        tu.lost.get_or_insert(Loss::TrbeWrap);
+                    }
+                    TrbeWrite::Cut => {
+                        tu.lost.get_or_insert(Loss::TrbeWrap);
+                        // The window's start (its Trace On) may be gone: the previous
+                        // window's end is then shown by nothing.
+                        if first && let Some(ti) = self.cpus[c].last_window.take() {
+                            let t = &mut self.truth[ti];
+                            if t.complete {
+                                t.complete = false;
+                                t.loss = Some(Loss::EndLost);
+                            }
+                        }
+                    }
                 }
             }
             Topology::SharedEtr => {
@@ -890,14 +917,18 @@ impl Model {
         ring.set_aux_head(head + len);
     }
 
-    /// The TRBE writes trace bytes; false if some were lost (stopped at its limit).
-    fn trbe_write(&mut self, c: usize, bytes: &[u8]) -> bool {
+    /// The TRBE writes trace bytes: all of them, all reaching its limit (the window writing
+    /// them cannot be known whole: the record ends with COLLISION at the IRQ, and whatever
+    /// the window traced after the limit until its pause is lost — none of it, if the pause
+    /// came first, but a consumer cannot tell: the pipeline breaks the window open at a
+    /// COLLISION record's end), or some lost (stopped at its limit).
+    fn trbe_write(&mut self, c: usize, bytes: &[u8]) -> TrbeWrite {
         let t = self.t;
         let irq_ns = self.cfg.trbe_irq_ns;
         let tb = &mut self.cpus[c].trbe;
         if !tb.enabled {
             self.stats.trbe_lost_bytes += bytes.len() as u64;
-            return false;
+            return TrbeWrite::Cut;
         }
         let room = (tb.limit - tb.write) as usize;
         let n = room.min(bytes.len());
@@ -912,9 +943,9 @@ impl Model {
         self.cpus[c].ring.write_aux_at(at, &bytes[..n]);
         if n < bytes.len() {
             self.stats.trbe_lost_bytes += (bytes.len() - n) as u64;
-            return false;
+            return TrbeWrite::Cut;
         }
-        true
+        if full { TrbeWrite::Filled } else { TrbeWrite::Whole }
     }
 
     /// `arm_trbe_irq_handler` → `trbe_handle_overflow`.
@@ -1237,6 +1268,7 @@ impl Model {
         self.write_record(c, &rec);
         if !target {
             self.stats.foreign_windows += 1;
+            self.cpus[c].last_window = None;
             return;
         }
         self.stats.target_windows += 1;
@@ -1266,6 +1298,7 @@ impl Model {
         };
         let ti_truth = self.truth.len();
         self.truth.push(TruthSample { cpu: c as i32, time, tid, branches, complete, loss });
+        self.cpus[c].last_window = Some(ti_truth);
         if let Some(pos) = tu.as_ref().and_then(|t| t.etr_pos) {
             self.etr_windows.push((ti_truth, pos));
         }
@@ -1277,6 +1310,13 @@ impl Model {
 
 /// `TRBE_TRACE_MIN_BUF_SIZE`.
 const TRBE_MIN_BUF: u64 = 64;
+
+/// What became of bytes the TRBE was to write ([`Model::trbe_write`]).
+enum TrbeWrite {
+    Whole,
+    Filled,
+    Cut,
+}
 
 impl Groups for Model {
     type Ring = MemRing;

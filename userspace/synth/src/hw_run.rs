@@ -241,11 +241,12 @@ fn loss_name(l: Loss) -> &'static str {
         Loss::AuxFull => "aux_full",
         Loss::Throttled => "throttled",
         Loss::Discontinuity => "discontinuity",
+        Loss::EndLost => "end_lost",
     }
 }
 
 fn loss_from(s: &str) -> Option<Loss> {
-    [Loss::NotTraced, Loss::TrbeWrap, Loss::EtrLost, Loss::AuxFull, Loss::Throttled, Loss::Discontinuity]
+    [Loss::NotTraced, Loss::TrbeWrap, Loss::EtrLost, Loss::AuxFull, Loss::Throttled, Loss::Discontinuity, Loss::EndLost]
         .into_iter()
         .find(|l| loss_name(*l) == s)
 }
