@@ -186,9 +186,11 @@ impl Symbolizer {
             && let Ok(mut it) = loader.find_frames(link_addr)
         {
             while let Ok(Some(f)) = it.next() {
-                if let Some(name) = f.function.as_ref().and_then(|n| n.demangle().ok()) {
+                // The linkage name if DWARF has one (through DW_AT_abstract_origin and
+                // DW_AT_specification), demangled; else DW_AT_name as it is, as LLVM shows it.
+                if let Some(name) = f.function.as_ref().and_then(|n| n.raw_name().ok()) {
                     let (file, line) = f.location.map_or((None, 0), |l| (l.file.map(str::to_owned), l.line.unwrap_or(0)));
-                    out.push(LineFrame { function: llvm_spelling(&name), file, line });
+                    out.push(LineFrame { function: demangle(&name), file, line });
                 }
             }
         }
@@ -220,14 +222,21 @@ impl Symbolizer {
     }
 }
 
-/// Demangles a symbol (C++ Itanium, Rust, as the `addr2line` crate does) in LLVM's spelling
-/// ([`llvm_spelling`]).
+/// Demangles a symbol (Rust with rustc-demangle as the `addr2line` crate does, else C++
+/// Itanium with the patched cpp_demangle of `third_party/`) in LLVM's spelling
+/// ([`llvm_spelling`]); a name neither reads is returned as it is.
 pub fn demangle(name: &str) -> String {
     // Only mangled names: cpp_demangle would read a C function `a` as the type `signed char`.
     if !(name.starts_with("_Z") || name.starts_with("_R")) {
         return name.to_string();
     }
-    llvm_spelling(&addr2line::demangle_auto(name.into(), None))
+    if let Some(rust) = addr2line::demangle(name, addr2line::gimli::DW_LANG_Rust) {
+        return rust;
+    }
+    match cpp_demangle::Symbol::new(name.as_bytes()).ok().and_then(|s| s.demangle().ok()) {
+        Some(cxx) => llvm_spelling(&cxx),
+        None => name.to_string(),
+    }
 }
 
 /// A demangled C++ name (cpp_demangle's, which follows libiberty's spelling) as LLVM's
