@@ -559,6 +559,13 @@ where
     // We are currently demangling an object with an explicit named parameter.
     is_explicit_obj_param: bool,
 
+    // etm-bpf patch (pack expansions): the length of `inner` where the innermost pack
+    // expansion being demangled began.
+    pack_expansion_inner_depth: Option<usize>,
+
+    // etm-bpf patch (empty packs): a separator written only if something follows it.
+    pending_separator: Option<&'static str>,
+
     // Whether to show function parameters.
     // This must be set to true before calling `demangle` on `Encoding`
     // unless that call is via the toplevel call to `MangledName::demangle`.
@@ -583,6 +590,9 @@ where
     fn write_str(&mut self, s: &str) -> fmt::Result {
         if s.is_empty() {
             return Ok(());
+        }
+        if let Some(sep) = self.pending_separator.take() {
+            self.write_str(sep)?;
         }
 
         log!("DemangleContext::write: '{}'", s);
@@ -619,6 +629,8 @@ where
             is_template_prefix_in_nested_name: false,
             is_template_argument_pack: false,
             is_explicit_obj_param: false,
+            pack_expansion_inner_depth: None,
+            pending_separator: None,
             show_params: !options.no_params,
             show_return_type: !options.no_return_type,
             show_expression_literal_types: !options.hide_expression_literal_types,
@@ -656,7 +668,8 @@ where
 
     #[inline]
     fn ensure(&mut self, ch: char) -> fmt::Result {
-        if self.last_char_written == Some(ch) {
+        let pending = self.pending_separator.and_then(|s| s.chars().last());
+        if pending.or(self.last_char_written) == Some(ch) {
             Ok(())
         } else {
             write!(self, "{}", ch)?;
@@ -1046,14 +1059,18 @@ where
             ctx.is_explicit_obj_param = false;
         }
 
+        // etm-bpf patch (empty packs): an empty pack expansion prints nothing, not even
+        // its separator, as in LLVM's `f<>(int)` for `f<>(int, Args&&...)`.
         let mut need_comma = false;
         for arg in self.iter() {
             if need_comma {
-                write!(ctx, ", ")?;
+                ctx.pending_separator = Some(", ");
             }
+            let before = ctx.bytes_written;
             arg.demangle(ctx, scope)?;
-            need_comma = true;
+            need_comma |= ctx.bytes_written > before;
         }
+        ctx.pending_separator = None;
 
         write!(ctx, ")")?;
 
@@ -1559,6 +1576,12 @@ where
             let (scope, function_args) =
                 if let Some(template_args) = name.get_template_args(ctx.subs) {
                     let scope = scope.push(template_args);
+                    // etm-bpf patch (template constructors): a constructor, destructor or
+                    // conversion operator template has no return type, its first type is its
+                    // first parameter (upstream issue #129).
+                    if name.is_ctor_dtor_conversion(ctx.subs) {
+                        return FunctionArgList::new(&fun_ty.0).demangle_as_inner(ctx, scope);
+                    }
                     let function_args = FunctionArgListAndReturnType::new(&fun_ty.0);
                     (scope, function_args as &dyn DemangleAsInner<W>)
                 } else {
@@ -3516,19 +3539,12 @@ where
         })?;
 
         match *self {
-            CtorDtorName::CompleteConstructor(ref inheriting)
-            | CtorDtorName::BaseConstructor(ref inheriting)
-            | CtorDtorName::CompleteAllocatingConstructor(ref inheriting)
-            | CtorDtorName::MaybeInChargeConstructor(ref inheriting) => match inheriting {
-                Some(ty) => ty
-                    .get_leaf_name(ctx.subs)
-                    .ok_or_else(|| {
-                        log!("Error getting leaf name: {:?}", ty);
-                        fmt::Error
-                    })?
-                    .demangle_as_leaf(ctx),
-                None => leaf.demangle_as_leaf(ctx),
-            },
+            CtorDtorName::CompleteConstructor(_)
+            | CtorDtorName::BaseConstructor(_)
+            | CtorDtorName::CompleteAllocatingConstructor(_)
+            // etm-bpf patch (inheriting constructors): named after their class, as LLVM
+            // names them (libiberty names them after the base whose constructor they inherit).
+            | CtorDtorName::MaybeInChargeConstructor(_) => leaf.demangle_as_leaf(ctx),
             CtorDtorName::DeletingDestructor
             | CtorDtorName::CompleteDestructor
             | CtorDtorName::BaseDestructor
@@ -3902,7 +3918,11 @@ where
                 Ok(())
             }
             Type::PackExpansion(ref ty) => {
-                ty.demangle(ctx, scope)?;
+                let depth = ctx.inner.len();
+                let outer = ctx.pack_expansion_inner_depth.replace(depth);
+                let done = ty.demangle(ctx, scope);
+                ctx.pack_expansion_inner_depth = outer;
+                done?;
                 if !ctx.is_template_argument_pack {
                     write!(ctx, "...")?;
                 }
@@ -5520,28 +5540,25 @@ where
         let ctx = try_begin_demangle!(self, ctx, scope);
         inner_barrier!(ctx);
 
-        if ctx.last_char_written == Some('<') {
-            write!(ctx, " ")?;
-        }
+        // etm-bpf patch (spelling): no space between `<` and `<` (`operator<<T>`), nor
+        // between `>` and `>` below (`A<B<C>>`), as LLVM writes them.
         write!(ctx, "<")?;
         ctx.push_demangle_node(DemangleNodeType::TemplateArgs);
+        // etm-bpf patch (empty packs): as in function parameter lists.
         let mut need_comma = false;
         for arg_index in 0..self.0.len() {
             if need_comma {
-                write!(ctx, ", ")?;
+                ctx.pending_separator = Some(", ");
             }
             if let Some(ref mut scope) = scope {
                 scope.in_arg = Some((arg_index, self));
             }
+            let before = ctx.bytes_written;
             self.0[arg_index].demangle(ctx, scope)?;
-            need_comma = true;
+            need_comma |= ctx.bytes_written > before;
         }
+        ctx.pending_separator = None;
 
-        // Ensure "> >" because old C++ sucks and libiberty (and its tests)
-        // supports old C++.
-        if ctx.last_char_written == Some('>') {
-            write!(ctx, " ")?;
-        }
         ctx.pop_demangle_node();
         write!(ctx, ">")?;
         Ok(())
@@ -5565,6 +5582,42 @@ impl<'subs> ArgScope<'subs, 'subs> for TemplateArgs {
 
     fn get_function_arg(&'subs self, _: usize) -> Result<&'subs Type> {
         Err(error::Error::BadFunctionArgReference)
+    }
+}
+
+/// etm-bpf patch: skips a `<template-param-decl>` at `input`, if there is one.
+///
+/// ```text
+/// <template-param-decl> ::= Ty                                  # type parameter
+///                       ::= Tk <type-constraint>                # constrained type parameter
+///                       ::= Tn <type>                           # non-type parameter
+///                       ::= Tt <template-param-decl>* E         # template parameter
+///                       ::= Tp <template-param-decl>            # parameter pack
+/// ```
+fn skip_template_param_decl<'a, 'b>(
+    ctx: &'a ParseContext,
+    subs: &'a mut SubstitutionTable,
+    input: IndexStr<'b>,
+) -> Result<Option<IndexStr<'b>>> {
+    let decl = match input.try_split_at(2) {
+        Some((head, tail)) if head.as_ref()[0] == b'T' => (head.as_ref()[1], tail),
+        _ => return Ok(None),
+    };
+    match decl {
+        (b'y', tail) => Ok(Some(tail)),
+        (b'k', tail) => Ok(Some(Name::parse(ctx, subs, tail)?.1)),
+        (b'n', tail) => Ok(Some(TypeHandle::parse(ctx, subs, tail)?.1)),
+        (b't', mut tail) => {
+            while let Some(t) = skip_template_param_decl(ctx, subs, tail)? {
+                tail = t;
+            }
+            Ok(Some(consume(b"E", tail)?))
+        }
+        (b'p', tail) => match skip_template_param_decl(ctx, subs, tail)? {
+            Some(t) => Ok(Some(t)),
+            None => Err(error::Error::UnexpectedText),
+        },
+        _ => Ok(None),
     }
 }
 
@@ -5598,6 +5651,12 @@ impl Parse for TemplateArg {
         input: IndexStr<'b>,
     ) -> Result<(TemplateArg, IndexStr<'b>)> {
         try_begin_parse!("TemplateArg", ctx, input);
+
+        // etm-bpf patch (C++20 template parameter declarations): `<template-param-decl>
+        // <template-arg>` is the argument, as LLVM prints it.
+        if let Some(tail) = skip_template_param_decl(ctx, subs, input)? {
+            return TemplateArg::parse(ctx, subs, tail);
+        }
 
         if let Ok(tail) = consume(b"X", input) {
             let (expr, tail) = Expression::parse(ctx, subs, tail)?;
@@ -5646,14 +5705,44 @@ where
             TemplateArg::SimpleExpression(ref expr) => expr.demangle(ctx, scope),
             TemplateArg::ArgPack(ref args) => {
                 ctx.is_template_argument_pack = true;
+                // etm-bpf patch (pack expansions): in the expansion of a pattern such as
+                // `T&&...`, each element of the pack gets the pattern's pointers, references
+                // and qualifiers (collapsed with its own), not only the last one, as LLVM
+                // prints it: `(A const&, B&&)` for `Args&&...` with `<A const&, B>`.
+                let depth = ctx.pack_expansion_inner_depth.take();
+                let wrappers = match depth {
+                    Some(d) if ctx.inner.len() > d => ctx.inner.split_off(d),
+                    _ => vec![],
+                };
+                if !wrappers.is_empty() {
+                    let d = ctx.inner.len();
+                    let mut need_comma = false;
+                    for arg in &args[..] {
+                        if need_comma {
+                            write!(ctx, ", ")?;
+                        }
+                        ctx.inner.extend(wrappers.iter().copied());
+                        arg.demangle(ctx, scope)?;
+                        while ctx.inner.len() > d {
+                            let inner = ctx.pop_inner().unwrap();
+                            inner.demangle_as_inner(ctx, scope)?;
+                        }
+                        need_comma = true;
+                    }
+                    ctx.pack_expansion_inner_depth = depth;
+                    return Ok(());
+                }
+                ctx.pack_expansion_inner_depth = depth;
                 let mut need_comma = false;
                 for arg in &args[..] {
                     if need_comma {
-                        write!(ctx, ", ")?;
+                        ctx.pending_separator = Some(", ");
                     }
+                    let before = ctx.bytes_written;
                     arg.demangle(ctx, scope)?;
-                    need_comma = true;
+                    need_comma |= ctx.bytes_written > before;
                 }
+                ctx.pending_separator = None;
                 Ok(())
             }
         }
@@ -6552,6 +6641,14 @@ where
                 Ok(())
             }
             Expression::PackExpansion(ref pack) => {
+                // etm-bpf patch (pack expansions): the expansion of a template parameter
+                // that is a pack is its elements, as LLVM prints it: `<0ul, 1ul>`, not
+                // `<(0ul, 1ul)...>`.
+                if let Expression::TemplateParam(ref param) = **pack {
+                    if let Ok(TemplateArg::ArgPack(_)) = param.resolve(scope) {
+                        return param.demangle(ctx, scope);
+                    }
+                }
                 pack.demangle_as_subexpr(ctx, scope)?;
                 write!(ctx, "...")?;
                 Ok(())
