@@ -947,6 +947,14 @@ mod truth_tests {
         }
     }
 
+    /// A name nesting C++20 template parameter declarations beyond the demangler's recursion
+    /// limit stays mangled (without the limit it overflowed the stack).
+    #[test]
+    fn deeply_nested_template_parameter_declarations_stay_mangled() {
+        let name = format!("_Z1gI{}EvE", "Tt".repeat(100_000));
+        assert_eq!(demangle(&name), name);
+    }
+
     /// A stripped binary whose DWARF and symbols live in a debug file named by its
     /// `.gnu_debuglink` next to it: the frames (inline ones included) are those binutils reads
     /// from the debug file.

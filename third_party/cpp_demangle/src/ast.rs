@@ -5599,6 +5599,7 @@ fn skip_template_param_decl<'a, 'b>(
     subs: &'a mut SubstitutionTable,
     input: IndexStr<'b>,
 ) -> Result<Option<IndexStr<'b>>> {
+    try_begin_parse!("TemplateParamDecl", ctx, input);
     let decl = match input.try_split_at(2) {
         Some((head, tail)) if head.as_ref()[0] == b'T' => (head.as_ref()[1], tail),
         _ => return Ok(None),
