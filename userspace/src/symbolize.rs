@@ -770,9 +770,9 @@ mod truth_tests {
     /// clang++-22: at every instruction of its `.text` (binutils `objdump -d`), the frames,
     /// inline chain and names, are those `llvm-addr2line-22 -f -C -i` prints (where it names
     /// nothing, `??` in the padding between functions, ours is the unknown address's
-    /// `[binary+0xoffset]`), but where LLVM 22's demangler errs and ours (as GNU c++filt
-    /// 2.40) does not, which is checked for each difference and bounded in number (README
-    /// "Limits"): the g++ build's `std::__introsort_loop<..., 'lambda'(auto const&, auto
+    /// `[binary+0xoffset]`), but where LLVM 22's demangler errs, which is checked for each
+    /// difference and bounded in number (README "Limits"; GNU c++filt 2.40 demangles the
+    /// first two kinds as we do and cannot demangle the third): the g++ build's `std::__introsort_loop<..., 'lambda'(auto const&, auto
     /// const&)>(auto, auto, auto, ...)`, `__adjust_heap` and `__insertion_sort`, whose
     /// parameters (iterators, `long`) LLVM prints as the generic lambda's `auto` (319
     /// instructions); the clang build's `crunch(unsigned int)::$_0::operator()<...>(...)` and
@@ -856,9 +856,8 @@ mod truth_tests {
                 eprintln!("  {n:5}  ours {o}\n         llvm {t}");
             }
             assert_eq!(depth, 0, "{cxx}: instructions with another inline depth than llvm-addr2line-22's");
-            // Each difference is one of LLVM's errors (GNU c++filt 2.40 demangles these names
-            // as we do): parameters printed as a generic lambda's `auto`, a name left mangled,
-            // an empty pack declared `Tp` printed as `...`.
+            // Each difference is one of LLVM's errors: parameters printed as a generic
+            // lambda's `auto`, a name left mangled, an empty pack declared `Tp` printed as `...`.
             let llvm_errs = |o: &str, t: &str| {
                 t.contains(">(auto, auto, auto")
                     || (t.starts_with("_Z") && !o.starts_with("_Z"))
