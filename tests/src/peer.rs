@@ -133,13 +133,17 @@ pub fn etm_bpf_contexts(pprof_gz: &Path) -> Contexts {
 ///   with a function template's return type: all parenthesized groups, a trailing ` const`
 ///   and everything before the last space outside `<>` are dropped (so `operator()() const`
 ///   and perf's `operator()` both read `operator`).
-/// * perf writes lambdas as c++filt does, etm-bpf as LLVM does ([`llvm_lambdas`]).
+/// * perf writes lambdas as c++filt does, etm-bpf as LLVM does ([`llvm_lambdas`]), and
+///   closes nested template argument lists with `> >` where etm-bpf (as LLVM) writes `>>`.
 pub fn normalize(name: &str) -> String {
     let name = name.trim();
     if name.starts_with('[') && name.ends_with(']') {
         return "[unknown]".into();
     }
-    let name = name.split('@').next().unwrap_or(name);
+    let mut name = name.split('@').next().unwrap_or(name).to_string();
+    while name.contains("> >") {
+        name = name.replace("> >", ">>");
+    }
     let mut out = String::new();
     let mut paren = 0usize;
     for c in name.chars() {
@@ -254,7 +258,7 @@ mod tests {
             ("std::function<void ()>::operator()", "std::function<void ()>::operator()() const"),
             (
                 "std::thread::_State_impl<std::thread::_Invoker<std::tuple<Pool::Pool(unsigned int)::{lambda()#1}> > >::_M_run",
-                "std::thread::_State_impl<std::thread::_Invoker<std::tuple<Pool::Pool(unsigned int)::'lambda'()> > >::_M_run()",
+                "std::thread::_State_impl<std::thread::_Invoker<std::tuple<Pool::Pool(unsigned int)::'lambda'()>>>::_M_run()",
             ),
             ("main::{lambda()#3}::operator()", "main::'lambda1'()::operator()() const"),
             ("cfree@GLIBC_2.2.5", "cfree"),
