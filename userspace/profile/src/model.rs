@@ -232,6 +232,7 @@ impl HybridProfile {
     /// The encoded word of a runtime address; `span` is the last resolved span of this
     /// sample's addresses ([`AddressResolver::resolve_span`]: runtime range, offset to the
     /// link-time address, our binary tag), tried before the resolver.
+    #[inline(always)]
     fn encode(&mut self, addr: u64, r: &dyn AddressResolver, span: &mut Span) -> u64 {
         if span.0.contains(&addr) {
             let link = addr.wrapping_add(span.1);
@@ -239,6 +240,12 @@ impl HybridProfile {
                 return span.2 | link;
             }
         }
+        self.encode_new_span(addr, r, span)
+    }
+
+    /// [`encode`](Self::encode) of an address outside the span: the resolver's answer.
+    #[inline(never)]
+    fn encode_new_span(&mut self, addr: u64, r: &dyn AddressResolver, span: &mut Span) -> u64 {
         match r.resolve_span(addr) {
             Some((BinaryId(id), link, range)) if link <= ADDR_MASK => {
                 let id = id as usize;
