@@ -82,6 +82,13 @@ pub enum InsnKind {
 pub trait CodeOracle {
     /// Kind of the instruction at `addr` in process `pid`, or `None` if no code is known there.
     fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind>;
+    /// [`insn_kind`](Self::insn_kind) of each branch's source, into `out` (cleared first).
+    /// Oracles with mapped code override this to look a mapping up once for the branches in
+    /// it instead of once per branch.
+    fn branch_kinds(&self, pid: u32, branches: &[BranchPair], out: &mut Vec<Option<InsnKind>>) {
+        out.clear();
+        out.extend(branches.iter().map(|b| self.insn_kind(pid, b.from)));
+    }
     /// Size of instructions (A64: 4).
     fn insn_size(&self) -> u64 {
         4
@@ -520,6 +527,7 @@ pub struct Joiner {
     /// Synthesized samples: the return addresses (outermost first) and the stack.
     synth_callers: Vec<u64>,
     synth_stack: Vec<u64>,
+    synth_kinds: Vec<Option<InsnKind>>,
 }
 
 impl Joiner {
@@ -535,6 +543,7 @@ impl Joiner {
             shadow: Vec::new(),
             synth_callers: Vec::new(),
             synth_stack: Vec::new(),
+            synth_kinds: Vec::new(),
         }
     }
 
@@ -929,8 +938,12 @@ impl Joiner {
                         (!g.window_start).then_some(SynthStop::TraceRestart)
                     };
                     let w = SynthWindow { cpu, s: &s, leaf_frame_missing: check.leaf_frame_missing, ring: &g.ring, more };
-                    let buf =
-                        SynthBuf { callers: &mut self.synth_callers, stack: &mut self.synth_stack, branches: &mut self.scratch };
+                    let buf = SynthBuf {
+                        callers: &mut self.synth_callers,
+                        stack: &mut self.synth_stack,
+                        branches: &mut self.scratch,
+                        kinds: &mut self.synth_kinds,
+                    };
                     synthesize(&w, buf, &self.cfg, oracle, &mut self.shadow, &mut self.stats, out);
                 }
             }
@@ -1066,6 +1079,8 @@ struct SynthBuf<'a> {
     callers: &'a mut Vec<u64>,
     stack: &'a mut Vec<u64>,
     branches: &'a mut Vec<BranchPair>,
+    /// The kind of each ring branch's source.
+    kinds: &'a mut Vec<Option<InsnKind>>,
 }
 
 /// The synthesized samples of a window (module docs): the pause stack unwound backwards
@@ -1092,8 +1107,11 @@ fn synthesize(
     let callers = buf.callers;
     callers.clear();
     callers.extend(w.s.stack[1..].iter().rev());
-    let undo = |b: BranchPair, callers: &mut Vec<u64>| -> Result<(), SynthStop> {
-        match oracle.insn_kind(pid, b.from) {
+    oracle.branch_kinds(pid, ring, buf.kinds);
+    let kinds = &*buf.kinds;
+    let undo = |i: usize, callers: &mut Vec<u64>| -> Result<(), SynthStop> {
+        let b = ring[i];
+        match kinds[i] {
             None => Err(SynthStop::UnknownCode),
             Some(InsnKind::Call) => {
                 let ret = oracle.insn_len(pid, b.from).ok_or(SynthStop::UnknownCode)? + b.from;
@@ -1125,7 +1143,7 @@ fn synthesize(
         let Some(p) = m.checked_sub(k * d).filter(|&p| p >= 1) else { break };
         while undone > p {
             undone -= 1;
-            if let Err(r) = undo(ring[undone], callers) {
+            if let Err(r) = undo(undone, callers) {
                 stats.synth_stops.bump(r);
                 return;
             }
@@ -1142,7 +1160,7 @@ fn synthesize(
         let mut stop = None;
         while undone > p.saturating_sub(d) {
             undone -= 1;
-            if let Err(r) = undo(ring[undone], callers) {
+            if let Err(r) = undo(undone, callers) {
                 stop = Some(r);
                 break;
             }
