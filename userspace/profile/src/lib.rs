@@ -144,7 +144,11 @@ impl BinaryInfo {
     }
     /// Whether the link-time address lies in an executable segment.
     pub fn in_exec_segment(&self, addr: u64) -> bool {
-        self.exec_segments.iter().any(|s| addr >= s.vaddr && addr - s.vaddr < s.memsz)
+        self.exec_segment(addr).is_some()
+    }
+    /// The executable segment holding the link-time address.
+    pub fn exec_segment(&self, addr: u64) -> Option<&ExecSegment> {
+        self.exec_segments.iter().find(|s| addr >= s.vaddr && addr - s.vaddr < s.memsz)
     }
     /// Build-id as lowercase hex (empty when absent).
     pub fn build_id_hex(&self) -> String {
@@ -164,6 +168,12 @@ impl BinaryInfo {
 pub trait AddressResolver {
     /// The binary and link-time address of a runtime address, or `None` if unmapped/unknown.
     fn resolve(&self, addr: u64) -> Option<(BinaryId, u64)>;
+    /// [`resolve`](Self::resolve), with addresses around `addr` that resolve alike: every
+    /// address of the range maps to the same binary at the same offset (`link - addr`), so a
+    /// caller resolving many nearby addresses looks up one. The default: `addr` alone.
+    fn resolve_span(&self, addr: u64) -> Option<(BinaryId, u64, std::ops::Range<u64>)> {
+        self.resolve(addr).map(|(b, link)| (b, link, addr..addr.saturating_add(1)))
+    }
     /// Information about a binary this resolver returned.
     fn binary(&self, id: BinaryId) -> Option<&BinaryInfo>;
 }

@@ -122,6 +122,10 @@ struct Entry {
     count: u64,
 }
 
+/// Runtime addresses that resolve alike, the offset to their link-time address and the
+/// binary's tag (see [`HybridProfile::encode`]).
+type Span = (std::ops::Range<u64>, u64, u64);
+
 /// Per-binary, per-context aggregated hybrid samples. See the crate docs.
 #[derive(Debug, Clone)]
 pub struct HybridProfile {
@@ -225,9 +229,25 @@ impl HybridProfile {
         }
     }
 
-    fn encode(&mut self, addr: u64, r: &dyn AddressResolver) -> u64 {
-        match r.resolve(addr) {
-            Some((BinaryId(id), link)) if link <= ADDR_MASK => {
+    /// The encoded word of a runtime address; `span` is the last resolved span of this
+    /// sample's addresses ([`AddressResolver::resolve_span`]: runtime range, offset to the
+    /// link-time address, our binary tag), tried before the resolver.
+    #[inline(always)]
+    fn encode(&mut self, addr: u64, r: &dyn AddressResolver, span: &mut Span) -> u64 {
+        if span.0.contains(&addr) {
+            let link = addr.wrapping_add(span.1);
+            if link <= ADDR_MASK {
+                return span.2 | link;
+            }
+        }
+        self.encode_new_span(addr, r, span)
+    }
+
+    /// [`encode`](Self::encode) of an address outside the span: the resolver's answer.
+    #[inline(never)]
+    fn encode_new_span(&mut self, addr: u64, r: &dyn AddressResolver, span: &mut Span) -> u64 {
+        match r.resolve_span(addr) {
+            Some((BinaryId(id), link, range)) if link <= ADDR_MASK => {
                 let id = id as usize;
                 let cached = self.id_cache.get(id).copied().unwrap_or(0);
                 let ours = if cached != 0 {
@@ -243,6 +263,7 @@ impl HybridProfile {
                     self.stats.unresolved_addresses += 1;
                     return addr & ADDR_MASK;
                 };
+                *span = (range, link.wrapping_sub(addr), ours << ADDR_BITS);
                 (ours << ADDR_BITS) | link
             }
             _ => {
@@ -311,13 +332,14 @@ impl HybridProfile {
         let mut key = std::mem::take(&mut self.scratch);
         key.clear();
         key.push(ns as u64 | (nb as u64) << 16 | flags);
+        let mut span: Span = (0..0, 0, 0);
         for &a in &stack[..ns] {
-            let w = self.encode(a, r);
+            let w = self.encode(a, r, &mut span);
             key.push(w);
         }
         for b in &branches[..nb] {
-            let f = self.encode(b.from, r);
-            let t = self.encode(b.to, r);
+            let f = self.encode(b.from, r, &mut span);
+            let t = self.encode(b.to, r, &mut span);
             key.push(f);
             key.push(t);
         }
@@ -450,6 +472,45 @@ mod tests {
         assert_eq!(s.count, 3);
         assert_eq!(s.stack().map(|l| l.addr).collect::<Vec<_>>(), vec![0x1104, 0x1014]);
         assert_eq!(s.branches().next().unwrap().1, Loc { binary: Some(0), addr: 0x1100 });
+    }
+
+    /// A resolver reporting spans ([`AddressResolver::resolve_span`]) gives the profile the
+    /// same words and counts as one resolving each address alone: two binaries, one at a bias
+    /// that takes part of its span past the 48 address bits, and unmapped addresses.
+    #[test]
+    fn spans_encode_like_single_addresses() {
+        struct Spans(bool, Vec<BinaryInfo>);
+        impl AddressResolver for Spans {
+            fn resolve(&self, a: u64) -> Option<(BinaryId, u64)> {
+                self.resolve_span(a).map(|(b, l, _)| (b, l))
+            }
+            fn resolve_span(&self, a: u64) -> Option<(BinaryId, u64, std::ops::Range<u64>)> {
+                let (b, lo, hi, bias) = match a {
+                    0x1000..0x2000 => (0, 0x1000, 0x2000, 0u64),
+                    0x5000..0x6000 => (1, 0x5000, 0x6000, ADDR_MASK - 0x5800),
+                    _ => return None,
+                };
+                let span = if self.0 { lo..hi } else { a..a + 1 };
+                Some((BinaryId(b), a.wrapping_add(bias), span))
+            }
+            fn binary(&self, id: BinaryId) -> Option<&BinaryInfo> {
+                self.1.get(id.0 as usize)
+            }
+        }
+        let infos = vec![bin().binary(BinaryId(0)).unwrap().clone(), BinaryInfo { path: "/x/lib".into(), ..Default::default() }];
+        let (wide, alone) = (Spans(true, infos.clone()), Spans(false, infos));
+        let (mut p, mut q) = (HybridProfile::default(), HybridProfile::default());
+        let addrs = [0x1100, 0x5100, 0x5900, 0x1200, 0x9000, 0x57fc, 0x5800, 0x1ffc, 0x5804, 0x2000];
+        for i in 0..addrs.len() {
+            let br: Vec<Branch> = addrs.windows(2).skip(i).map(|w| Branch { from: w[0], to: w[1] }).collect();
+            let sample = HybridSample { stack: &addrs[i..], branches: &br };
+            p.add(&sample, &wide);
+            q.add(&sample, &alone);
+        }
+        let words = |p: &HybridProfile| p.samples().map(|s| (s.words.to_vec(), s.count)).collect::<Vec<_>>();
+        assert_eq!(words(&p), words(&q));
+        assert_eq!(p.stats(), q.stats());
+        assert!(p.stats().unresolved_addresses > 10, "{:?}", p.stats());
     }
 
     /// Unmapped addresses are kept as unresolved and counted.

@@ -47,7 +47,9 @@
 //! instruction before that branch ran, leaf of its stack), with the `depth` branches before
 //! it (`b[m - k*depth - 1]` newest, fewer for the oldest): `floor((m - 1) / depth)` samples,
 //! at most `synth_samples`, each validated like the pause sample ([`RejectReason`], counted in
-//! [`JoinStats::synth_rejected`]). The walk stops for the window, counted by [`SynthStop`],
+//! [`JoinStats::synth_rejected`]; undoing a sample's own branches, which the next sample needs
+//! anyway, proves every check of that validation, so it runs only where the walk stops). The
+//! walk stops for the window, counted by [`SynthStop`],
 //! when the reconstruction is not sound (unknown code, a call that is not the top of the
 //! stack, a return not after a call, a branch from an exception return) or the window's trace
 //! goes on beyond the segment (a trace restart: an exception filtered out, a gap) or beyond
@@ -80,6 +82,13 @@ pub enum InsnKind {
 pub trait CodeOracle {
     /// Kind of the instruction at `addr` in process `pid`, or `None` if no code is known there.
     fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind>;
+    /// [`insn_kind`](Self::insn_kind) of each branch's source, into `out` (cleared first).
+    /// Oracles with mapped code override this to look a mapping up once for the branches in
+    /// it instead of once per branch.
+    fn branch_kinds(&self, pid: u32, branches: &[BranchPair], out: &mut Vec<Option<InsnKind>>) {
+        out.clear();
+        out.extend(branches.iter().map(|b| self.insn_kind(pid, b.from)));
+    }
     /// Size of instructions (A64: 4).
     fn insn_size(&self) -> u64 {
         4
@@ -518,6 +527,7 @@ pub struct Joiner {
     /// Synthesized samples: the return addresses (outermost first) and the stack.
     synth_callers: Vec<u64>,
     synth_stack: Vec<u64>,
+    synth_kinds: Vec<Option<InsnKind>>,
 }
 
 impl Joiner {
@@ -533,6 +543,7 @@ impl Joiner {
             shadow: Vec::new(),
             synth_callers: Vec::new(),
             synth_stack: Vec::new(),
+            synth_kinds: Vec::new(),
         }
     }
 
@@ -927,8 +938,12 @@ impl Joiner {
                         (!g.window_start).then_some(SynthStop::TraceRestart)
                     };
                     let w = SynthWindow { cpu, s: &s, leaf_frame_missing: check.leaf_frame_missing, ring: &g.ring, more };
-                    let buf =
-                        SynthBuf { callers: &mut self.synth_callers, stack: &mut self.synth_stack, branches: &mut self.scratch };
+                    let buf = SynthBuf {
+                        callers: &mut self.synth_callers,
+                        stack: &mut self.synth_stack,
+                        branches: &mut self.scratch,
+                        kinds: &mut self.synth_kinds,
+                    };
                     synthesize(&w, buf, &self.cfg, oracle, &mut self.shadow, &mut self.stats, out);
                 }
             }
@@ -1064,6 +1079,8 @@ struct SynthBuf<'a> {
     callers: &'a mut Vec<u64>,
     stack: &'a mut Vec<u64>,
     branches: &'a mut Vec<BranchPair>,
+    /// The kind of each ring branch's source.
+    kinds: &'a mut Vec<Option<InsnKind>>,
 }
 
 /// The synthesized samples of a window (module docs): the pause stack unwound backwards
@@ -1090,8 +1107,11 @@ fn synthesize(
     let callers = buf.callers;
     callers.clear();
     callers.extend(w.s.stack[1..].iter().rev());
-    let undo = |b: BranchPair, callers: &mut Vec<u64>| -> Result<(), SynthStop> {
-        match oracle.insn_kind(pid, b.from) {
+    oracle.branch_kinds(pid, ring, buf.kinds);
+    let kinds = &*buf.kinds;
+    let undo = |i: usize, callers: &mut Vec<u64>| -> Result<(), SynthStop> {
+        let b = ring[i];
+        match kinds[i] {
             None => Err(SynthStop::UnknownCode),
             Some(InsnKind::Call) => {
                 let ret = oracle.insn_len(pid, b.from).ok_or(SynthStop::UnknownCode)? + b.from;
@@ -1123,7 +1143,7 @@ fn synthesize(
         let Some(p) = m.checked_sub(k * d).filter(|&p| p >= 1) else { break };
         while undone > p {
             undone -= 1;
-            if let Err(r) = undo(ring[undone], callers) {
+            if let Err(r) = undo(undone, callers) {
                 stats.synth_stops.bump(r);
                 return;
             }
@@ -1133,7 +1153,19 @@ fn synthesize(
         buf.stack.extend(callers.iter().rev());
         buf.branches.clear();
         buf.branches.extend(ring[p.saturating_sub(d)..p].iter().rev());
-        let check = if cfg.validate {
+        // Undoing the sample's own branches (the next sample's walk, done now) proves what
+        // its validation would check: every call matched by its return or the top return
+        // address of the stack, every return landing after a call, all code known. Only where
+        // that walk stops is the sample validated (and the next one, if any, not made).
+        let mut stop = None;
+        while undone > p.saturating_sub(d) {
+            undone -= 1;
+            if let Err(r) = undo(undone, callers) {
+                stop = Some(r);
+                break;
+            }
+        }
+        let check = if cfg.validate && stop.is_some() {
             // its leaf and branches lie in the segment the decoder walked: the straight code
             // between them is proven
             match validate(buf.stack, buf.branches, &[], true, pid, oracle, &vcfg, shadow) {
@@ -1149,6 +1181,14 @@ fn synthesize(
         stats.synthesized += 1;
         stats.synth_unverified += u64::from(check.unverified);
         out(&Joined { cpu: w.cpu, pid, tid: w.s.tid, time: w.s.time, stack: buf.stack, branches: buf.branches, synth: k as u32 });
+        if let Some(r) = stop {
+            // The next sample's walk stops here (none is made past the last one).
+            if k < cfg.synth_samples && m.checked_sub((k + 1) * d).is_some_and(|p| p >= 1) {
+                stats.synth_stops.bump(r);
+                return;
+            }
+            break;
+        }
     }
     if let Some(r) = w.more {
         stats.synth_stops.bump(r);
@@ -1689,6 +1729,96 @@ mod tests {
         let (got, st) = synth_run(cfg, &[0x2044, 0x5550], true);
         assert_eq!(got.len(), 2);
         assert_eq!((st.synthesized, st.synth_rejected.get(RejectReason::StackMismatch)), (1, 1), "{st:?}");
+    }
+
+    /// A synthesized sample is validated only where undoing its own branches stops: where
+    /// that walk succeeds, the validation it stands for must pass. Random calls, returns and
+    /// jumps through fresh code, some returns and pause stacks corrupted; every sample made is
+    /// checked against `validate` (which the walk replaces), and the runs must reach samples
+    /// both ways (proven, and validated after a stop).
+    #[test]
+    fn undone_branches_prove_the_validation() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let (mut proven, mut stopped, mut rejected) = (0, 0, 0);
+        for _ in 0..400 {
+            let mut kinds = HashMap::new();
+            let mut fresh = 0x10_0000u64;
+            let mut alloc = |n: u64| {
+                fresh += n * 4 + 0x100;
+                fresh
+            };
+            // Callers older than the window: call sites, their return addresses on the stack.
+            // (An exception's branch, which validation lets pass and the walk stops at, goes to
+            // fresh code like a jump.)
+            let mut stack: Vec<u64> = Vec::new();
+            for _ in 0..next(4) {
+                let site = alloc(1);
+                kinds.insert(site, InsnKind::Call);
+                stack.push(site + 4);
+            }
+            let mut pc = alloc(8);
+            let mut path = Vec::new();
+            for _ in 0..next(60) + 4 {
+                // The next branch: the first flow instruction at most 3 instructions on, else a
+                // new one of a random kind.
+                let mut from = pc + 4 * next(4);
+                if let Some(a) = (pc..=from).step_by(4).find(|a| kinds.get(a).is_some_and(|k: &InsnKind| !k.is_straight())) {
+                    from = a;
+                }
+                let kind = *kinds.entry(from).or_insert(match next(20) {
+                    0 => InsnKind::Exception,
+                    1..7 => InsnKind::Call,
+                    7..13 => InsnKind::Return,
+                    _ => InsnKind::Jump,
+                });
+                let to = match kind {
+                    InsnKind::Call => {
+                        stack.push(from + 4);
+                        alloc(8)
+                    }
+                    InsnKind::Return => match stack.pop() {
+                        Some(r) if next(40) > 0 => r,
+                        _ => alloc(8),
+                    },
+                    _ => alloc(8),
+                };
+                path.push(bp(from, to));
+                pc = to;
+            }
+            let mut pause = vec![pc];
+            pause.extend(stack.iter().rev());
+            if pause.len() > 1 && next(10) == 0 {
+                let i = 1 + next(pause.len() as u64 - 1) as usize;
+                pause[i] += 8;
+            }
+            let oracle = Toy { lo: 0x1000, hi: u64::MAX, kinds };
+            let cfg = JoinConfig { depth: 1 + next(6) as usize, synth_samples: 64, ..Default::default() };
+            let mut j = Joiner::new(cfg);
+            let mut got = Vec::new();
+            let mut out = |s: &Joined<'_>| got.push((s.synth, s.stack.to_vec(), s.branches.to_vec()));
+            j.trace_info(0);
+            j.begin_segment(0, 10, true, &oracle, &mut out);
+            j.branches(0, &path);
+            j.end_segment(0);
+            j.sample(0, 1, 1, 20, &pause, &oracle, &mut out);
+            j.flush(&oracle, &mut out);
+            let vcfg = JoinConfig { allow_missing_leaf_frame: false, ..cfg };
+            for (k, stack, branches) in got.iter().filter(|g| g.0 > 0) {
+                let r = validate(stack, branches, &[], true, 1, &oracle, &vcfg, &mut Vec::new());
+                assert!(r.is_ok_and(|c| !c.unverified && !c.leaf_frame_missing), "sample {k}: {r:?} {stack:x?} {branches:x?}");
+            }
+            let st = j.stats();
+            proven += st.synthesized;
+            stopped += st.synth_stops.total() - st.synth_stops.get(SynthStop::BranchLimit);
+            rejected += st.synth_rejected.total();
+        }
+        assert!(proven > 500 && stopped > 20 && rejected > 20, "{proven} {stopped} {rejected}");
     }
 
     /// The ring's bound: depth * (1 + synth_samples), at most 65,536 branches unless the depth

@@ -414,15 +414,26 @@ impl CodeMap {
     /// The code bytes from runtime address `addr` of `pid` to the end of its mapping (`None`:
     /// unmapped). `pid` `None` means the target process (the first process with mappings).
     pub fn slice(&self, pid: Option<u32>, addr: u64) -> Option<&[u8]> {
+        self.mapped_code(self.mapping(pid, addr)?, addr)
+    }
+
+    /// [`slice`](Self::slice) of `addr` in mapping `m` (which holds it).
+    #[inline]
+    fn mapped_code(&self, m: &Mapping, addr: u64) -> Option<&[u8]> {
+        let off = (addr - m.start).checked_add(m.pgoff)? as usize;
+        let end = ((m.end - m.start).checked_add(m.pgoff)? as usize).min(self.images[m.image].data.len());
+        self.images[m.image].data.get(off..end).filter(|s| !s.is_empty())
+    }
+
+    /// The mapping holding runtime address `addr` of `pid` (as [`slice`](Self::slice)).
+    #[inline]
+    fn mapping(&self, pid: Option<u32>, addr: u64) -> Option<&Mapping> {
         let maps = match pid.or(self.target) {
             Some(p) => self.mappings(p),
             None => &self.any,
         };
         let i = maps.partition_point(|m| m.end <= addr);
-        let m = maps.get(i).filter(|m| m.start <= addr && addr < m.end)?;
-        let off = (addr - m.start).checked_add(m.pgoff)? as usize;
-        let end = ((m.end - m.start).checked_add(m.pgoff)? as usize).min(self.images[m.image].data.len());
-        self.images[m.image].data.get(off..end).filter(|s| !s.is_empty())
+        maps.get(i).filter(|m| m.start <= addr && addr < m.end)
     }
 
     /// Whether the instruction before return address `ret` of `pid` is a call (`None`: the
@@ -497,6 +508,27 @@ impl CodeOracle for CodeMap {
             CodeArch::Aarch64 => self.read_u32(Some(pid), addr).map(a64_kind),
             // Bytes that are no instruction always break the flow (they fault).
             CodeArch::X86_64 => Some(self.x86_at(pid, addr)?.map_or(InsnKind::Flow, |(k, _)| k)),
+        }
+    }
+
+    /// A64: the mapping of the previous branch tried first.
+    fn branch_kinds(&self, pid: u32, branches: &[BranchPair], out: &mut Vec<Option<InsnKind>>) {
+        out.clear();
+        if self.arch != Some(CodeArch::Aarch64) {
+            out.extend(branches.iter().map(|b| self.insn_kind(pid, b.from)));
+            return;
+        }
+        let mut cur: Option<&Mapping> = None;
+        for b in branches {
+            let a = b.from;
+            let m = match cur.filter(|m| m.start <= a && a < m.end) {
+                Some(m) => Some(m),
+                None => self.mapping(Some(pid), a),
+            };
+            cur = m.or(cur);
+            // As `read_u32`, from the mapping.
+            let word = m.and_then(|m| self.mapped_code(m, a)?.get(..4));
+            out.push(word.map(|w| a64_kind(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))));
         }
     }
 
@@ -666,21 +698,35 @@ struct Resolver {
 
 impl AddressResolver for Resolver {
     fn resolve(&self, addr: u64) -> Option<(BinaryId, u64)> {
+        self.resolve_span(addr).map(|(b, link, _)| (b, link))
+    }
+    fn resolve_span(&self, addr: u64) -> Option<(BinaryId, u64, std::ops::Range<u64>)> {
         let i = self.places.partition_point(|p| p.1 <= addr);
         if let Some(&(s, e, bias, b)) = self.places.get(i)
             && s <= addr
             && addr < e
         {
-            return Some((BinaryId(b), addr.wrapping_add(bias)));
+            return Some((BinaryId(b), addr.wrapping_add(bias), s..e));
         }
         // Binaries no MMAP2 placed: identity (static, non-PIE, synthetic sessions). A placed
         // one is not also at its link-time addresses: a small garbage value read as a
         // return address would otherwise resolve into a library linked at 0 (e.g. [vdso]).
-        self.binaries
+        let unplaced = |i: usize| !self.placed.get(i).copied().unwrap_or(false);
+        let (b, seg) = self
+            .binaries
             .iter()
             .enumerate()
-            .find(|(i, (_, b))| !self.placed.get(*i).copied().unwrap_or(false) && b.in_exec_segment(addr))
-            .map(|(i, _)| (BinaryId(i as u32), addr))
+            .filter(|&(i, _)| unplaced(i))
+            .find_map(|(i, (_, b))| Some((i, b.exec_segment(addr)?)))?;
+        // Alike: the segment between the neighbouring placed mappings, if no binary found
+        // before this one has code in it.
+        let lo = seg.vaddr.max(i.checked_sub(1).map_or(0, |j| self.places[j].1));
+        let hi = seg.vaddr.saturating_add(seg.memsz).min(self.places.get(i).map_or(u64::MAX, |p| p.0));
+        let shadowed = self.binaries[..b].iter().enumerate().any(|(j, (_, o))| {
+            unplaced(j) && o.exec_segments.iter().any(|s| s.vaddr < hi && lo < s.vaddr.saturating_add(s.memsz))
+        });
+        let span = if shadowed { addr..addr.saturating_add(1) } else { lo..hi };
+        Some((BinaryId(b as u32), addr, span))
     }
     fn binary(&self, id: BinaryId) -> Option<&BinaryInfo> {
         self.binaries.get(id.0 as usize).map(|b| &b.1)
@@ -1783,6 +1829,97 @@ mod tests {
 
     type Joins = (i32, u64, Vec<BranchPair>);
     type Got = Rc<RefCell<Vec<Joins>>>;
+
+    /// The kinds of many branches at once ([`CodeOracle::branch_kinds`], the previous
+    /// branch's mapping tried first) are each branch's [`CodeOracle::insn_kind`]: two
+    /// processes, mappings with file offsets, a mapping longer than its image, addresses
+    /// between mappings, a word cut by the image's end, and an unknown process (the code of
+    /// any process).
+    #[test]
+    fn branch_kinds_are_each_insn_kind() {
+        // Words cycling through BL, RET, B, NOP, B.cond.
+        let words = [0x9400_0010u32, 0xd65f_03c0, 0x1400_0004, 0xd503_201f, 0x5400_0040];
+        let image = |n: usize, extra: usize| -> Vec<u8> {
+            let mut v: Vec<u8> = (0..n).flat_map(|i| words[i % words.len()].to_le_bytes()).collect();
+            v.extend(std::iter::repeat_n(0xaa, extra));
+            v
+        };
+        let img = |path: &str, data: Vec<u8>| Image {
+            path: path.into(),
+            data: data.into(),
+            symbols: Default::default(),
+            arch: Some(CodeArch::Aarch64),
+        };
+        let m = |start: u64, end: u64, pgoff: u64, image: usize| Mapping { start, end, pgoff, image };
+        let code = CodeMap {
+            images: vec![img("a", image(64, 2)), img("b", image(37, 0))],
+            by_pid: vec![
+                (7, vec![m(0x1000, 0x1080, 0x10, 0), m(0x2000, 0x2200, 0, 1), m(0x3000, 0x3200, 0x80, 0)]),
+                (8, vec![m(0x1000, 0x1100, 0, 1)]),
+            ],
+            any: vec![m(0x5000, 0x5100, 0, 0)],
+            arch: Some(CodeArch::Aarch64),
+            ..Default::default()
+        };
+        let addrs: Vec<u64> =
+            [0x1000u64, 0x2000, 0x3000, 0x5000].iter().flat_map(|&b| (0..0x240).step_by(4).map(move |o| b + o)).collect();
+        // In order, backwards, and interleaved between mappings.
+        let mut orders = vec![addrs.clone(), addrs.iter().rev().copied().collect()];
+        orders.push(addrs.chunks(3).flat_map(|c| c.iter().rev().copied()).chain(addrs.iter().step_by(7).copied()).collect());
+        let mut out = Vec::new();
+        let mut known = 0;
+        for pid in [7, 8, 9] {
+            for order in &orders {
+                let branches: Vec<BranchPair> = order.iter().map(|&from| BranchPair { from, to: 0 }).collect();
+                code.branch_kinds(pid, &branches, &mut out);
+                let each: Vec<_> = order.iter().map(|&a| code.insn_kind(pid, a)).collect();
+                assert_eq!(out, each, "pid {pid}");
+                known += each.iter().filter(|k| k.is_some()).count();
+            }
+        }
+        assert!(known > 500, "{known}");
+    }
+
+    /// Every address of a span the resolver reports resolves like the span's address (same
+    /// binary, same offset), by the rule written out here: a placed mapping first, else the
+    /// first binary not placed whose exec segment holds it. Binaries overlap, one is placed,
+    /// and a placed mapping lies inside an unplaced binary's segment.
+    #[test]
+    fn resolver_spans_resolve_alike() {
+        let info = |segs: &[(u64, u64)]| BinaryInfo {
+            exec_segments: segs.iter().map(|&(vaddr, memsz)| etm_profile::ExecSegment { vaddr, memsz, offset: 0 }).collect(),
+            ..Default::default()
+        };
+        let r = Resolver {
+            binaries: vec![
+                (0, info(&[(0x1000, 0x1000)])),
+                (1, info(&[(0x1800, 0x2000), (0x8000, 0x100)])),
+                (2, info(&[(0x0, 0x10000)])),
+                (3, info(&[(0x400, 0x400)])),
+            ],
+            places: vec![(0x2400, 0x2600, 0x100, 2), (0x9000, 0x9400, 0u64.wrapping_sub(0x9000), 2)],
+            placed: vec![false, false, true, false],
+        };
+        let truth = |a: u64| -> Option<(BinaryId, u64)> {
+            if let Some(&(_, _, bias, b)) = r.places.iter().find(|p| p.0 <= a && a < p.1) {
+                return Some((BinaryId(b), a.wrapping_add(bias)));
+            }
+            (0..r.binaries.len()).find(|&i| !r.placed[i] && r.binaries[i].1.in_exec_segment(a)).map(|i| (BinaryId(i as u32), a))
+        };
+        let grid: Vec<u64> = (0..0xa000).step_by(0x80).flat_map(|a| [a, a + 4]).collect();
+        let mut wide = 0;
+        for &a in &grid {
+            let got = r.resolve_span(a);
+            assert_eq!(got.as_ref().map(|g| (g.0, g.1)), truth(a), "{a:#x}");
+            let Some((b, link, span)) = got else { continue };
+            assert!(span.contains(&a), "{a:#x} {span:x?}");
+            wide += usize::from(span.end - span.start > 1);
+            for &x in grid.iter().filter(|x| span.contains(x)) {
+                assert_eq!(truth(x), Some((b, link.wrapping_add(x.wrapping_sub(a)))), "{a:#x} {x:#x} {span:x?}");
+            }
+        }
+        assert!(wide > 100, "{wide}");
+    }
 
     fn pipeline(cpus: &[i32]) -> (Pipeline, Got) {
         let cfg = PipelineConfig {

@@ -41,7 +41,7 @@ struct Frame {
 /// One CPU's open segment: its counts so far and its call stack.
 #[derive(Debug, Default)]
 pub(crate) struct SegmentWalk {
-    /// Instructions by function (in order, not summed).
+    /// Instructions by function (in order, consecutive ranges of one function summed).
     pub(crate) own: Vec<(u32, u64)>,
     /// Inclusive instructions by function of the frames ended so far.
     pub(crate) inclusive: Vec<(u32, u64)>,
@@ -99,7 +99,10 @@ impl SegmentWalk {
                 }
             }
         }
-        self.own.push((f, u64::from(n)));
+        match self.own.last_mut() {
+            Some(o) if o.0 == f => o.1 += u64::from(n),
+            _ => self.own.push((f, u64::from(n))),
+        }
         self.t += u64::from(n);
         if let Some(fr) = self.stack.last_mut() {
             fr.own += u64::from(n);
@@ -225,6 +228,8 @@ mod tests {
         w.range(1, 0x108, 1, Return, &mut c); // r returns into r
         w.range(1, 0x108, 1, Other, &mut c);
         w.end();
+        // Consecutive ranges of one function: one entry.
+        assert_eq!(w.own, [(1, 7), (2, 4), (1, 2)]);
         // r: every instruction (13) once; t: 4; calls: r, r.
         assert_eq!(sums(&w.inclusive), [(1, 13), (2, 4)].into());
         assert_eq!(w.calls, [1, 1]);
