@@ -209,3 +209,19 @@ pub fn build_with(compiler: &str, src: &str, flags: &[&str], after: &[&str], out
     assert!(st.success(), "{compiler} failed on {}", src.display());
     Some(out)
 }
+
+/// The files of two dump directories are the same, byte for byte (at least `min` of them).
+pub fn assert_same_files(a: &Path, b: &Path, min: usize, what: &str) {
+    let names = |d: &Path| {
+        let mut v: Vec<_> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(a), names(b), "{what}: dump files");
+    assert!(names(a).len() >= min, "{what}: {:?}", names(a));
+    for name in names(a) {
+        let x = std::fs::read(a.join(&name)).unwrap();
+        let y = std::fs::read(b.join(&name)).unwrap();
+        assert!(x == y, "{name:?} differs: {what}");
+    }
+}

@@ -11,11 +11,11 @@
 //!   closed a complete window is joined (complete: its trace arrived whole and so did what
 //!   shows its end; `hw::Loss` says why the others are not).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use etm_bpf_tests::etm_bpf_bin;
+use etm_bpf_tests::{assert_same_files, etm_bpf_bin};
 use etm_live::collect::{Delivery, Strategy};
 use etm_session::session::BranchPair;
 use etm_synth::hw::{ModelConfig, Topology};
@@ -39,15 +39,19 @@ fn programs() -> Option<&'static Vec<Built>> {
     .as_ref()
 }
 
-/// `etm-bpf replay DIR --samples-out`: the joined pause samples (the synthesized ones, which
-/// the model's live pipeline does not make, left out) and the JSON summary.
-fn replay(session: &Path) -> (Vec<Joined>, serde_json::Value) {
-    let out = session.with_extension("samples.jsonl");
+/// `etm-bpf replay DIR --samples-out --dump-dir --decode-threads N`: the joined pause samples
+/// in join order (the synthesized ones, which the model's live pipeline does not make, left
+/// out), the JSON summary, and the dumps' directory.
+fn replay(session: &Path, threads: usize) -> (Vec<Joined>, serde_json::Value, PathBuf) {
+    let out = session.with_extension(format!("t{threads}.samples.jsonl"));
+    let dumps = session.with_extension(format!("t{threads}.dumps"));
     let o = Command::new(etm_bpf_bin())
         .arg("replay")
         .arg(session)
-        .args(["--headless", "--json", "--samples-out"])
+        .args(["--headless", "--json", "--decode-threads", &threads.to_string(), "--samples-out"])
         .arg(&out)
+        .arg("--dump-dir")
+        .arg(&dumps)
         .output()
         .expect("run etm-bpf replay");
     assert!(o.status.success(), "replay failed: {}", String::from_utf8_lossy(&o.stderr));
@@ -67,7 +71,7 @@ fn replay(session: &Path) -> (Vec<Joined>, serde_json::Value) {
             (v["cpu"].as_i64().unwrap() as i32, v["time"].as_u64().unwrap(), v["tid"].as_u64().unwrap() as u32, branches)
         })
         .collect();
-    (joined, summary)
+    (joined, summary, dumps)
 }
 
 fn record_and_replay(
@@ -89,7 +93,18 @@ fn record_and_replay(
         tasks: None,
     };
     let live = hw_run::run(progs, cfg, &opts).expect("model run");
-    let (mut replayed, summary) = replay(&dir);
+    let (mut replayed, summary, dumps) = replay(&dir, 1);
+    // The per-CPU streams decoded on two worker threads: the same joins in the same order,
+    // the same counters, the same dumps.
+    let (replayed2, summary2, dumps2) = replay(&dir, 2);
+    assert!(replayed2 == replayed, "{label}: 2 decode threads joined other samples or branches, or in another order");
+    let strip = |mut s: serde_json::Value| {
+        s.as_object_mut().unwrap().remove("elapsed_s");
+        s
+    };
+    assert_eq!(strip(summary2), strip(summary.clone()), "{label}: counters with 2 decode threads");
+    assert_eq!(summary["decode"]["worker_failures"], 0, "{label}: {summary}");
+    assert_same_files(&dumps, &dumps2, 5, &format!("{label}, 1 and 2 decode threads"));
     let truth = hw_run::read_truth(&dir.join(TRUTH_FILE)).expect("truth file");
     assert_eq!(truth, live.truth, "{label}: the truth file holds the model's truth");
     // One pipeline, two drivers: the same samples with the same branches.

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use etm_bpf_tests::etm_bpf_bin;
+use etm_bpf_tests::{assert_same_files, etm_bpf_bin};
 use etm_synth::gtfile::{self, GroundTruth};
 use etm_synth::testprogs::{self, Compiler, PROGRAMS};
 
@@ -237,6 +237,10 @@ fn clean_program(name: &str, args: &[&str], window: u64, period: u64, retstack: 
     let total: u64 = ps.iter().map(|p| p.0).sum();
     assert_eq!(total as usize, truth.len(), "{name}: samples in the perf-script dump");
     assert_eq!(j["synthesized"], r.synth.len(), "{name}: {}", r.stats);
+    // Decoded on two worker threads: the same samples in the same order, the same dumps.
+    let r2 = replay_with(&sess, tmp.path(), "threads2", &["--decode-threads", "2"]);
+    assert!(r2.samples == r.samples && r2.synth == r.synth, "{name}: other samples with 2 decode threads");
+    assert_same_files(&r.dumps, &r2.dumps, 5, &format!("{name}, 2 decode threads"));
     eprintln!("{name}: {} windows, {matched} samples joined and exact, {} synthesized", gt.windows.len(), r.synth.len());
 }
 
@@ -296,12 +300,7 @@ fn replay_is_deterministic() {
     let b = replay(&sess, tmp.path(), "b");
     assert!(!a.samples.is_empty());
     assert_eq!(a.samples, b.samples);
-    for f in std::fs::read_dir(&a.dumps).unwrap() {
-        let name = f.unwrap().file_name();
-        let x = std::fs::read(a.dumps.join(&name)).unwrap();
-        let y = std::fs::read(b.dumps.join(&name)).unwrap();
-        assert!(x == y, "{name:?} differs between two replays");
-    }
+    assert_same_files(&a.dumps, &b.dumps, 5, "two replays");
 }
 
 /// `--no-exact` leaves out the exact counts and nothing else: the same samples and the same

@@ -411,6 +411,7 @@ pub fn pipeline_json(p: &Pipeline) -> serde_json::Value {
             "resets": st.decoder_resets, "overflows": st.decode_overflows, "nosync": st.decode_nosync,
             "errors": st.decode_errors, "nocode": st.decode_nocode, "trace_on": st.trace_on,
             "branches": st.branches, "unknown_trace_id": st.unknown_trace_id, "foreign": st.decode_foreign,
+            "worker_failures": st.decode_worker_failures,
         },
         "join": {
             "segments": st.join.segments, "segments_unmatched": st.join.segments_unmatched,

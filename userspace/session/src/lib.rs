@@ -48,6 +48,7 @@ pub mod image;
 pub mod isa;
 pub mod join;
 pub mod pipeline;
+mod pool;
 pub mod session;
 mod shadow;
 

@@ -104,7 +104,7 @@ impl Default for DecoderShared {
 }
 
 /// Creates the decoder of an AUX buffer.
-pub trait DecoderFactory {
+pub trait DecoderFactory: Send + Sync {
     /// A decoder for the AUX buffer of `aux_cpu` (`-1` per-thread), given all CPUs' trace
     /// configurations and whether the data is raw (no frame formatter), using the pipeline's
     /// `shared` state.
@@ -141,6 +141,9 @@ pub struct PipelineConfig {
     /// Exact per-function counts from the decoded ranges (self, inclusive, calls, coverage:
     /// `functions.csv`). Off saves their cost per decoded range (bench/README.md, "Replay").
     pub exact: bool,
+    /// Threads decoding the AUX streams (each buffer on one, [`crate::pool`]); 1 decodes on
+    /// the pipeline's thread. The profile is the same with any number.
+    pub decode_threads: usize,
 }
 
 impl Default for PipelineConfig {
@@ -155,6 +158,7 @@ impl Default for PipelineConfig {
             decoder: None,
             arch: None,
             exact: true,
+            decode_threads: 1,
         }
     }
 }
@@ -255,6 +259,9 @@ pub struct PipelineStats {
     pub join: JoinStats,
     /// Pause samples added to the profile (synthesized ones: [`JoinStats::synthesized`]).
     pub profiled: u64,
+    /// Decode jobs whose worker failed (a decoder panic, the thread gone): their data is
+    /// lost, the buffer's open window broken ([`crate::pool`]).
+    pub decode_worker_failures: u64,
     /// Profiled stacks cut at a return address not preceded by a call
     /// ([`CodeMap::checked_depth`]): the frames beyond it were not real callers.
     pub stacks_truncated: u64,
@@ -322,10 +329,11 @@ pub enum ContextCode {
 }
 
 /// Code images and where they are mapped, per process (from MMAP2 records); reads
-/// instructions for the decoder and the join's validation.
-#[derive(Debug, Default)]
+/// instructions for the decoder and the join's validation. Cheap to clone (the images are
+/// shared, read-only): decode workers ([`PipelineConfig::decode_threads`]) read a snapshot.
+#[derive(Debug, Default, Clone)]
 pub struct CodeMap {
-    images: Vec<Image>,
+    images: Vec<Arc<Image>>,
     /// Per process (few: a linear scan beats hashing on the per-instruction path).
     by_pid: Vec<(u32, Vec<Mapping>)>,
     /// Mappings of processes not seen in any MMAP2 (static images placed at their link-time
@@ -490,6 +498,66 @@ impl CodeMap {
     /// The 32-bit little-endian word at `addr` (one A64 instruction).
     pub fn read_u32(&self, pid: Option<u32>, addr: u64) -> Option<u32> {
         self.read(pid, addr, 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// What `ev` changes in the code map (mappings, threads), the one place for it: the
+    /// pipeline applies it to its map, a decode pool to the map its workers read ahead of
+    /// the join. Returns the image an MMAP2 placed.
+    fn apply(&mut self, ev: &SessionEvent<'_>) -> Option<usize> {
+        let sb = match ev {
+            SessionEvent::Sample(s) => {
+                self.note_thread(s.pid, s.tid);
+                return None;
+            }
+            SessionEvent::Aux { .. } => return None,
+            SessionEvent::Sideband(sb) => sb,
+        };
+        let mut placed = None;
+        match sb {
+            Sideband::Mmap2 { pid, addr, len, pgoff, filename, .. } => placed = self.on_mmap(*pid, *addr, *len, *pgoff, filename),
+            Sideband::Fork { pid, ppid, .. } => {
+                if pid != ppid
+                    && let Some(m) = self.pid_maps(*ppid).cloned()
+                    && self.pid_maps(*pid).is_none()
+                {
+                    self.by_pid.push((*pid, m));
+                    self.generation += 1;
+                }
+            }
+            Sideband::Comm { pid, exec: true, .. } => {
+                self.by_pid.retain(|(p, _)| p != pid);
+                self.generation += 1;
+            }
+            Sideband::Switch { out, pid, tid, next_prev, cpu: Some(_), .. } => {
+                self.note_thread(*pid, *tid);
+                if let (true, Some((p, t))) = (*out, next_prev) {
+                    self.note_thread(*p, *t);
+                }
+            }
+            _ => {}
+        }
+        match sb {
+            Sideband::Mmap2 { pid, tid, .. } | Sideband::Comm { pid, tid, .. } | Sideband::ItraceStart { pid, tid, .. } => {
+                self.note_thread(*pid, *tid)
+            }
+            Sideband::Fork { pid, tid, .. } => self.note_thread(*pid, *tid),
+            _ => {}
+        }
+        placed
+    }
+
+    /// An MMAP2 of a known image: its mapping in `pid`. Returns the image.
+    fn on_mmap(&mut self, pid: u32, addr: u64, len: u64, pgoff: u64, filename: &str) -> Option<usize> {
+        let img = self.image_for(filename)?;
+        let m = Mapping { start: addr, end: addr.saturating_add(len), pgoff, image: img };
+        if self.pid_maps(pid).is_none() {
+            self.by_pid.push((pid, Vec::new()));
+        }
+        let list = &mut self.by_pid.iter_mut().find(|(p, _)| *p == pid).expect("just added").1;
+        CodeMap::insert(list, m);
+        self.target.get_or_insert(pid);
+        self.generation += 1;
+        Some(img)
     }
 
     fn insert(list: &mut Vec<Mapping>, m: Mapping) {
@@ -736,6 +804,154 @@ impl AddressResolver for Resolver {
 /// A callback seeing every joined sample.
 pub type Observer = Box<dyn FnMut(&Joined<'_>)>;
 
+/// An event waiting for the join while its decode (or the decode before it) is on a worker.
+enum Deferred {
+    Aux(AuxRecord, AuxPlan, Option<crate::pool::Sent>),
+    Sample(PauseSample),
+    /// With the jobs it asked of the decoders (a trace-complete proof).
+    Sideband(Sideband, Vec<crate::pool::Sent>),
+    /// [`Pipeline::trace_complete_until`].
+    Complete(Option<i32>, u64, Vec<crate::pool::Sent>),
+    /// Jobs only (the decoders' finish).
+    Jobs(Vec<crate::pool::Sent>),
+}
+
+/// Where each AUX buffer's records stand, for [`AuxPlan::new`]: the ring offset the next
+/// record should start at, and the CPU that wrote the last one.
+#[derive(Debug, Default)]
+pub(crate) struct AuxTrack {
+    next_offset: HashMap<i32, u64>,
+    source: HashMap<i32, i32>,
+}
+
+/// What one AUX record asks of its buffer's decoder: the one rule for what is counted and
+/// which decoder calls are made, planned when the record is pushed (so a decode worker can
+/// make the calls while the pipeline makes the rest of them, [`crate::pool`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AuxPlan {
+    len: u64,
+    short: bool,
+    truncated: bool,
+    overwrite: bool,
+    gap: bool,
+    partial_collision: bool,
+    collision: bool,
+    /// A decoder is available (else the record is counted undecoded).
+    decoded: bool,
+    pub(crate) raw: bool,
+    /// The CPU whose trace it is.
+    pub(crate) source: i32,
+    /// The CPU that wrote the buffer's previous record.
+    prev_source: i32,
+    /// Raw data of a per-thread buffer written by another CPU than the previous record.
+    moved: bool,
+    /// Pieces of bytes.
+    parts: usize,
+}
+
+/// One step of an AUX record's decode ([`AuxPlan::steps`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuxStep {
+    /// The stream of the previous CPU ends (finish), a decoder for the new CPU's begins.
+    Moved,
+    /// Data was lost before this record, or it is a fresh snapshot: finish, reset.
+    Restart,
+    /// Decode piece `i`.
+    Feed(usize),
+    /// Bytes at or after the end of the record are missing: reset.
+    Cut,
+}
+
+impl AuxPlan {
+    pub(crate) fn new(rec: &AuxRecord, parts: &[&[u8]], decodable: bool, track: &mut AuxTrack) -> AuxPlan {
+        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let overwrite = rec.flags & PERF_AUX_FLAG_OVERWRITE != 0;
+        // AUX ring offsets are monotonic: a record that does not start where the previous one
+        // ended follows a gap (records lost or not recorded). 0 means "not provided".
+        let expected = track.next_offset.insert(rec.cpu, rec.aux_offset.wrapping_add(rec.size.max(len)));
+        let gap = !overwrite && rec.aux_offset != 0 && expected.is_some_and(|e| e != rec.aux_offset);
+        let raw = rec.flags & PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW != 0;
+        // Raw (TRBE) data is the trace of the CPU that wrote it: in a per-thread buffer, the
+        // CPU of each record's sample_id.
+        let source = if raw { rec.source_cpu.unwrap_or(rec.cpu) } else { rec.cpu };
+        let (mut prev_source, mut moved) = (source, false);
+        if decodable {
+            // A fragment written by another CPU than the previous one: that CPU's stream
+            // ended with the previous record (its last branches are completed there), and
+            // this one is a new stream with the new CPU's trace configuration.
+            let prev = track.source.entry(rec.cpu).or_insert(source);
+            prev_source = *prev;
+            moved = raw && *prev != source;
+            if moved {
+                *prev = source;
+            }
+        }
+        AuxPlan {
+            len,
+            short: len < rec.size,
+            truncated: rec.flags & PERF_AUX_FLAG_TRUNCATED != 0,
+            overwrite,
+            gap,
+            partial_collision: rec.flags & (PERF_AUX_FLAG_PARTIAL | PERF_AUX_FLAG_COLLISION) != 0,
+            collision: rec.flags & PERF_AUX_FLAG_COLLISION != 0,
+            decoded: decodable,
+            raw,
+            source,
+            prev_source,
+            moved,
+            parts: parts.len(),
+        }
+    }
+
+    /// The decode steps, in order.
+    pub(crate) fn steps(&self) -> impl Iterator<Item = AuxStep> + use<> {
+        let moved = self.moved.then_some(AuxStep::Moved);
+        // The stream so far ends here (its last branches are completed, the window open at
+        // the end of the previous record ended there) and this record is decoded afresh.
+        let restart = (self.truncated || self.overwrite || self.gap).then_some(AuxStep::Restart);
+        // Bytes at the end of this record are missing (TRUNCATED, short), or after it
+        // (COLLISION: a TRBE wrap, the ETE kept tracing while the buffer was off): the
+        // window open there is broken, and the next bytes start afresh.
+        let cut = (self.truncated || self.short || self.collision).then_some(AuxStep::Cut);
+        moved.into_iter().chain(restart).chain((0..self.parts).map(AuxStep::Feed)).chain(cut)
+    }
+}
+
+/// The decoder calls of one step, the same on the pipeline's thread and on a decode worker
+/// (`create` makes the decoder of the new stream; `parts`: the record's bytes).
+pub(crate) fn run_step<S: crate::pool::CallSink>(
+    dec: &mut Box<dyn WindowDecoder>,
+    step: AuxStep,
+    parts: &[&[u8]],
+    code: &CodeMap,
+    sink: &mut S,
+    create: impl FnOnce() -> Box<dyn WindowDecoder>,
+) {
+    match step {
+        AuxStep::Moved => {
+            dec.finish(code, sink);
+            sink.call_done();
+            *dec = create();
+        }
+        AuxStep::Restart => {
+            dec.finish(code, sink);
+            sink.call_done();
+            dec.reset();
+        }
+        AuxStep::Feed(i) => {
+            dec.feed(parts.get(i).copied().unwrap_or_default(), code, sink);
+            sink.call_done();
+        }
+        AuxStep::Cut => dec.reset(),
+    }
+}
+
+/// Whether the last branches of AUX buffer `aux_cpu` are complete when the trace of `cpus`
+/// is: a per-CPU buffer holds its CPU's trace, a per-thread buffer (-1) any CPU's.
+fn completes(aux_cpu: i32, cpus: &[i32]) -> bool {
+    aux_cpu < 0 || cpus.contains(&aux_cpu)
+}
+
 /// Per-AUX-buffer decoder state.
 struct AuxState {
     decoder: Box<dyn WindowDecoder>,
@@ -764,7 +980,14 @@ pub struct Pipeline {
     stats: PipelineStats,
     /// Per CPU: a trace-on was seen and the window has not been begun yet.
     pending_begin: CpuMap<bool>,
-    next_aux_offset: HashMap<i32, u64>,
+    /// Where each AUX buffer's records stand (planned when pushed).
+    track: AuxTrack,
+    /// The decode workers ([`PipelineConfig::decode_threads`] above 1) and the events queued
+    /// for the join until their decode is back.
+    pool: Option<crate::pool::Pool>,
+    queue: std::collections::VecDeque<Deferred>,
+    /// With a pool: the decode tapes received, replayed by the buffers' decoders.
+    tapes: Option<crate::pool::Tapes>,
     scratch_branches: Vec<Branch>,
     scratch_frames: Vec<FrameId>,
     /// The CPUs an AUX record's windows touched (reused: no allocation per record).
@@ -783,6 +1006,14 @@ impl Pipeline {
         let trace_cpu = cfg.cpus.iter().map(|c| (c.trace_id, c.cpu)).collect();
         let factory = cfg.decoder.clone().or_else(crate::decoder::default_factory);
         let arch = cfg.arch.or((!cfg.cpus.is_empty()).then_some(CodeArch::Aarch64));
+        let code = CodeMap { arch, ..Default::default() };
+        let pool = match &factory {
+            Some(f) if cfg.decode_threads > 1 && !cfg.cpus.is_empty() => {
+                crate::pool::Pool::start(cfg.decode_threads, f.clone(), &cfg.cpus, code.clone())
+            }
+            _ => None,
+        };
+        let tapes = pool.as_ref().map(|_| crate::pool::Tapes::default());
         Pipeline {
             exact: ExactState::new(cfg.exact),
             joiner: Joiner::new(cfg.join),
@@ -793,14 +1024,17 @@ impl Pipeline {
             cfg,
             aux: HashMap::new(),
             trace_cpu,
-            code: CodeMap { arch, ..Default::default() },
+            code,
             resolver: Resolver::default(),
             frames: FrameTable::new(),
             frame_cache: HashMap::new(),
             namer: Box::new(DefaultFrameNamer),
             stats: PipelineStats::default(),
             pending_begin: CpuMap::default(),
-            next_aux_offset: HashMap::new(),
+            track: AuxTrack::default(),
+            pool,
+            queue: Default::default(),
+            tapes,
             scratch_branches: Vec::new(),
             scratch_frames: Vec::new(),
             scratch_touched: Vec::new(),
@@ -869,6 +1103,8 @@ impl Pipeline {
     /// records by path (or file name); an image no MMAP2 places is taken as loaded at its
     /// link-time addresses.
     pub fn add_image(&mut self, path: &str, data: impl Into<ImageBytes>) {
+        // With a decode pool, the events pushed so far are joined with the images they had.
+        while self.join_oldest() {}
         let data: ImageBytes = data.into();
         let info = BinaryInfo::from_elf(path, &data).ok();
         let symbols = std::sync::OnceLock::new();
@@ -887,8 +1123,11 @@ impl Pipeline {
             self.resolver.binaries.push((idx, info.clone()));
         }
         let arch = CodeArch::of_elf(&data);
-        self.code.images.push(Image { path: path.to_string(), data, symbols, arch });
+        self.code.images.push(Arc::new(Image { path: path.to_string(), data, symbols, arch }));
         self.code.generation += 1;
+        if let Some(pool) = self.pool.as_mut() {
+            pool.code = self.code.clone();
+        }
     }
 
     /// Forget the runtime-address -> frame cache of the context trie (the live driver calls
@@ -926,10 +1165,23 @@ impl Pipeline {
 
     /// Feed one event.
     pub fn push(&mut self, ev: SessionEvent<'_>) {
+        if self.pool.is_some() {
+            return self.defer(ev);
+        }
+        self.push_now(ev);
+    }
+
+    /// [`push`](Self::push) on this thread (the decode done here, or replayed from a decode
+    /// worker's tape).
+    fn push_now(&mut self, ev: SessionEvent<'_>) {
+        let placed = self.code.apply(&ev);
         match ev {
-            SessionEvent::Aux { record, data } => self.push_aux(&record, &[data]),
+            SessionEvent::Aux { record, data } => {
+                let plan = AuxPlan::new(&record, &[data], self.factory.is_some(), &mut self.track);
+                self.push_aux(&record, &plan, &[data])
+            }
             SessionEvent::Sample(s) => self.push_sample(s),
-            SessionEvent::Sideband(s) => self.push_sideband(s),
+            SessionEvent::Sideband(s) => self.push_sideband(s, placed),
         }
     }
 
@@ -937,10 +1189,22 @@ impl Pipeline {
     /// perf time `time`: pause samples of those CPUs before `time` are joined now instead of
     /// waiting for the CPU's next window (bounded latency for the live view on idle CPUs).
     pub fn trace_complete_until(&mut self, cpu: Option<i32>, time: u64) {
-        let cpus: Vec<i32> = match cpu {
+        if self.pool.is_some() {
+            return self.defer_complete(cpu, time);
+        }
+        self.complete_now(cpu, time);
+    }
+
+    /// The CPUs whose trace [`trace_complete_until`](Self::trace_complete_until) completes.
+    fn complete_cpus(&self, cpu: Option<i32>) -> Vec<i32> {
+        match cpu {
             Some(c) => vec![c],
             None => self.cfg.cpus.iter().map(|c| c.cpu).collect(),
-        };
+        }
+    }
+
+    fn complete_now(&mut self, cpu: Option<i32>, time: u64) {
+        let cpus = self.complete_cpus(cpu);
         let Pipeline {
             aux,
             joiner,
@@ -960,6 +1224,7 @@ impl Pipeline {
             scratch_touched,
             observer,
             exact,
+            tapes,
             ..
         } = self;
         let mut sink = Sink {
@@ -978,8 +1243,11 @@ impl Pipeline {
         };
         // The windows' last branches are complete: nothing more of them can arrive.
         for (&aux_cpu, st) in aux.iter_mut() {
-            if aux_cpu >= 0 && !cpus.contains(&aux_cpu) {
+            if !completes(aux_cpu, &cpus) {
                 continue;
+            }
+            if let Some(t) = tapes.as_mut() {
+                t.load(aux_cpu);
             }
             let mut ws = WinSink {
                 aux_cpu: if st.raw { st.source } else { aux_cpu },
@@ -1006,6 +1274,13 @@ impl Pipeline {
 
     /// End of stream: flush the decoders and resolve every pending sample.
     pub fn finish(&mut self) {
+        if self.pool.is_some() {
+            self.defer_finish();
+        }
+        self.finish_now();
+    }
+
+    fn finish_now(&mut self) {
         let Pipeline {
             aux,
             joiner,
@@ -1025,6 +1300,7 @@ impl Pipeline {
             scratch_touched,
             observer,
             exact,
+            tapes,
             ..
         } = self;
         let mut sink = Sink {
@@ -1045,6 +1321,9 @@ impl Pipeline {
         cpus.sort_unstable();
         for c in cpus {
             let st = aux.get_mut(&c).expect("key from the map");
+            if let Some(t) = tapes.as_mut() {
+                t.load(c);
+            }
             let mut ws = WinSink {
                 aux_cpu: if st.raw { st.source } else { c },
                 aux_time: u64::MAX,
@@ -1067,60 +1346,162 @@ impl Pipeline {
         sink.exact.end_all();
     }
 
+    /// [`push`](Self::push) with a decode pool: the pool's code map follows the event, an AUX
+    /// record's decode goes to its buffer's worker, and the event waits in the queue until
+    /// the events before it are joined.
+    fn defer(&mut self, ev: SessionEvent<'_>) {
+        // First, as the pipeline's own map when it reaches the event (`push_now`).
+        if let Some(pool) = self.pool.as_mut() {
+            pool.code.apply(&ev);
+        }
+        let item = match ev {
+            SessionEvent::Aux { record, data } => return self.defer_aux(&record, &[data]),
+            // Without its stack copy (for the binary's unwinder; the pipeline reads none).
+            SessionEvent::Sample(s) => Deferred::Sample(PauseSample {
+                stack: s.stack.clone(),
+                branches: s.branches.clone(),
+                branch_flags: s.branch_flags.clone(),
+                user_stack: None,
+                ..*s
+            }),
+            SessionEvent::Sideband(sb) => {
+                let jobs = match sb {
+                    Sideband::TraceComplete { cpu, .. } => self.send_complete(*cpu),
+                    _ => Vec::new(),
+                };
+                Deferred::Sideband(sb.clone(), jobs)
+            }
+        };
+        self.enqueue(item);
+    }
+
+    fn defer_aux(&mut self, rec: &AuxRecord, parts: &[&[u8]]) {
+        let plan = AuxPlan::new(rec, parts, self.factory.is_some(), &mut self.track);
+        let mut job = Vec::new();
+        if plan.decoded {
+            let work = crate::pool::Work::Aux(plan, parts.iter().map(|p| p.to_vec()).collect());
+            self.send_job(rec.cpu, work, &mut job);
+        }
+        self.enqueue(Deferred::Aux(*rec, plan, job.pop()));
+    }
+
+    fn defer_complete(&mut self, cpu: Option<i32>, time: u64) {
+        let jobs = self.send_complete(cpu);
+        self.enqueue(Deferred::Complete(cpu, time, jobs));
+    }
+
+    /// Every buffer's decoder finishes on its worker, every event is joined.
+    fn defer_finish(&mut self) {
+        let mut keys: Vec<i32> = self.track.source.keys().copied().collect();
+        keys.sort_unstable();
+        let mut jobs = Vec::new();
+        for k in keys {
+            self.send_job(k, crate::pool::Work::Finish, &mut jobs);
+        }
+        self.enqueue(Deferred::Jobs(jobs));
+        while self.join_oldest() {}
+    }
+
+    /// [`WindowDecoder::complete_pending`] for the buffers whose trace `cpu` completes.
+    fn send_complete(&mut self, cpu: Option<i32>) -> Vec<crate::pool::Sent> {
+        let cpus = self.complete_cpus(cpu);
+        let keys: Vec<i32> = self.track.source.keys().copied().filter(|&k| completes(k, &cpus)).collect();
+        let mut jobs = Vec::new();
+        for k in keys {
+            self.send_job(k, crate::pool::Work::Complete, &mut jobs);
+        }
+        jobs
+    }
+
+    /// Sends a job to buffer `key`'s worker and adds it to `batch` (the jobs of the event
+    /// being queued), first joining the oldest events while the pool has all the jobs it
+    /// allows in flight: so many never are, and no channel fills up. When every event before
+    /// is joined, the jobs in flight are the batch's own: their tapes are taken then, to wait
+    /// for their event in [`Tapes::ready`](crate::pool::Tapes).
+    fn send_job(&mut self, key: i32, work: crate::pool::Work, batch: &mut Vec<crate::pool::Sent>) {
+        while self.pool.as_ref().is_some_and(|p| p.in_flight >= p.capacity()) {
+            if !self.join_oldest() {
+                if batch.is_empty() {
+                    break;
+                }
+                self.receive_ready(std::mem::take(batch));
+            }
+        }
+        let pool = self.pool.as_mut().expect("only with a pool");
+        let code = pool.snapshot();
+        batch.push(pool.send(crate::pool::Job { key, code, work }));
+    }
+
+    fn enqueue(&mut self, item: Deferred) {
+        self.queue.push_back(item);
+        while self.queue.len() > crate::pool::MAX_QUEUED && self.join_oldest() {}
+    }
+
+    /// The tape of a job, failures counted.
+    fn receive(&mut self, s: crate::pool::Sent) -> crate::pool::Tape {
+        let tape = self.pool.as_mut().expect("only with a pool").receive(s);
+        self.stats.decode_worker_failures += u64::from(tape.failed);
+        tape
+    }
+
+    /// The tapes of jobs, ready for their buffers' decoders.
+    fn receive_ready(&mut self, jobs: Vec<crate::pool::Sent>) {
+        for s in jobs {
+            let tape = self.receive(s);
+            self.tapes.as_mut().expect("with the pool").ready.insert(s.key, tape);
+        }
+    }
+
+    /// Joins the oldest queued event (waiting for its decode); false if none is queued.
+    fn join_oldest(&mut self) -> bool {
+        let Some(item) = self.queue.pop_front() else { return false };
+        match item {
+            Deferred::Aux(rec, plan, job) => {
+                if let Some(s) = job {
+                    let tape = self.receive(s);
+                    *self.tapes.as_mut().expect("with the pool").current.borrow_mut() = tape;
+                }
+                self.push_aux(&rec, &plan, &[]);
+            }
+            Deferred::Sample(s) => self.push_now(SessionEvent::Sample(&s)),
+            Deferred::Sideband(sb, jobs) => {
+                self.receive_ready(jobs);
+                self.push_now(SessionEvent::Sideband(&sb));
+            }
+            Deferred::Complete(cpu, time, jobs) => {
+                self.receive_ready(jobs);
+                self.complete_now(cpu, time);
+            }
+            Deferred::Jobs(jobs) => self.receive_ready(jobs),
+        }
+        true
+    }
+
     /// Feed one AUX record whose bytes are in several pieces (the live driver's view of a
     /// wrapped AUX ring: the tail of the buffer, then its head), without copying them.
     pub fn push_aux_parts(&mut self, record: &AuxRecord, parts: &[&[u8]]) {
-        self.push_aux(record, parts);
+        if self.pool.is_some() {
+            return self.defer_aux(record, parts);
+        }
+        let plan = AuxPlan::new(record, parts, self.factory.is_some(), &mut self.track);
+        self.push_aux(record, &plan, parts);
     }
 
-    fn push_aux(&mut self, rec: &AuxRecord, parts: &[&[u8]]) {
-        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    /// An AUX record by its `plan`: counted, decoded (or its decode replayed: `parts` unused
+    /// then), the windows it touches joined.
+    fn push_aux(&mut self, rec: &AuxRecord, plan: &AuxPlan, parts: &[&[u8]]) {
         self.stats.aux_records += 1;
-        self.stats.aux_bytes += len;
-        let short = len < rec.size;
-        let truncated = rec.flags & PERF_AUX_FLAG_TRUNCATED != 0;
-        if truncated {
-            self.stats.aux_truncated += 1;
-        }
-        if short {
-            self.stats.aux_short += 1;
-        }
-        if rec.flags & (PERF_AUX_FLAG_PARTIAL | PERF_AUX_FLAG_COLLISION) != 0 {
-            self.stats.aux_partial_collision += 1;
-        }
-        let overwrite = rec.flags & PERF_AUX_FLAG_OVERWRITE != 0;
-        if overwrite {
-            self.stats.aux_overwrite += 1;
-        }
-        // AUX ring offsets are monotonic: a record that does not start where the previous one
-        // ended follows a gap (records lost or not recorded). 0 means "not provided".
-        let expected = self.next_aux_offset.insert(rec.cpu, rec.aux_offset.wrapping_add(rec.size.max(len)));
-        let gap = !overwrite && rec.aux_offset != 0 && expected.is_some_and(|e| e != rec.aux_offset);
-        if gap {
-            self.stats.aux_gaps += 1;
-        }
-        let Some(factory) = self.factory.clone() else {
+        self.stats.aux_bytes += plan.len;
+        self.stats.aux_truncated += u64::from(plan.truncated);
+        self.stats.aux_short += u64::from(plan.short);
+        self.stats.aux_partial_collision += u64::from(plan.partial_collision);
+        self.stats.aux_overwrite += u64::from(plan.overwrite);
+        self.stats.aux_gaps += u64::from(plan.gap);
+        let Some(factory) = self.factory.clone().filter(|_| plan.decoded) else {
             self.stats.aux_undecoded += 1;
             return;
         };
-        let raw = rec.flags & PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW != 0;
-        // Raw (TRBE) data is the trace of the CPU that wrote it: in a per-thread buffer, the
-        // CPU of each record's sample_id.
-        let source = if raw { rec.source_cpu.unwrap_or(rec.cpu) } else { rec.cpu };
-        let cpus = &self.cfg.cpus;
-        let shared = &self.shared;
-        let st = self.aux.entry(rec.cpu).or_insert_with(|| AuxState {
-            decoder: factory.create(source, cpus, raw, shared),
-            raw,
-            source,
-        });
-        // A fragment written by another CPU than the previous one: that CPU's stream ended
-        // with the previous record (its last branches are completed there), and this one is
-        // a new stream with the new CPU's trace configuration.
-        let moved = raw && st.source != source;
-        let prev_source = st.source;
-        let collision = rec.flags & PERF_AUX_FLAG_COLLISION != 0;
-        let reset_before = truncated || overwrite || gap;
+        let (raw, source) = (plan.raw, plan.source);
         let Pipeline {
             aux,
             joiner,
@@ -1140,10 +1521,16 @@ impl Pipeline {
             scratch_touched,
             observer,
             exact,
+            shared,
+            tapes,
             ..
         } = self;
-        let st = aux.get_mut(&rec.cpu).expect("inserted above");
-        if moved {
+        let create = || match tapes.as_ref() {
+            Some(t) => Box::new(crate::pool::TapeDecoder(t.current.clone())) as Box<dyn WindowDecoder>,
+            None => factory.create(source, &cfg.cpus, raw, shared),
+        };
+        let st = aux.entry(rec.cpu).or_insert_with(|| AuxState { decoder: create(), raw, source });
+        if plan.moved {
             stats.aux_cpu_changes += 1;
         }
         let mut out = Sink {
@@ -1161,7 +1548,7 @@ impl Pipeline {
             exact,
         };
         let mut ws = WinSink {
-            aux_cpu: if raw { prev_source } else { rec.cpu },
+            aux_cpu: if raw { plan.prev_source } else { rec.cpu },
             aux_time: rec.time,
             raw,
             trace_cpu,
@@ -1176,43 +1563,32 @@ impl Pipeline {
             },
             fast: None,
         };
-        if moved {
-            st.decoder.finish(code, &mut ws);
-            ws.out.stats.decoder_resets += 1;
-            ws.break_cpus(false);
-            st.decoder = factory.create(source, &cfg.cpus, raw, shared);
-            st.source = source;
-            ws.aux_cpu = source;
-        }
-        if reset_before {
-            // Data was lost before this record (a gap, the ETR barrier) or it is a fresh
-            // snapshot: the stream so far ends here (its last branches are completed, the
-            // window open at the end of the previous record ended there) and this record is
-            // decoded afresh.
-            st.decoder.finish(code, &mut ws);
-            st.decoder.reset();
-            ws.out.stats.decoder_resets += 1;
-            ws.break_cpus(false);
-        }
-        for data in parts {
-            st.decoder.feed(data, code, &mut ws);
-        }
-        if truncated || short || collision {
-            // Bytes at the end of this record are missing (TRUNCATED, short), or after it
-            // (COLLISION: a TRBE wrap, the ETE kept tracing while the buffer was off): the
-            // window open there is broken, and the next bytes start afresh.
-            if collision {
-                ws.out.stats.aux_collision_resets += 1;
+        for step in plan.steps() {
+            run_step(&mut st.decoder, step, parts, code, &mut ws, create);
+            match step {
+                AuxStep::Moved => {
+                    // The previous CPU's stream ended (its last branches were completed).
+                    ws.out.stats.decoder_resets += 1;
+                    ws.break_cpus(false);
+                    st.source = source;
+                    ws.aux_cpu = source;
+                }
+                AuxStep::Restart => {
+                    ws.out.stats.decoder_resets += 1;
+                    ws.break_cpus(false);
+                }
+                AuxStep::Feed(_) => {}
+                AuxStep::Cut => {
+                    ws.out.stats.aux_collision_resets += u64::from(plan.collision);
+                    ws.out.stats.decoder_resets += 1;
+                    ws.break_cpus(true);
+                }
             }
-            st.decoder.reset();
-            ws.out.stats.decoder_resets += 1;
-            ws.break_cpus(true);
         }
     }
 
     fn push_sample(&mut self, s: &PauseSample) {
         self.stats.samples += 1;
-        self.code.note_thread(s.pid, s.tid);
         let Pipeline {
             joiner,
             code,
@@ -1270,28 +1646,20 @@ impl Pipeline {
         }
     }
 
-    fn push_sideband(&mut self, sb: &Sideband) {
+    /// A sideband record; `placed`: the image its MMAP2 placed in the code map.
+    fn push_sideband(&mut self, sb: &Sideband, placed: Option<usize>) {
         self.stats.sideband += 1;
         match sb {
-            Sideband::Mmap2 { pid, addr, len, pgoff, filename, .. } => self.on_mmap(*pid, *addr, *len, *pgoff, filename),
+            Sideband::Mmap2 { addr, len, pgoff, .. } => {
+                if let Some(img) = placed {
+                    self.place_binary(img, *addr, *len, *pgoff)
+                }
+            }
             Sideband::Lost { lost, .. } => {
                 // Lost data-ring records are samples and sideband; AUX bytes live in the AUX
                 // ring, and missing AUX records show up as gaps in their offsets.
                 self.stats.lost_records += 1;
                 self.stats.lost_events += lost;
-            }
-            Sideband::Fork { pid, ppid, .. } => {
-                if pid != ppid
-                    && let Some(m) = self.code.pid_maps(*ppid).cloned()
-                    && self.code.pid_maps(*pid).is_none()
-                {
-                    self.code.by_pid.push((*pid, m));
-                    self.code.generation += 1;
-                }
-            }
-            Sideband::Comm { pid, exec: true, .. } => {
-                self.code.by_pid.retain(|(p, _)| p != pid);
-                self.code.generation += 1;
             }
             Sideband::AuxOutputHwId { hw_id, cpu: Some(cpu), .. } => {
                 self.trace_cpu.insert((hw_id & 0xff) as u8, *cpu);
@@ -1302,15 +1670,11 @@ impl Pipeline {
                     self.joiner.throttle(c, *time);
                 }
             }
-            Sideband::Switch { out, pid, tid, next_prev, time, cpu: Some(cpu) } => {
+            Sideband::Switch { out, tid, next_prev, time, cpu: Some(cpu), .. } => {
                 self.stats.switches += 1;
-                self.code.note_thread(*pid, *tid);
                 let tid_in = match (*out, next_prev) {
                     (false, _) => Some(*tid),
-                    (true, Some((p, t))) => {
-                        self.code.note_thread(*p, *t);
-                        Some(*t)
-                    }
+                    (true, Some((_, t))) => Some(*t),
                     (true, None) => None,
                 };
                 if let Some(t) = tid_in {
@@ -1353,29 +1717,14 @@ impl Pipeline {
             }
             Sideband::TraceComplete { cpu, time } => {
                 self.stats.trace_complete += 1;
-                self.trace_complete_until(*cpu, *time);
+                self.complete_now(*cpu, *time);
             }
-            _ => {}
-        }
-        match sb {
-            Sideband::Mmap2 { pid, tid, .. } | Sideband::Comm { pid, tid, .. } | Sideband::ItraceStart { pid, tid, .. } => {
-                self.code.note_thread(*pid, *tid)
-            }
-            Sideband::Fork { pid, tid, .. } => self.code.note_thread(*pid, *tid),
             _ => {}
         }
     }
 
-    fn on_mmap(&mut self, pid: u32, addr: u64, len: u64, pgoff: u64, filename: &str) {
-        let Some(img) = self.code.image_for(filename) else { return };
-        let m = Mapping { start: addr, end: addr.saturating_add(len), pgoff, image: img };
-        if self.code.pid_maps(pid).is_none() {
-            self.code.by_pid.push((pid, Vec::new()));
-        }
-        let list = &mut self.code.by_pid.iter_mut().find(|(p, _)| *p == pid).expect("just added").1;
-        CodeMap::insert(list, m);
-        self.code.target.get_or_insert(pid);
-        self.code.generation += 1;
+    /// The resolver's side of an MMAP2 of image `img`.
+    fn place_binary(&mut self, img: usize, addr: u64, len: u64, pgoff: u64) {
         // Place the binary's exec segments for the resolver (runtime -> link-time bias).
         if let Some(bi) = self.resolver.binaries.iter().position(|(i, _)| *i == img) {
             let info = &self.resolver.binaries[bi].1;
@@ -1633,6 +1982,8 @@ impl Sink<'_> {
         self.trie.add(self.scratch_frames, 1);
     }
 }
+
+impl crate::pool::CallSink for WinSink<'_, '_> {}
 
 /// Routes decoder output of one AUX buffer to the join.
 struct WinSink<'a, 'b> {
@@ -2140,6 +2491,164 @@ mod tests {
         assert_eq!(p.stats().aux_short, 0);
     }
 
+    /// A pipeline of `cpus` on the toy decoder of `factory` with `threads` decode threads.
+    fn pipeline_with(cpus: &[i32], factory: Arc<dyn DecoderFactory>, threads: usize) -> (Pipeline, Got) {
+        let cfg = PipelineConfig {
+            cpus: cpus.iter().map(|&c| CpuTraceConfig { cpu: c, trace_id: 0x10 + 2 * c as u8, ..Default::default() }).collect(),
+            decoder: Some(factory),
+            decode_threads: threads,
+            ..Default::default()
+        };
+        let mut p = Pipeline::new(cfg);
+        assert_eq!(p.pool.is_some(), threads > 1);
+        let got: Got = Rc::default();
+        let g = got.clone();
+        p.set_observer(Box::new(move |j| g.borrow_mut().push((j.cpu, j.time, j.branches.to_vec()))));
+        (p, got)
+    }
+
+    /// A four-CPU session with faults (a flipped byte, a truncated record, a short one, a
+    /// lost one, records in two pieces) and trace-complete proofs.
+    fn faulty_session() -> Vec<E> {
+        let mut evs = Vec::new();
+        for k in 1..=12u64 {
+            for c in 0..4 {
+                let (mut bytes, _) = window(c, k);
+                let (mut r, _) = aux(c, 1000 * k + 500 + c as u64, &bytes, 0);
+                match (c, k) {
+                    (0, 2) => bytes[2 + 1 + 9 + 2 * 17] = 0x77,
+                    (1, 3) => {
+                        bytes.truncate(40);
+                        r.flags |= PERF_AUX_FLAG_TRUNCATED;
+                    }
+                    (2, 6) => bytes.truncate(30),
+                    (3, 5) => {
+                        evs.push(E::Sb(Sideband::Lost { id: 0, lost: 1, time: 5500, cpu: Some(3) }));
+                        continue;
+                    }
+                    _ => {}
+                }
+                evs.push(E::Aux(r, bytes));
+                evs.push(E::S(sample(c, 1000 * k + 600 + c as u64)));
+                if k % 4 == 0 {
+                    evs.push(E::Sb(Sideband::TraceComplete { cpu: Some(c), time: 1000 * k + 700 }));
+                }
+            }
+        }
+        evs
+    }
+
+    /// Runs `evs` (AUX records of `split` in two pieces) and returns the joins in order and
+    /// the counters.
+    fn run_threads(evs: &[E], threads: usize, factory: Arc<dyn DecoderFactory>) -> (Vec<Joins>, PipelineStats) {
+        let (mut p, got) = pipeline_with(&[0, 1, 2, 3], factory, threads);
+        for (i, e) in evs.iter().enumerate() {
+            match e {
+                E::Aux(r, d) if i % 5 == 0 => p.push_aux_parts(r, &[&d[..d.len() / 2], &d[d.len() / 2..]]),
+                E::Aux(r, d) => p.push(SessionEvent::Aux { record: *r, data: d }),
+                E::S(s) => p.push(SessionEvent::Sample(s)),
+                E::Sb(s) => p.push(SessionEvent::Sideband(s)),
+            }
+            if i % 7 == 0 {
+                p.trace_complete_until(None, 1000 * (i as u64 / 8));
+            }
+        }
+        p.finish();
+        let st = p.stats();
+        (got.take(), st)
+    }
+
+    /// Decoding on 2 or 3 worker threads joins the same samples with the same branches, in
+    /// the same order, with the same counters, as decoding on the pipeline's thread.
+    #[test]
+    fn decode_threads_join_the_same() {
+        let evs = faulty_session();
+        let (one, st1) = run_threads(&evs, 1, Arc::new(ToyFactory));
+        assert!(st1.join.joined > 30 && st1.join.rejected.total() >= 3 && st1.decode_errors >= 1, "{st1:?}");
+        assert_eq!((st1.aux_truncated, st1.aux_short, st1.aux_gaps), (1, 2, 1));
+        for threads in [2, 3] {
+            let (n, stn) = run_threads(&evs, threads, Arc::new(ToyFactory));
+            assert_eq!(n, one, "{threads} threads");
+            assert_eq!(stn, st1, "{threads} threads");
+        }
+    }
+
+    /// More buffers than the jobs a pool lets be in flight (a trace-complete proof and the
+    /// finish ask a job of each): the same joins as on one thread, and no deadlock.
+    #[test]
+    fn more_buffers_than_jobs_in_flight() {
+        let cpus: Vec<i32> = (0..3 * crate::pool::JOBS_PER_WORKER as i32).collect();
+        let mut evs = Vec::new();
+        for k in 1..=3 {
+            for &c in &cpus {
+                let (bytes, _) = window(c, k);
+                let (r, d) = aux(c, 1000 * k + 500, &bytes, 0);
+                evs.push(E::Aux(r, d));
+                evs.push(E::S(sample(c, 1000 * k + 600 + c as u64)));
+            }
+            evs.push(E::Sb(Sideband::TraceComplete { cpu: None, time: 1000 * k + 700 }));
+        }
+        let run = |threads| {
+            let (mut p, got) = pipeline_with(&cpus, Arc::new(ToyFactory), threads);
+            feed(&mut p, &evs);
+            (got.take(), p.stats())
+        };
+        let (one, st1) = run(1);
+        assert_eq!(st1.join.joined, 3 * cpus.len() as u64, "{st1:?}");
+        for threads in [1usize, 2] {
+            assert_eq!(run(threads + 1), (one.clone(), st1), "{} threads", threads + 1);
+        }
+    }
+
+    /// A decoder that panics on a record starting with 0xEE.
+    struct PanicFactory;
+    struct PanicDecoder(crate::decoder::toy::ToyDecoder);
+
+    impl WindowDecoder for PanicDecoder {
+        fn feed(&mut self, data: &[u8], code: &CodeMap, sink: &mut dyn WindowSink) {
+            assert!(data.first() != Some(&0xEE), "injected decoder failure");
+            self.0.feed(data, code, sink)
+        }
+        fn reset(&mut self) {
+            self.0.reset()
+        }
+    }
+
+    impl DecoderFactory for PanicFactory {
+        fn create(&self, _: i32, _: &[CpuTraceConfig], _: bool, _: &DecoderShared) -> Box<dyn WindowDecoder> {
+            Box::new(PanicDecoder(Default::default()))
+        }
+    }
+
+    /// A decode worker that fails is counted, the window of the record it failed on is not
+    /// joined, the run finishes, and every other sample joins as without the failure.
+    #[test]
+    fn failing_worker_is_counted() {
+        let (mut evs, _) = clean_session(6);
+        let mut clean = Vec::new();
+        for e in &evs {
+            if let E::Aux(r, d) = e {
+                clean.push(E::Aux(*r, d.clone()));
+            }
+        }
+        // Window 3 of cpu 1 (event index 2 * (2 * 2 + 1)).
+        if let E::Aux(_, d) = &mut evs[10] {
+            d[0] = 0xEE;
+        }
+        let mut p = pipeline_with(&[0, 1], Arc::new(PanicFactory), 2);
+        feed(&mut p.0, &evs);
+        let st = p.0.stats();
+        assert_eq!(st.decode_worker_failures, 1);
+        assert_eq!((st.join.joined, st.join.rejected.total()), (11, 1));
+        let got = p.1.take();
+        let (_, expect) = clean_session(6);
+        let lost = expect.iter().position(|e| (e.0, e.1) == (1, 3601)).expect("window 3 of cpu 1");
+        let others: Vec<_> = expect.iter().enumerate().filter(|&(i, _)| i != lost).map(|(_, e)| e.clone()).collect();
+        let mut got_sorted = got.clone();
+        got_sorted.sort_by_key(|g| (g.1, g.0));
+        assert_eq!(got_sorted, others);
+    }
+
     /// Samples carrying LBR records and stack-only samples (no ETM) reach the profile.
     #[test]
     fn lbr_and_stack_only() {
@@ -2474,7 +2983,12 @@ mod tests {
         for (i, data) in
             [words(&[NOP, BEQ, NOP, NOP], 0), words(&[NOP, NOP, B, NOP], 0), words(&[NOP], 2)].into_iter().enumerate()
         {
-            code.images.push(Image { path: format!("img{i}"), data: data.into(), symbols: Default::default(), arch: None });
+            code.images.push(Arc::new(Image {
+                path: format!("img{i}"),
+                data: data.into(),
+                symbols: Default::default(),
+                arch: None,
+            }));
         }
         let maps = vec![
             Mapping { start: 0x1000, end: 0x1010, pgoff: 0, image: 0 },
