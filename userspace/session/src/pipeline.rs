@@ -142,7 +142,9 @@ pub struct PipelineConfig {
     /// `functions.csv`). Off saves their cost per decoded range (bench/README.md, "Replay").
     pub exact: bool,
     /// Threads decoding the AUX streams (each buffer on one, [`crate::pool`]); 1 decodes on
-    /// the pipeline's thread. The profile is the same with any number.
+    /// the pipeline's thread. The profile is the same with any number; with more, what
+    /// [`Pipeline::stats`], [`Pipeline::profile`] and [`Pipeline::trie`] show lags the pushed
+    /// events (by the bounded queue) until [`Pipeline::finish`].
     pub decode_threads: usize,
 }
 
@@ -1083,6 +1085,7 @@ impl Pipeline {
 
     /// Use `namer` for context-trie frames (e.g. a blazesym symbolizer in the binary).
     pub fn set_frame_namer(&mut self, namer: Box<dyn FrameNamer>) {
+        self.join_queued();
         self.namer = namer;
     }
 
@@ -1091,11 +1094,13 @@ impl Pipeline {
     /// `time_shift`) when the clock source changes, and a driver that re-reads it hands the
     /// new values over here. Data already pushed keeps the times it was given.
     pub fn set_clock(&mut self, clock: Option<ClockParams>) {
+        self.join_queued();
         self.cfg.clock = clock;
     }
 
     /// Call `f` with every joined (accepted) sample, before it is profiled.
     pub fn set_observer(&mut self, f: Observer) {
+        self.join_queued();
         self.observer = Some(f);
     }
 
@@ -1103,8 +1108,7 @@ impl Pipeline {
     /// records by path (or file name); an image no MMAP2 places is taken as loaded at its
     /// link-time addresses.
     pub fn add_image(&mut self, path: &str, data: impl Into<ImageBytes>) {
-        // With a decode pool, the events pushed so far are joined with the images they had.
-        while self.join_oldest() {}
+        self.join_queued();
         let data: ImageBytes = data.into();
         let info = BinaryInfo::from_elf(path, &data).ok();
         let symbols = std::sync::OnceLock::new();
@@ -1133,6 +1137,7 @@ impl Pipeline {
     /// Forget the runtime-address -> frame cache of the context trie (the live driver calls
     /// this when the target's mappings changed, e.g. after exec or dlclose).
     pub fn clear_frame_cache(&mut self) {
+        self.join_queued();
         self.frame_cache.clear();
     }
 
@@ -1450,6 +1455,12 @@ impl Pipeline {
             let tape = self.receive(s);
             self.tapes.as_mut().expect("with the pool").ready.insert(s.key, tape);
         }
+    }
+
+    /// With a decode pool, joins every event pushed so far (a setting changed after this
+    /// applies to the events pushed after it, as without a pool).
+    fn join_queued(&mut self) {
+        while self.join_oldest() {}
     }
 
     /// Joins the oldest queued event (waiting for its decode); false if none is queued.
@@ -2354,6 +2365,11 @@ mod tests {
     }
 
     fn feed(p: &mut Pipeline, evs: &[E]) {
+        push_all(p, evs);
+        p.finish();
+    }
+
+    fn push_all(p: &mut Pipeline, evs: &[E]) {
         for e in evs {
             match e {
                 E::Aux(r, d) => p.push(SessionEvent::Aux { record: *r, data: d }),
@@ -2361,7 +2377,6 @@ mod tests {
                 E::Sb(s) => p.push(SessionEvent::Sideband(s)),
             }
         }
-        p.finish();
     }
 
     /// Per-pause AUX records on two CPUs, samples arriving after their AUX data: every sample
@@ -3105,6 +3120,32 @@ mod tests {
             } else {
                 assert_eq!(times, vec![1200, 21_200]);
             }
+        }
+    }
+
+    /// With decode threads too, `set_clock` dates only the data pushed after it (the events
+    /// queued for the join keep the clock they were pushed with).
+    #[test]
+    fn set_clock_with_decode_threads() {
+        let a = bps(0x1000, 4);
+        let win = |ts: u64| {
+            let mut w = ToyWriter::default();
+            w.sync().trace_info().trace_on().ts(ts);
+            for b in &a {
+                w.branch(b.from, b.to);
+            }
+            w.0
+        };
+        for threads in [1, 2] {
+            let (mut p, got) = pipeline_with(&[0], Arc::new(ToyFactory), threads);
+            let (r1, d1) = aux(0, 1100, &win(1000), 0);
+            push_all(&mut p, &[E::Aux(r1, d1), E::S(tid_sample(0, 1, 1200))]);
+            p.set_clock(Some(ClockParams { time_zero: 10_000, time_mult: 1, ..Default::default() }));
+            let (r2, d2) = aux(0, 11_100, &win(1000), 0);
+            let (r3, d3) = aux(0, 21_100, &win(11_000), 0);
+            feed(&mut p, &[E::Aux(r2, d2), E::S(tid_sample(0, 1, 11_200)), E::Aux(r3, d3), E::S(tid_sample(0, 1, 21_200))]);
+            let times: Vec<u64> = joined(&got).iter().map(|j| j.0).collect();
+            assert_eq!(times, vec![1200, 11_200, 21_200], "{threads} threads");
         }
     }
 
