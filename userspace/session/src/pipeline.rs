@@ -3086,6 +3086,17 @@ mod tests {
         assert_eq!((st.aux_collision_resets, st.join.rejected.get(RejectReason::BrokenWindow)), (1, 1));
     }
 
+    /// A window dated by its trace timestamp (after the trace-on, as the ETE adapter reports
+    /// the one between sync and trace-on) with branches `a`.
+    fn clock_window(ts: u64, a: &[BranchPair]) -> Vec<u8> {
+        let mut w = ToyWriter::default();
+        w.sync().trace_info().trace_on().ts(ts);
+        for b in a {
+            w.branch(b.from, b.to);
+        }
+        w.0
+    }
+
     /// A new trace clock conversion (`set_clock`) dates the data pushed after it: the same
     /// trace timestamp, with `time_zero` moved on by 10,000 ns, dates a window after the
     /// previous pause, so its own pause joins it; without the new clock the window would date
@@ -3093,16 +3104,7 @@ mod tests {
     #[test]
     fn set_clock_dates_the_data_pushed_after_it() {
         let a = bps(0x1000, 4);
-        // A window dated by its trace timestamp (after the trace-on, as the ETE adapter
-        // reports the one between sync and trace-on).
-        let win = |ts: u64| {
-            let mut w = ToyWriter::default();
-            w.sync().trace_info().trace_on().ts(ts);
-            for b in &a {
-                w.branch(b.from, b.to);
-            }
-            w.0
-        };
+        let win = |ts: u64| clock_window(ts, &a);
         for shift in [true, false] {
             let (mut p, got) = pipeline(&[0]);
             let (r1, d1) = aux(0, 1100, &win(1000), 0);
@@ -3128,14 +3130,7 @@ mod tests {
     #[test]
     fn set_clock_with_decode_threads() {
         let a = bps(0x1000, 4);
-        let win = |ts: u64| {
-            let mut w = ToyWriter::default();
-            w.sync().trace_info().trace_on().ts(ts);
-            for b in &a {
-                w.branch(b.from, b.to);
-            }
-            w.0
-        };
+        let win = |ts: u64| clock_window(ts, &a);
         for threads in [1, 2] {
             let (mut p, got) = pipeline_with(&[0], Arc::new(ToyFactory), threads);
             let (r1, d1) = aux(0, 1100, &win(1000), 0);
