@@ -2206,11 +2206,8 @@ mod tests {
             v.extend(std::iter::repeat_n(0xaa, extra));
             v
         };
-        let img = |path: &str, data: Vec<u8>| Image {
-            path: path.into(),
-            data: data.into(),
-            symbols: Default::default(),
-            arch: Some(CodeArch::Aarch64),
+        let img = |path: &str, data: Vec<u8>| {
+            Arc::new(Image { path: path.into(), data: data.into(), symbols: Default::default(), arch: Some(CodeArch::Aarch64) })
         };
         let m = |start: u64, end: u64, pgoff: u64, image: usize| Mapping { start, end, pgoff, image };
         let code = CodeMap {
