@@ -54,4 +54,5 @@ mod shadow;
 
 pub use join::{JoinConfig, JoinStats, Joined, RejectReason};
 pub use pipeline::{Pipeline, PipelineConfig, PipelineStats};
+pub use pool::WORKER_THREAD_PREFIX;
 pub use session::SessionEvent;

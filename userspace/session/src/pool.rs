@@ -27,6 +27,9 @@ use crate::session::{BranchPair, CpuTraceConfig};
 
 /// Jobs in flight per worker (the pipeline waits for the oldest before sending more).
 pub(crate) const JOBS_PER_WORKER: usize = 4;
+/// The names of the worker threads begin so (`etm-decode-0`, ...): a panic on one is caught
+/// and counted, so a driver can keep its message out of a terminal view.
+pub const WORKER_THREAD_PREFIX: &str = "etm-decode-";
 /// Events queued for the join at most (AUX records, samples, sideband).
 pub(crate) const MAX_QUEUED: usize = 4096;
 
@@ -226,7 +229,7 @@ impl Pool {
             let (rtx, rrx) = sync_channel::<Tape>(cap);
             let (factory, cpus) = (factory.clone(), cpus.to_vec());
             let h = std::thread::Builder::new()
-                .name(format!("etm-decode-{i}"))
+                .name(format!("{WORKER_THREAD_PREFIX}{i}"))
                 .spawn(move || worker(factory.as_ref(), &cpus, jrx, rtx))
                 .ok()?;
             pool.jobs.push(jtx);

@@ -25,6 +25,8 @@ impl Tui {
     /// that restores the terminal before the panic message is printed.
     pub fn enter() -> io::Result<Tui> {
         let terminal = ratatui::try_init()?;
+        static HOOK: std::sync::Once = std::sync::Once::new();
+        HOOK.call_once(keep_worker_panics_in_the_log);
         Ok(Tui { terminal })
     }
 
@@ -39,6 +41,21 @@ impl Drop for Tui {
     fn drop(&mut self) {
         ratatui::restore();
     }
+}
+
+/// Wraps the panic hook (after `ratatui::try_init`'s, which restores the terminal): a panic on
+/// a decode worker thread ([`etm_session::WORKER_THREAD_PREFIX`]), which the pool catches and
+/// counts (`decode.worker_failures`), goes to the log instead of tearing down the view and
+/// printing over it; every other panic goes to the hook before.
+fn keep_worker_panics_in_the_log() {
+    let prev = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().name().is_some_and(|n| n.starts_with(etm_session::WORKER_THREAD_PREFIX)) {
+            log::error!("decode worker: {info}");
+        } else {
+            prev(info);
+        }
+    }));
 }
 
 /// Maps a crossterm key event to a view key.
@@ -166,6 +183,28 @@ fn render(f: &mut Frame, app: &App) {
 mod tests {
     use super::app::{App, ContextRow, ExactFigures, Key, Snapshot};
     use ratatui::{Terminal, backend::TestBackend};
+
+    /// A decode worker's panic skips the hook before (the terminal restore and the message on
+    /// stderr); another thread's goes to it.
+    #[test]
+    fn worker_panics_stay_in_the_log() {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let s = seen.clone();
+        let orig = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if let Some(n) = std::thread::current().name().filter(|n| n.starts_with("hook-probe") || n.starts_with("etm-decode-"))
+            {
+                s.lock().unwrap().push(n.to_string());
+            }
+            orig(info);
+        }));
+        super::keep_worker_panics_in_the_log();
+        for name in [format!("{}7", etm_session::WORKER_THREAD_PREFIX), "hook-probe".to_string()] {
+            let h = std::thread::Builder::new().name(name).spawn(|| panic!("probe")).unwrap();
+            assert!(h.join().is_err());
+        }
+        assert_eq!(*seen.lock().unwrap(), vec!["hook-probe".to_string()]);
+    }
 
     fn screen(app: &App) -> Vec<String> {
         let mut t = Terminal::new(TestBackend::new(120, 10)).unwrap();
