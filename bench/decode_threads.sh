@@ -12,12 +12,7 @@
 # but manifest.json's timing fields): they must be identical. EXTRA: more replay flags
 # (e.g. --no-synth-samples).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-if [ -z "${ETM_BPF_BIN:-}" ]; then
-    (cd "$ROOT" && cargo build --release -q -p etm-bpf)
-    ETM_BPF_BIN=$CARGO_TARGET_DIR/release/etm-bpf
-fi
+. "$(dirname "$0")/etm_bpf_bin.sh"
 (cd "$ROOT" && cargo build --release -q -p etm-synth --example hw_session)
 HW=$CARGO_TARGET_DIR/release/examples/hw_session
 CPUS=${CPUS:-2 4}

@@ -16,12 +16,7 @@
 # P cycles produces F*1e9/P windows/s; the pipeline's share of one core is that rate times the
 # cost per window (a 1,000-cycle window holds ~1,000 instructions at IPC 1, as here).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-if [ -z "${ETM_BPF_BIN:-}" ]; then
-    (cd "$ROOT" && cargo build --release -q -p etm-bpf)
-    ETM_BPF_BIN=$CARGO_TARGET_DIR/release/etm-bpf
-fi
+. "$(dirname "$0")/etm_bpf_bin.sh"
 command -v aarch64-linux-gnu-gcc >/dev/null || { echo "SKIP: aarch64-linux-gnu-gcc not installed (scripts/setup.sh)"; exit 0; }
 command -v qemu-aarch64 >/dev/null || { echo "SKIP: qemu-aarch64 not installed (scripts/setup.sh)"; exit 0; }
 WORK=$(mktemp -d /tmp/etm-replay-bench.XXXXXX)
