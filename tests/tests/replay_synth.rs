@@ -685,18 +685,21 @@ fn run_counts_of(pcs: &[u64], fns: &[(u64, u64, String)], windows: u64, period: 
 ///   binutils `nm`: every function's instruction count in `functions.csv` equals the truth;
 /// * the run's instructions per function from `main` to the last window (qemu's instruction
 ///   log of the full run, named by `nm`): the 95% intervals of the shares (windows as the
-///   sampling unit) cover those shares for at least 90% of the functions with at least 0.5%
-///   of the instructions (deterministic: the synthetic session is; measured 39 of 40 on the
-///   flat workload, 6 of 6 on the indirect one).
+///   sampling unit) cover those shares. On the flat workload (256 small functions, 310
+///   windows) for at least 95% of *every* function that ran, a function the windows never saw
+///   counting as a miss (measured 247 of 259: 10 just outside their intervals, 8 of them
+///   below, and 2 libc functions of `atoi` never traced); on calls through a table for at
+///   least 90% of the functions with at least 0.5% of the instructions (6 of 6; below that
+///   are libc start-up functions no window saw). Deterministic: the synthetic sessions are.
 ///
 /// On a flat workload (256 small functions) and on calls through a table.
 #[test]
 fn exact_counts_equal_the_path() {
-    for (name, window, period) in [("flat", 2000, 20_000), ("indirect", 1000, 10_000)] {
+    for (name, args, window, period) in [("flat", &["200000"][..], 2000, 20_000), ("indirect", &[], 1000, 10_000)] {
         let tmp = tempfile::tempdir().unwrap();
         let Some(prog) = build(name, tmp.path()) else { return };
         let sess = tmp.path().join("s");
-        let gt = synth(&prog, &[], &sess, window, period, true);
+        let gt = synth(&prog, args, &sess, window, period, true);
         let r = replay(&sess, tmp.path(), name);
         let ours = functions_csv(&r.dumps.join("functions.csv"));
         let fns = nm_functions(&prog);
@@ -712,12 +715,17 @@ fn exact_counts_equal_the_path() {
             let flat_fns = truth.keys().filter(|k| k.starts_with('f') && k[1..].parse::<u32>().is_ok()).count();
             assert!(flat_fns >= 200, "{name}: only {flat_fns} of the 256 functions seen");
         }
-        let (whole, total) = run_counts(&prog, &fns, gt.windows.len() as u64, period);
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let pcs =
+            etm_synth::qemu::run(&prog, &args, &etm_synth::qemu::QemuOptions::default()).expect("qemu runs the program").pcs;
+        let (whole, total) = run_counts_of(&pcs, &fns, gt.windows.len() as u64, period);
         assert!(total > 100_000, "{name}: {total} instructions in the qemu log");
+        // The flat workload: every function that ran; the table: those with 0.5% or more.
+        let (floor, need) = if name == "flat" { (0.0, 0.95) } else { (0.005, 0.9) };
         let (mut checked, mut covered) = (0, 0);
         for (f, &n) in &whole {
             let share = n as f64 / total as f64;
-            if share < 0.005 {
+            if share < floor {
                 continue;
             }
             checked += 1;
@@ -728,7 +736,10 @@ fn exact_counts_equal_the_path() {
             }
         }
         eprintln!("{name}: {covered} of {checked} functions' shares of the run inside their 95% intervals");
-        assert!(checked >= 4 && covered * 10 >= checked * 9, "{name}: {covered} of {checked}");
+        assert!(checked >= 4 && covered as f64 >= need * checked as f64, "{name}: {covered} of {checked}");
+        if name == "flat" {
+            assert!(checked >= 256, "{name}: only {checked} functions in qemu's log");
+        }
     }
 }
 
