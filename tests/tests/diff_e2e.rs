@@ -4,7 +4,9 @@
 //! fa and fb as significant with those changes inside their intervals (plus 0.02 for main's
 //! loop and clock reads, which take samples of their own; measured: -0.250 and +0.251 against
 //! -0.25 and +0.25), does not flag fc, writes a differential flame
-//! graph, and two runs of one build show no significant change.
+//! graph, and two runs of one build show no significant change. The same per calling context:
+//! the paths through fa and fb move by those quarters, fc's not, and nothing moves between two
+//! runs of one build.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -78,6 +80,26 @@ fn diff_finds_the_real_changes_only() {
         assert_eq!(x["incl_significant"], truth != 0.0, "{name}: {x}");
         assert_eq!(x["self_significant"], false, "{name}: {x}");
     }
+    // Per calling context (matched by the frames' names): the path into fa loses its quarter,
+    // fb's gains it, fc's does not move.
+    let ctx = |v: &serde_json::Value, suffix: &str| {
+        v["contexts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["context"].as_str().unwrap().ends_with(suffix))
+            .max_by_key(|c| c["incl_a"].as_u64().unwrap() + c["incl_b"].as_u64().unwrap())
+            .unwrap_or_else(|| panic!("no context ending {suffix}: {v}"))
+            .clone()
+    };
+    for (suffix, truth) in [(";main;fa", -0.25), (";main;fb", 0.25), (";main;fc", 0.0)] {
+        let x = ctx(&v, suffix);
+        let (d, lo, hi) =
+            (x["incl_change"].as_f64().unwrap(), x["incl_ci95"][0].as_f64().unwrap(), x["incl_ci95"][1].as_f64().unwrap());
+        eprintln!("{}: change {d:+.3} [{lo:+.3}, {hi:+.3}], truth {truth:+.2}", x["context"]);
+        assert!(lo - 0.02 <= truth && truth <= hi + 0.02, "{suffix}: {d} [{lo}, {hi}] vs {truth}");
+        assert_eq!(x["incl_significant"], truth != 0.0, "{suffix}: {x}");
+    }
     assert!(db.join("diff.svg").exists());
     let svg = std::fs::read_to_string(db.join("diff.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("fa (") && svg.contains("fb ("));
@@ -88,6 +110,9 @@ fn diff_finds_the_real_changes_only() {
     // The leaf `unit` holds nearly all self samples in both builds: no self change.
     assert_eq!(f("unit")["self_significant"], false);
     assert!(sig.is_empty(), "{sig:?}");
+    let sig: Vec<&serde_json::Value> = same["contexts"].as_array().unwrap().iter().filter(|c| c["significant"] == true).collect();
+    assert!(sig.is_empty(), "contexts: {sig:?}");
+    assert!(ctx(&same, ";main;fa")["incl_a"].as_u64().unwrap() > 0);
     // And every dump has its flame graph.
     for dir in [&da, &db, &da2] {
         let svg = std::fs::read_to_string(dir.join("profile.svg")).unwrap();

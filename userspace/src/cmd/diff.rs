@@ -1,7 +1,8 @@
 //! `etm-bpf diff A B`: two dump directories (two builds, or two runs of one build), function by
-//! function: the share of samples each function has, self and inclusive, in A and in B, the
-//! change with its 95% interval and whether it is significant (two-proportion z-test,
-//! Holm–Bonferroni over the functions: `etm_stacks::diff`), largest significant change
+//! function and calling context: the share of samples each function and each context (a path
+//! from the stacks' root) has, self and inclusive, in A and in B, the change with its 95%
+//! interval and whether it is significant (two-proportion z-test, Holm–Bonferroni over the
+//! functions, and apart over the contexts: `etm_stacks::diff`), largest significant change
 //! first; a text table, `--json`, and a differential flame graph (`--svg`, default
 //! `B/diff.svg`; of the exact instructions per context when both dumps have them). Functions are matched by name, so builds with different addresses compare.
 //! When both dumps hold `functions.csv` (ETM: exact instruction counts from the trace), the
@@ -16,8 +17,8 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use etm_stacks::diff::{
-    Comparison, ExactDiff, PerCallDiff, compare, compare_context_per_call, compare_exact, compare_per_call, parse_contexts_csv,
-    parse_functions_csv,
+    Comparison, ExactDiff, PerCallDiff, compare, compare_context_per_call, compare_contexts, compare_exact, compare_per_call,
+    parse_contexts_csv, parse_functions_csv,
 };
 
 #[derive(clap::Args, Debug)]
@@ -115,10 +116,11 @@ fn change(significant: bool, delta: f64, ci: (f64, f64)) -> String {
     format!("{}{} [{}, {}]", if significant { "*" } else { "" }, pct(delta), pct(ci.0), pct(ci.1))
 }
 
-fn table(c: &Comparison, top: usize) -> String {
+/// The sampled comparison's table, of functions or of calling contexts (`what`).
+fn table(c: &Comparison, top: usize, what: &str) -> String {
     let mut s = format!(
         "A: {} samples, B: {} samples; shares in % of each profile's samples; change = B - A with its 95% interval; \
-         * = significant (two-proportion z-tests, Holm-Bonferroni over {} functions x 2, alpha {})\n\
+         * = significant (two-proportion z-tests, Holm-Bonferroni over {} {what}s x 2, alpha {})\n\
          Sampled stacks carry skid: a change is where the samples landed, not always where the instructions were.\n",
         c.total_a,
         c.total_b,
@@ -126,8 +128,8 @@ fn table(c: &Comparison, top: usize) -> String {
         c.alpha
     );
     s += &format!(
-        "{:>7} {:>7} {:>26} {:>7} {:>7} {:>26}  {}\n",
-        "self A", "self B", "self change", "incl A", "incl B", "incl change", "function"
+        "{:>7} {:>7} {:>26} {:>7} {:>7} {:>26}  {what}\n",
+        "self A", "self B", "self change", "incl A", "incl B", "incl change"
     );
     let share = |k: u64, n: u64| if n == 0 { 0.0 } else { 100.0 * k as f64 / n as f64 };
     for f in c.functions.iter().take(top) {
@@ -143,25 +145,36 @@ fn table(c: &Comparison, top: usize) -> String {
         );
     }
     let sig = c.functions.iter().filter(|f| f.significant()).count();
-    s += &format!("{sig} significant change(s) of {} functions\n", c.functions.len());
+    s += &format!("{sig} significant change(s) of {} {what}s\n", c.functions.len());
     s
 }
 
-fn json(c: &Comparison) -> serde_json::Value {
+/// The sampled comparison's rows as JSON, each named under `key` (`function` or `context`).
+fn rows_json(c: &Comparison, key: &str) -> Vec<serde_json::Value> {
+    c.functions
+        .iter()
+        .map(|f| {
+            serde_json::json!({
+                key: f.function,
+                "self_a": f.self_a, "self_b": f.self_b, "incl_a": f.incl_a, "incl_b": f.incl_b,
+                "self_change": f.self_delta, "self_ci95": [f.self_ci.0, f.self_ci.1],
+                "incl_change": f.incl_delta, "incl_ci95": [f.incl_ci.0, f.incl_ci.1],
+                "p_self": f.p_self, "p_incl": f.p_incl,
+                "self_significant": f.self_significant, "incl_significant": f.incl_significant, "significant": f.significant(),
+            })
+        })
+        .collect()
+}
+
+fn json(c: &Comparison, contexts: &Comparison) -> serde_json::Value {
     serde_json::json!({
         "total_a": c.total_a,
         "total_b": c.total_b,
         "alpha": c.alpha,
-        "test": "two-proportion z-tests on self and inclusive shares, Holm-Bonferroni over both; 95% Wald intervals",
+        "test": "two-proportion z-tests on self and inclusive shares, Holm-Bonferroni over both (functions and contexts apart); 95% Wald intervals",
         "skid": "sampled stacks: shares are where samples landed",
-        "functions": c.functions.iter().map(|f| serde_json::json!({
-            "function": f.function,
-            "self_a": f.self_a, "self_b": f.self_b, "incl_a": f.incl_a, "incl_b": f.incl_b,
-            "self_change": f.self_delta, "self_ci95": [f.self_ci.0, f.self_ci.1],
-            "incl_change": f.incl_delta, "incl_ci95": [f.incl_ci.0, f.incl_ci.1],
-            "p_self": f.p_self, "p_incl": f.p_incl,
-            "self_significant": f.self_significant, "incl_significant": f.incl_significant, "significant": f.significant(),
-        })).collect::<Vec<_>>(),
+        "functions": rows_json(c, "function"),
+        "contexts": rows_json(contexts, "context"),
     })
 }
 
@@ -182,6 +195,7 @@ pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
     let (tb, b) = read_folded(&args.b)?;
     anyhow::ensure!(args.alpha > 0.0 && args.alpha < 1.0, "--alpha must be between 0 and 1, not {}", args.alpha);
     let c = compare(&a, &b, args.alpha);
+    let cc = compare_contexts(&a, &b, args.alpha);
     let (exact, per_call) = match (
         read_csv(&args.a, "functions.csv", parse_functions_csv)?,
         read_csv(&args.b, "functions.csv", parse_functions_csv)?,
@@ -207,7 +221,7 @@ pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot write the differential flame graph {}", svg.display()))?;
     let mut out = std::io::stdout().lock();
     if args.json {
-        let mut v = json(&c);
+        let mut v = json(&c, &cc);
         v["svg"] = serde_json::json!(svg);
         v["svg_weight"] = serde_json::json!(weight);
         if let Some(d) = &exact {
@@ -238,7 +252,8 @@ pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
         }
         writeln!(out, "{v}")?;
     } else {
-        write!(out, "{}", table(&c, args.top))?;
+        write!(out, "{}", table(&c, args.top, "function"))?;
+        write!(out, "\n{}", table(&cc, args.top, "context"))?;
         if let Some(d) = &exact {
             write!(out, "\n{}", exact_table(d, args.top))?;
         }

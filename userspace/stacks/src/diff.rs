@@ -12,6 +12,11 @@
 //!   family-wise level `alpha` (default 0.05): with thousands of functions, unadjusted tests
 //!   would flag dozens of noise differences.
 //!
+//! The same per calling context ([`compare_contexts`]): every path from the root of the
+//! stacks (`main;f;g`, the frames' names joined by `;`), its *self* share the samples whose
+//! whole stack it is and its *inclusive* share those whose stack begins with it; tested and
+//! adjusted as the functions are, over the contexts.
+//!
 //! Sampled profiles carry skid and attribute the cost of long-latency instructions to their
 //! neighbours: a significant difference is a real difference of *where the samples landed*,
 //! which is not always where the instructions were.
@@ -100,27 +105,64 @@ pub fn two_proportion_p(ka: u64, na: u64, kb: u64, nb: u64) -> f64 {
     2.0 * (1.0 - normal_cdf(z.abs()))
 }
 
-fn per_function(folded: &BTreeMap<Vec<String>, u64>) -> (u64, BTreeMap<&str, (u64, u64)>) {
+/// Self and inclusive samples per function.
+fn per_function(folded: &BTreeMap<Vec<String>, u64>) -> (u64, BTreeMap<String, (u64, u64)>) {
     let mut total = 0;
-    let mut m: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    let mut m: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for (path, &c) in folded {
         total += c;
         if let Some(leaf) = path.last() {
-            m.entry(leaf).or_default().0 += c;
+            m.entry(leaf.clone()).or_default().0 += c;
         }
         let distinct: BTreeSet<&str> = path.iter().map(String::as_str).collect();
         for f in distinct {
-            m.entry(f).or_default().1 += c;
+            m.entry(f.to_owned()).or_default().1 += c;
         }
     }
     (total, m)
 }
 
-/// Compares profile A with profile B (module docs).
+/// Self and inclusive samples per calling context: every prefix of every stack, joined by `;`
+/// (a recursive path's prefixes are distinct contexts, so each sample counts once in each).
+fn per_context(folded: &BTreeMap<Vec<String>, u64>) -> (u64, BTreeMap<String, (u64, u64)>) {
+    let mut total = 0;
+    let mut m: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for (path, &c) in folded {
+        total += c;
+        let mut key = String::new();
+        for (i, f) in path.iter().enumerate() {
+            if i > 0 {
+                key.push(';');
+            }
+            key.push_str(f);
+            let e = m.entry(key.clone()).or_default();
+            e.1 += c;
+            if i + 1 == path.len() {
+                e.0 += c;
+            }
+        }
+    }
+    (total, m)
+}
+
+/// Compares profile A with profile B function by function (module docs).
 pub fn compare(a: &BTreeMap<Vec<String>, u64>, b: &BTreeMap<Vec<String>, u64>, alpha: f64) -> Comparison {
-    let (na, fa) = per_function(a);
-    let (nb, fb) = per_function(b);
-    let names: BTreeSet<&str> = fa.keys().chain(fb.keys()).copied().collect();
+    compare_tallies(per_function(a), per_function(b), alpha)
+}
+
+/// Compares profile A with profile B per calling context (module docs); each result's
+/// `function` is the context, `outermost;...;innermost`.
+pub fn compare_contexts(a: &BTreeMap<Vec<String>, u64>, b: &BTreeMap<Vec<String>, u64>, alpha: f64) -> Comparison {
+    compare_tallies(per_context(a), per_context(b), alpha)
+}
+
+/// The tests of two tallies of (self, inclusive) samples by name, with their totals.
+fn compare_tallies(
+    (na, fa): (u64, BTreeMap<String, (u64, u64)>),
+    (nb, fb): (u64, BTreeMap<String, (u64, u64)>),
+    alpha: f64,
+) -> Comparison {
+    let names: BTreeSet<&str> = fa.keys().chain(fb.keys()).map(String::as_str).collect();
     let mut out: Vec<FunctionDiff> = names
         .into_iter()
         .map(|f| {
@@ -568,6 +610,40 @@ mod tests {
 
     fn folded(lines: &[(&str, u64)]) -> BTreeMap<Vec<String>, u64> {
         lines.iter().map(|(p, c)| (p.split(';').map(String::from).collect(), *c)).collect()
+    }
+
+    /// Per calling context: self is the samples whose whole stack the context is, inclusive
+    /// those whose stack begins with it; a recursive path's two levels are two contexts; a
+    /// shift of 1,000 samples from one caller's path to another's is significant on both
+    /// paths, while the leaf's own totals (the function view) do not move.
+    #[test]
+    fn per_context_shares() {
+        let a = folded(&[("main;fa;unit", 3000), ("main;fb;unit", 1000), ("main;fr;fr", 500), ("main", 500)]);
+        let b = folded(&[("main;fa;unit", 2000), ("main;fb;unit", 2000), ("main;fr;fr", 500), ("main", 500)]);
+        let c = compare_contexts(&a, &b, 0.05);
+        let get = |n: &str| c.functions.iter().find(|f| f.function == n).unwrap_or_else(|| panic!("{n}: {c:?}"));
+        assert_eq!((c.total_a, c.total_b), (5000, 5000));
+        let fa_unit = get("main;fa;unit");
+        assert_eq!((fa_unit.self_a, fa_unit.self_b, fa_unit.incl_a, fa_unit.incl_b), (3000, 2000, 3000, 2000));
+        assert!((fa_unit.self_delta + 0.2).abs() < 1e-12 && fa_unit.self_significant, "{fa_unit:?}");
+        let fa = get("main;fa");
+        assert_eq!((fa.self_a, fa.incl_a, fa.incl_b), (0, 3000, 2000));
+        assert!(fa.incl_significant && !fa.self_significant, "{fa:?}");
+        assert!(get("main;fb;unit").self_significant && get("main;fb").incl_significant);
+        let main = get("main");
+        assert_eq!((main.self_a, main.incl_a, main.incl_b), (500, 5000, 5000));
+        assert!(!main.significant());
+        let (r1, r2) = (get("main;fr"), get("main;fr;fr"));
+        assert_eq!((r1.self_a, r1.incl_a, r2.self_a, r2.incl_a), (0, 500, 500, 500));
+        assert!(!r1.significant() && !r2.significant());
+        // Seven contexts, the two moved paths' four first.
+        assert_eq!(c.functions.len(), 7);
+        assert!(c.functions[..4].iter().all(FunctionDiff::significant) && !c.functions[4].significant());
+        // The function view sees unit unchanged: the shift is between its callers.
+        let f = compare(&a, &b, 0.05);
+        let unit = f.functions.iter().find(|x| x.function == "unit").unwrap();
+        assert_eq!((unit.self_a, unit.self_b), (4000, 4000));
+        assert!(!unit.significant());
     }
 
     /// The exact comparison: a shift of many standard errors is significant, a small one not;
