@@ -7,3 +7,52 @@ pub mod doctor;
 pub mod replay;
 pub mod run;
 pub mod synth;
+
+/// `--decode-threads` of `run` and `replay`: a number, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    Auto,
+    N(usize),
+}
+
+impl Threads {
+    /// The number of decode threads for a session of `cpus` traced CPUs: `auto` is the smaller
+    /// of the cores and the CPUs (each CPU's stream is decoded on one thread).
+    pub fn count(self, cpus: usize) -> usize {
+        match self {
+            Threads::N(n) => n,
+            Threads::Auto => std::thread::available_parallelism().map_or(1, |n| n.get()).min(cpus.max(1)),
+        }
+    }
+}
+
+/// Parses `--decode-threads`.
+pub fn parse_threads(s: &str) -> Result<Threads, String> {
+    match s {
+        "auto" => Ok(Threads::Auto),
+        _ => match s.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Threads::N(n)),
+            _ => Err(format!("{s:?} is neither a positive number nor `auto`")),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Numbers as given, `auto` bounded by the CPUs and at least one, nonsense refused.
+    #[test]
+    fn decode_threads_parse() {
+        assert_eq!(parse_threads("3"), Ok(Threads::N(3)));
+        assert_eq!(Threads::N(3).count(64), 3);
+        let auto = parse_threads("auto").unwrap();
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(auto.count(64), cores.min(64));
+        assert_eq!(auto.count(1), 1);
+        assert_eq!(auto.count(0), 1);
+        for bad in ["0", "-1", "x", ""] {
+            assert!(parse_threads(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -64,25 +64,8 @@ pub struct ReplayArgs {
     /// Threads decoding the per-CPU trace streams (each stream on one; the join and the
     /// profile stay on the main thread, the profile is the same with any number): a number,
     /// or `auto` = the smaller of the cores and the session's CPUs. 1 decodes on the main thread.
-    #[arg(long, default_value = "1", value_parser = parse_threads)]
-    decode_threads: Threads,
-}
-
-/// `--decode-threads`: a number, or `auto`.
-#[derive(Debug, Clone, Copy)]
-enum Threads {
-    Auto,
-    N(usize),
-}
-
-fn parse_threads(s: &str) -> Result<Threads, String> {
-    match s {
-        "auto" => Ok(Threads::Auto),
-        _ => match s.parse::<usize>() {
-            Ok(n) if n > 0 => Ok(Threads::N(n)),
-            _ => Err(format!("{s:?} is neither a positive number nor `auto`")),
-        },
-    }
+    #[arg(long, default_value = "1", value_parser = crate::cmd::parse_threads)]
+    decode_threads: crate::cmd::Threads,
 }
 
 pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
@@ -109,10 +92,7 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     cfg.join.validate = !args.no_validate;
     cfg.exact = !args.no_exact;
     cfg.join.synth_samples = if args.no_synth_samples { 0 } else { DEFAULT_SYNTH_SAMPLES };
-    cfg.decode_threads = match args.decode_threads {
-        Threads::N(n) => n,
-        Threads::Auto => std::thread::available_parallelism().map_or(1, |n| n.get()).min(meta.cpus.len().max(1)),
-    };
+    cfg.decode_threads = args.decode_threads.count(meta.cpus.len());
     // The same engine (pipeline, symbolizer, writers) as `run`.
     let mut engine = Engine::new(cfg, None);
     // Pause records with stack copies unwind as the live run unwound them (before the images

@@ -150,6 +150,12 @@ pub struct RunArgs {
     /// its stack unwound backwards through the window's calls and returns, for the PGO dumps).
     #[arg(long)]
     pub no_synth_samples: bool,
+    /// With ETM: threads decoding the per-CPU trace streams (each stream on one; the join and
+    /// the profile stay on the main thread, the profile is the same with any number): a
+    /// number, or `auto` = the smaller of the cores and the traced CPUs. 1 (the default)
+    /// decodes on the drain loop's thread, so profiling costs at most one core.
+    #[arg(long, default_value = "1", value_parser = crate::cmd::parse_threads)]
+    pub decode_threads: crate::cmd::Threads,
     /// Log file in live-view mode (default: DUMP_DIR/etm-bpf.log, else /tmp/etm-bpf-PID.log).
     #[arg(long)]
     pub log_file: Option<PathBuf>,
@@ -674,6 +680,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         pc.trie_nodes = args.max_contexts;
         pc.exact = !args.no_exact;
         pc.join.synth_samples = if args.no_synth_samples { 0 } else { etm_session::join::DEFAULT_SYNTH_SAMPLES };
+        pc.decode_threads = args.decode_threads.count(pc.cpus.len());
         let mut engine = Engine::new(pc, Some(loader()));
         if stack_bytes != 0 {
             engine.enable_unwinding(args.unwind);
@@ -682,6 +689,9 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let maps = trackers.pop().expect("one target");
         (bpf, info, vec![Feed::new(pid, command.clone(), engine, maps, Some(etm), None)])
     } else {
+        if args.decode_threads != crate::cmd::Threads::N(1) {
+            log::warn!("--decode-threads applies to ETM trace only; these branches need no decoding");
+        }
         let host = etm_perf::host::HostFacts::read(std::path::Path::new("/proc"), std::path::Path::new("/sys"));
         let requested = match args.branch_events {
             BranchEvents::Auto => None,

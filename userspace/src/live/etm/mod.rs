@@ -738,9 +738,16 @@ mod tests {
     /// ring (toy trace format) with their PERF_RECORD_AUX, each followed by a pause sample with
     /// a kernel callchain, come out of the pipeline's join as hybrid samples carrying exactly
     /// that window's branches (newest first); a window whose AUX record is TRUNCATED is not
-    /// joined, and the windows after it are.
+    /// joined, and the windows after it are. The same with the stream decoded on worker
+    /// threads (`run --decode-threads`): the joins come out identical, in the same order.
     #[test]
     fn drain_feeds_pipeline_join() {
+        for threads in [1, 2, 3] {
+            drain_feeds_pipeline_join_with(threads);
+        }
+    }
+
+    fn drain_feeds_pipeline_join_with(threads: usize) {
         use etm_session::decoder::toy::{ToyFactory, ToyWriter};
         use etm_session::session::BranchPair;
         use std::cell::RefCell;
@@ -751,6 +758,7 @@ mod tests {
         let cfg = PipelineConfig {
             cpus: vec![CpuTraceConfig { cpu, trace_id: 0x14, ..Default::default() }],
             decoder: Some(std::sync::Arc::new(ToyFactory)),
+            decode_threads: threads,
             ..Default::default()
         };
         let mut p = etm_session::Pipeline::new(cfg);
@@ -793,9 +801,10 @@ mod tests {
             s.drain(&mut ring, &mut c);
         }
         p.finish();
-        assert_eq!(*got.borrow(), want);
+        assert_eq!(*got.borrow(), want, "{threads} decode threads");
         assert_eq!(ring.reenables, 1, "the TRUNCATED record must re-enable the event");
         assert_eq!(p.stats().aux_truncated, 1);
+        assert_eq!(p.stats().decode_worker_failures, 0);
     }
 
     /// The saved sysfs and proc metadata of a recording rediscover to the same system, sink
