@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
-cargo build --release -p etm-profile --example bench_profile
+cargo build --release -p etm-write --example bench_profile
 bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_profile"
 if [ -x /usr/bin/time ]; then
   /usr/bin/time -f "max RSS (time -f %%M): %M KiB, elapsed %e s, user %U s, sys %S s" "$bin" "$@"

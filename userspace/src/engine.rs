@@ -527,15 +527,15 @@ pub fn write_snapshot_files(
         }
         Ok(())
     })?;
-    write_atomic(&dir.join("profile.svg"), |w| etm_stacks::flame::write_flamegraph(&folded, &meta.comment, "samples", w))?;
-    let pmeta = etm_stacks::pprof::PprofMeta {
+    write_atomic(&dir.join("profile.svg"), |w| etm_write::flame::write_flamegraph(&folded, &meta.comment, "samples", w))?;
+    let pmeta = etm_write::pprof::PprofMeta {
         period_ns: meta.period_ns,
         time_nanos: meta.time_nanos,
         duration_nanos: meta.duration_nanos,
         comments: vec![meta.comment.clone()],
     };
     let profile = pprof_of(s, &pmeta, &mut facts.symbols);
-    write_atomic(&dir.join("profile.pb.gz"), |w| etm_stacks::pprof::write_pprof_gz(&profile, w))?;
+    write_atomic(&dir.join("profile.pb.gz"), |w| etm_write::pprof::write_pprof_gz(&profile, w))?;
     if s.exact_totals.0 > 0 {
         write_atomic(&dir.join("functions.csv"), |w| write_functions_csv(s, w))?;
         files.push("functions.csv".into());
@@ -548,7 +548,7 @@ pub fn write_snapshot_files(
             Ok(())
         })?;
         write_atomic(&dir.join("instructions.svg"), |w| {
-            etm_stacks::flame::write_flamegraph_all(&s.exact_folded, &meta.comment, "instructions", w)
+            etm_write::flame::write_flamegraph_all(&s.exact_folded, &meta.comment, "instructions", w)
         })?;
         files.push("instructions.folded".into());
         files.push("instructions.svg".into());
@@ -690,11 +690,11 @@ fn ratio_fields(r: Option<etm_profile::exact::Ratio>) -> String {
     }
 }
 
-/// The address-level pprof profile of a snapshot ([`etm_stacks::pprof::build_address_profile`]),
+/// The address-level pprof profile of a snapshot ([`etm_write::pprof::build_address_profile`]),
 /// its locations named as the trie names its frames (the same symbolizer rules: DWARF with
 /// inline frames, symbols with perf's extents, `[binary+0x...]`, pseudo mappings by name).
-fn pprof_of(s: &DumpSnapshot, meta: &etm_stacks::pprof::PprofMeta, symbols: &mut Symbolizer) -> etm_stacks::pprof::Profile {
-    use etm_stacks::pprof::SourceLine;
+fn pprof_of(s: &DumpSnapshot, meta: &etm_write::pprof::PprofMeta, symbols: &mut Symbolizer) -> etm_write::pprof::Profile {
+    use etm_write::pprof::SourceLine;
     let bins = s.profile.binaries();
     let mut symbolize = |b: usize, addr: u64| -> Vec<SourceLine> {
         let Some(info) = bins.get(b) else { return Vec::new() };
@@ -723,7 +723,7 @@ fn pprof_of(s: &DumpSnapshot, meta: &etm_stacks::pprof::PprofMeta, symbols: &mut
             st.folded, st.dropped
         ));
     }
-    etm_stacks::pprof::build_address_profile(&s.profile, &mut symbolize, "[unknown]", &meta)
+    etm_write::pprof::build_address_profile(&s.profile, &mut symbolize, "[unknown]", &meta)
 }
 
 /// [`write_snapshot_files`] of the engine's current profile, with the PGO dumps when `pgo`.

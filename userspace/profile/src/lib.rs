@@ -1,5 +1,5 @@
 //! `etm-profile`: the hybrid-sample profile model shared by live collection, replay and
-//! `convert`, and the writers that feed the real PGO tools.
+//! `convert`, and the exact instruction counts from decoded trace.
 //!
 //! A *hybrid sample* is a user call stack (leaf first: `[0]` is the sampled IP, the rest are
 //! return addresses) plus the last taken branches at the same instant (newest first), all in
@@ -40,23 +40,9 @@
 //!
 //! # Writers
 //!
-//! One set per binary, each to an `impl Write` (the binary does the atomic file handling):
-//! * [`write::write_perfscript_with`]: aggregated perf-script text, link-time addresses, no
-//!   MMAP line; addresses outside the binary become one external address. Checked in CI to
-//!   give llvm-profgen-22 byte-identical profiles to the original input for all 65 perf-script
-//!   RUN lines of LLVM's own llvm-profgen tests. For static binaries, frames in code without
-//!   DWARF (glibc) are written as external ([`elf::ElfCodeFacts`]), else llvm-profgen empties
-//!   every context.
-//! * [`write::write_unsymbolized`]: the *context-insensitive* unsymbolized profile, computed
-//!   as llvm-profgen does (`computeCounterFromLBR`, with the prolog/epilog and
-//!   call/return/jump facts of [`elf::ElfCodeFacts`]): for branch-only samples and
-//!   pseudo-probe binaries (LLVM 22 crashes reading a CS unsymbolized profile for those).
-//! * [`unwind::write_unsymbolized_cs`]: the *context-sensitive* unsymbolized profile of a DWARF
-//!   binary with hybrid samples -- llvm-profgen's `VirtualUnwinder` replayed, contexts
-//!   symbolized through a [`symbolize::Symbolizer`] ([`symbolize::DwarfSymbolizer`] reads the
-//!   ELF bytes it is given). Checked in CI byte-identical to `llvm-profgen-22
-//!   --skip-symbolization` on LLVM's DWARF CS test inputs and on a clang-22 binary.
-//! * [`write::write_bolt_pa`]: `perf2bolt -pa` branches (`B`) and fall-throughs (`F`).
+//! The files the PGO tools read are written from this model by the `etm-write` crate, with the
+//! code analysis they need (ELF code facts, DWARF symbolizer, llvm-profgen's unwinder); this
+//! crate reads no DWARF and decodes no instructions.
 //!
 //! [`perfscript`] reads `perf script -F ip,brstack` text (hybrid or branch-only, plain or
 //! aggregated, MMAP2 lines) into the same model, following llvm-profgen's parser.
@@ -67,9 +53,6 @@ pub mod exact;
 mod model;
 pub mod perfscript;
 pub mod resolve;
-pub mod symbolize;
-pub mod unwind;
-pub mod write;
 
 pub use elf::ElfError;
 pub use model::{HybridProfile, Loc, ProfileBinary, ProfileLimits, ProfileStats, SampleRef};

@@ -7,10 +7,10 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 
 use crate::dump::write_atomic;
-use etm_profile::symbolize::{DwarfSymbolizer, Symbolizer};
-use etm_profile::unwind::{self, InstFacts};
-use etm_profile::write::{self, CodeFacts};
 use etm_profile::{BinaryInfo, HybridProfile, MmapResolver, ProfileLimits, perfscript};
+use etm_write::pgo::{self, CodeFacts};
+use etm_write::symbolize::{DwarfSymbolizer, Symbolizer};
+use etm_write::unwind::{self, InstFacts};
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -187,7 +187,7 @@ pub fn write_profile_dumps_from_images<'a>(
 /// dump) and the symbolizer of `profile.pb.gz` (DWARF read once per binary).
 #[derive(Default)]
 pub struct FactsCache {
-    facts: std::collections::HashMap<(String, String), std::sync::Arc<etm_profile::elf::ElfCodeFacts>>,
+    facts: std::collections::HashMap<(String, String), std::sync::Arc<etm_write::elf::ElfCodeFacts>>,
     /// Names and source lines of the pprof locations.
     pub symbols: crate::symbolize::Symbolizer,
 }
@@ -200,7 +200,7 @@ pub fn write_profile_dumps_cached<'a>(
     cs_unsym: bool,
     cache: &mut FactsCache,
 ) -> anyhow::Result<Vec<PathBuf>> {
-    let mut facts: Vec<(String, std::sync::Arc<etm_profile::elf::ElfCodeFacts>)> = Vec::new();
+    let mut facts: Vec<(String, std::sync::Arc<etm_write::elf::ElfCodeFacts>)> = Vec::new();
     let mut syms: Vec<(String, DwarfSymbolizer)> = Vec::new();
     for b in profile.binaries() {
         let Some(img) = image(b) else { continue };
@@ -208,14 +208,14 @@ pub fn write_profile_dumps_cached<'a>(
         let f = match cache.facts.get(&key) {
             Some(f) => f.clone(),
             None => {
-                let Ok(f) = etm_profile::elf::ElfCodeFacts::from_elf(img) else { continue };
+                let Ok(f) = etm_write::elf::ElfCodeFacts::from_elf(img) else { continue };
                 let f = std::sync::Arc::new(f);
                 cache.facts.insert(key, f.clone());
                 f
             }
         };
         facts.push((b.path.clone(), f));
-        if cs_unsym && !etm_profile::elf::has_pseudo_probes(img) {
+        if cs_unsym && !etm_write::elf::has_pseudo_probes(img) {
             let s = DwarfSymbolizer::from_elf(img).with_context(|| format!("reading DWARF of {}", b.path))?;
             if s.units_skipped() > 0 {
                 log::warn!("{}: {} DWARF units could not be parsed; their code has no context", b.path, s.units_skipped());
@@ -256,20 +256,20 @@ pub fn write_profile_dumps_with<'f>(
             name = format!("{name}.{}", info.build_id_hex());
         }
         used_names.push(name.clone());
-        let [ps, unsym, bolt] = write::dump_file_names(&name);
+        let [ps, unsym, bolt] = pgo::dump_file_names(&name);
         let path = dir.join(&ps);
-        write_atomic(&path, |w| write::write_perfscript_with(profile, b, facts(info), w).map(drop))?;
+        write_atomic(&path, |w| pgo::write_perfscript_with(profile, b, facts(info), w).map(drop))?;
         written.push(path);
         let path = dir.join(&unsym);
         match cs(info) {
             Some((f, s)) if unwind::has_stack_samples(profile, b) => {
                 write_atomic(&path, |w| unwind::write_unsymbolized_cs(profile, b, f, s, w).map(drop))?
             }
-            _ => write_atomic(&path, |w| write::write_unsymbolized(profile, b, facts(info), w).map(drop))?,
+            _ => write_atomic(&path, |w| pgo::write_unsymbolized(profile, b, facts(info), w).map(drop))?,
         }
         written.push(path);
         let path = dir.join(&bolt);
-        write_atomic(&path, |w| write::write_bolt_pa(profile, b, w).map(drop))?;
+        write_atomic(&path, |w| pgo::write_bolt_pa(profile, b, w).map(drop))?;
         written.push(path);
     }
     Ok(written)

@@ -217,7 +217,7 @@ pub fn main(args: DiffArgs) -> anyhow::Result<ExitCode> {
         (Some(ia), Some(ib)) => (ia, ib, "instructions"),
         _ => (ta, tb, "samples"),
     };
-    crate::dump::write_atomic(&svg, |w| etm_stacks::flame::write_diff_flamegraph(&fa, &fb, &title, weight, w))
+    crate::dump::write_atomic(&svg, |w| etm_write::flame::write_diff_flamegraph(&fa, &fb, &title, weight, w))
         .with_context(|| format!("cannot write the differential flame graph {}", svg.display()))?;
     let mut out = std::io::stdout().lock();
     if args.json {

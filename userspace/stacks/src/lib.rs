@@ -9,7 +9,8 @@
 //!   the ELF program headers of each mapped file, mapping a runtime address to
 //!   `(binary, link-time address)` (file offset != virtual address in PIE binaries); it
 //!   implements `etm_profile::AddressResolver`.
-//! * Writers: [`folded`] (`outermost;...;leaf count`) and [`pprof`] (gzip'd `profile.proto`).
+//! * [`folded`] stacks (`outermost;...;leaf count`), read and written; the pprof and flame
+//!   graph writers are in `etm-write`.
 //!
 //! The crate does no I/O of its own: callers hand it the maps text and the ELF bytes, and the
 //! writers write to any `impl Write`. Corrupt input (bad maps lines, unparsable ELF files) is
@@ -29,10 +30,8 @@
 
 pub mod addrspace;
 pub mod diff;
-pub mod flame;
 pub mod folded;
 pub mod frames;
-pub mod pprof;
 pub mod symtab;
 pub mod trie;
 

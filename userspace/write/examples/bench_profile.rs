@@ -5,8 +5,8 @@
 
 use std::time::Instant;
 
-use etm_profile::write::{write_bolt_pa, write_perfscript, write_unsymbolized};
 use etm_profile::{BinaryInfo, Branch, ExecSegment, HybridProfile, HybridSample, IdentityResolver};
+use etm_write::pgo::{write_bolt_pa, write_perfscript, write_unsymbolized};
 
 /// Deterministic xorshift generator.
 struct Rng(u64);

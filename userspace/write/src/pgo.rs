@@ -9,8 +9,7 @@
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use crate::HybridProfile;
-use crate::model::{Loc, ProfileBinary};
+use etm_profile::{HybridProfile, Loc, ProfileBinary};
 
 /// Link-time address used for locations outside the written binary (never code: page 0).
 pub const EXTERNAL_ADDR: u64 = 0x1;
@@ -248,7 +247,7 @@ pub fn dump_file_names(file_name: &str) -> [String; 3] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{BinaryInfo, Branch, ExecSegment, HybridSample, IdentityResolver};
+    use etm_profile::{BinaryInfo, Branch, ExecSegment, HybridSample, IdentityResolver};
 
     fn profile() -> HybridProfile {
         let r = IdentityResolver::new(vec![BinaryInfo {

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use etm_profile::perfscript::read_perfscript;
-use etm_profile::write::write_perfscript;
 use etm_profile::{BinaryInfo, HybridProfile, MmapResolver};
+use etm_write::pgo::write_perfscript;
 
 fn shared() -> PathBuf {
     std::env::var_os("ETM_BPF_SHARED")

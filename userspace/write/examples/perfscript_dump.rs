@@ -12,7 +12,7 @@ fn main() {
     for p in &a[3..] {
         let d = std::fs::read(p).unwrap();
         infos.push(etm_profile::BinaryInfo::from_elf(p, &d).unwrap());
-        facts.push(etm_profile::elf::ElfCodeFacts::from_elf(&d).unwrap());
+        facts.push(etm_write::elf::ElfCodeFacts::from_elf(&d).unwrap());
     }
     let mut r = etm_profile::MmapResolver::new(infos);
     let mut p = etm_profile::HybridProfile::default();
@@ -20,12 +20,12 @@ fn main() {
     eprintln!("{st:?} {:?}", p.stats());
     for (b, info) in p.binaries().iter().enumerate() {
         let f = facts.iter().zip(r.binaries()).find(|(_, i)| i.path == info.path).map(|(f, _)| f);
-        let [ps, un, bo] = etm_profile::write::dump_file_names(info.file_name());
+        let [ps, un, bo] = etm_write::pgo::dump_file_names(info.file_name());
         let mut w = std::fs::File::create(out.join(ps)).unwrap();
-        etm_profile::write::write_perfscript(&p, b, &mut w).unwrap();
+        etm_write::pgo::write_perfscript(&p, b, &mut w).unwrap();
         let w = std::fs::File::create(out.join(un)).unwrap();
-        etm_profile::write::write_unsymbolized(&p, b, f.map(|f| f as &dyn etm_profile::write::CodeFacts), w).unwrap();
+        etm_write::pgo::write_unsymbolized(&p, b, f.map(|f| f as &dyn etm_write::pgo::CodeFacts), w).unwrap();
         let w = std::fs::File::create(out.join(bo)).unwrap();
-        etm_profile::write::write_bolt_pa(&p, b, w).unwrap();
+        etm_write::pgo::write_bolt_pa(&p, b, w).unwrap();
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use object::{Object, ObjectSection};
 
-use crate::ElfError;
+use etm_profile::ElfError;
 
 /// One (possibly inlined) frame at an address.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -23,9 +23,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 
+use crate::pgo::{CodeFacts, EXTERNAL_ADDR, WriteStats};
 use crate::symbolize::{InlineFrame, Symbolizer};
-use crate::write::{CodeFacts, EXTERNAL_ADDR, WriteStats};
-use crate::{HybridProfile, model::ProfileBinary};
+use etm_profile::{HybridProfile, ProfileBinary};
 
 /// Instruction-level facts the unwinder needs beyond [`CodeFacts`].
 pub trait InstFacts: CodeFacts {
@@ -350,7 +350,7 @@ pub fn write_unsymbolized_cs<W: Write>(
     let info = &p.binaries()[b];
     let base = info.first_exec_vaddr().unwrap_or(0) & !0xfff;
     let is_code = |a: u64| facts.is_inst(a);
-    let (views, skipped) = crate::write::views(p, b, None);
+    let (views, skipped) = crate::pgo::views(p, b, None);
     let mut u = Unwinder {
         facts,
         sym,
