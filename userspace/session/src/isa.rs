@@ -9,37 +9,19 @@
 
 pub use crate::join::InsnKind;
 
-/// A64 instruction kind for validation (Arm ARM C4.1.3 "Branches, exception generating and
-/// system instructions"; PAuth forms included).
+/// A64 instruction kind for validation: the one A64 classification
+/// ([`etm_decode::insn::a64_flow`], PAuth and FEAT_CMPBR forms included) in the join's terms.
 pub fn a64_kind(inst: u32) -> InsnKind {
-    if (inst >> 26) & 0x7 != 0b101 {
-        return InsnKind::Other;
+    use etm_decode::insn::{Flow, a64_flow};
+    match a64_flow(inst) {
+        Flow::Other => InsnKind::Other,
+        Flow::Call | Flow::IndirectCall => InsnKind::Call,
+        Flow::Jump | Flow::IndirectJump => InsnKind::Jump,
+        Flow::CondBranch => InsnKind::CondBranch,
+        Flow::Return => InsnKind::Return,
+        Flow::Exception => InsnKind::Exception,
+        Flow::ExceptionReturn | Flow::Halt => InsnKind::Flow,
     }
-    if inst & 0x7C00_0000 == 0x1400_0000 {
-        return if inst & 0x8000_0000 != 0 { InsnKind::Call } else { InsnKind::Jump };
-    }
-    if inst & 0x7E00_0000 == 0x3400_0000 || inst & 0x7E00_0000 == 0x3600_0000 || inst & 0xFF00_0000 == 0x5400_0000 {
-        return InsnKind::CondBranch;
-    }
-    if inst & 0xFE00_0000 == 0xD600_0000 {
-        // Unconditional branch (register): opc in bits 24:21.
-        let opc = (inst >> 21) & 0xF;
-        let op2 = (inst >> 16) & 0x1F;
-        if op2 != 0x1F {
-            return InsnKind::Other;
-        }
-        return match opc {
-            0b0000 | 0b1000 => InsnKind::Jump, // BR, BRAA/BRAB
-            0b0001 | 0b1001 => InsnKind::Call, // BLR, BLRAA/BLRAB
-            0b0010 => InsnKind::Return,        // RET, RETAA/RETAB
-            _ => InsnKind::Flow,               // ERET, DRPS, ...
-        };
-    }
-    if inst & 0xFF00_0000 == 0xD400_0000 {
-        // SVC/HVC/SMC (opc 000) return after themselves; BRK/HLT/DCPS do not.
-        return if (inst >> 21) & 7 == 0 { InsnKind::Exception } else { InsnKind::Flow };
-    }
-    InsnKind::Other
 }
 
 /// Longest x86 instruction.

@@ -157,16 +157,16 @@ fn decode(arch: object::Architecture, start: u64, code: &[u8], out: &mut Vec<(u6
             }
         }
         object::Architecture::Aarch64 => {
+            // The one A64 classification (PAuth forms included: RETAA/RETAB are returns,
+            // BLRAA/BLRAB calls, as LLVM's disassembler has them); llvm-profgen's direct
+            // jumps are B only (`MCInstrDesc::isUnconditionalBranch` excludes indirect ones).
+            use etm_decode::insn::{Flow, a64_flow};
             for (i, w) in code.chunks_exact(4).enumerate() {
-                let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-                let k = if w & 0xffff_fc1f == 0xd65f_0000 {
-                    Kind::Ret
-                } else if w & 0xfc00_0000 == 0x1400_0000 {
-                    Kind::UncondBranch
-                } else if w & 0xfc00_0000 == 0x9400_0000 || w & 0xffff_fc1f == 0xd63f_0000 {
-                    Kind::Call
-                } else {
-                    Kind::Other
+                let k = match a64_flow(u32::from_le_bytes([w[0], w[1], w[2], w[3]])) {
+                    Flow::Return => Kind::Ret,
+                    Flow::Jump => Kind::UncondBranch,
+                    f if f.is_call() => Kind::Call,
+                    _ => Kind::Other,
                 };
                 out.push((start + 4 * i as u64, k));
             }

@@ -10,7 +10,7 @@ fn sext(v: u32, shl: u32, shr: u32) -> u64 {
 
 /// FEAT_CMPBR compare-and-branch: CB<cc> (register / immediate), CBB<cc>, CBH<cc>.
 #[inline]
-fn is_cmp_br(inst: u32) -> bool {
+pub(super) fn is_cmp_br(inst: u32) -> bool {
     let op = inst & 0xFF00_0000;
     let desc = inst & 0x0000_C000;
     (op == 0x7400_0000 && desc != 0x4000)

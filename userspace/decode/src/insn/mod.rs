@@ -16,9 +16,11 @@
 
 mod a32;
 mod a64;
+mod flow;
 mod t32;
 
 pub use a64::decode_a64;
+pub use flow::{Flow, a64_flow};
 
 /// Instruction set of a traced instruction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
