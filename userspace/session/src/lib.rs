@@ -44,6 +44,7 @@
 //! ```
 
 pub mod decoder;
+mod frame_cache;
 pub mod image;
 pub mod isa;
 pub mod join;

@@ -726,8 +726,9 @@ pub trait FrameNamer {
     /// A frame for runtime address `addr`, resolved to `binary`/`link` if known.
     fn frame(&mut self, binary: Option<&BinaryInfo>, symbol: Option<&str>, link: u64, addr: u64) -> Frame;
     /// All frames of `addr` interned into `table` and appended to `out`, outermost first (a
-    /// function, then the callees inlined at that address). Only single-frame results are
-    /// cached by the pipeline. Default: the one [`FrameNamer::frame`].
+    /// function, then the callees inlined at that address). The pipeline caches the result per
+    /// resolved address (until [`Pipeline::clear_frame_cache`]). Default: the one
+    /// [`FrameNamer::frame`].
     fn frame_ids(
         &mut self,
         binary: Option<&BinaryInfo>,
@@ -977,7 +978,7 @@ pub struct Pipeline {
     profile: HybridProfile,
     trie: ContextTrie,
     frames: FrameTable,
-    frame_cache: HashMap<u64, FrameId>,
+    frame_cache: crate::frame_cache::FrameCache,
     namer: Box<dyn FrameNamer>,
     stats: PipelineStats,
     /// Per CPU: a trace-on was seen and the window has not been begun yet.
@@ -1029,7 +1030,7 @@ impl Pipeline {
             code,
             resolver: Resolver::default(),
             frames: FrameTable::new(),
-            frame_cache: HashMap::new(),
+            frame_cache: crate::frame_cache::FrameCache::default(),
             namer: Box::new(DefaultFrameNamer),
             stats: PipelineStats::default(),
             pending_begin: CpuMap::default(),
@@ -1930,7 +1931,7 @@ struct Sink<'a> {
     resolver: &'a Resolver,
     trie: &'a mut ContextTrie,
     frames: &'a mut FrameTable,
-    frame_cache: &'a mut HashMap<u64, FrameId>,
+    frame_cache: &'a mut crate::frame_cache::FrameCache,
     namer: &'a mut dyn FrameNamer,
     code: &'a CodeMap,
     stats: &'a mut PipelineStats,
@@ -1972,8 +1973,8 @@ impl Sink<'_> {
         for (i, &a) in stack.iter().enumerate().rev() {
             // Return addresses point after the call: name the call site.
             let a2 = if i == 0 { a } else { a.saturating_sub(1) };
-            match self.frame_cache.get(&a) {
-                Some(&id) => self.scratch_frames.push(id),
+            match self.frame_cache.get(a) {
+                Some(ids) => self.scratch_frames.extend_from_slice(ids),
                 None => {
                     let r = self.resolver.resolve(a2);
                     let bin = r.and_then(|(b, _)| self.resolver.binary(b));
@@ -1984,8 +1985,8 @@ impl Sink<'_> {
                     });
                     let start = self.scratch_frames.len();
                     self.namer.frame_ids(bin, sym, link, a2, self.frames, self.scratch_frames);
-                    if r.is_some() && self.scratch_frames.len() == start + 1 && self.frame_cache.len() < 1 << 20 {
-                        self.frame_cache.insert(a, self.scratch_frames[start]);
+                    if r.is_some() {
+                        self.frame_cache.insert(a, &self.scratch_frames[start..]);
                     }
                 }
             }
@@ -2672,6 +2673,86 @@ mod tests {
         assert_eq!(got.borrow().len(), 2);
         let st = p.stats();
         assert_eq!((st.lbr_samples, st.stack_only_samples, st.profiled), (1, 1, 2));
+    }
+
+    /// Names frames like a symbolizer with inline chains (two frames at one address, one
+    /// elsewhere) and records every address it is asked to name.
+    struct InlineNamer(Rc<RefCell<Vec<u64>>>, u64);
+
+    impl FrameNamer for InlineNamer {
+        fn frame(&mut self, _: Option<&BinaryInfo>, _: Option<&str>, _: u64, addr: u64) -> Frame {
+            Frame::new(format!("f{addr:x}"), None)
+        }
+        fn frame_ids(
+            &mut self,
+            _: Option<&BinaryInfo>,
+            _: Option<&str>,
+            _: u64,
+            addr: u64,
+            table: &mut FrameTable,
+            out: &mut Vec<FrameId>,
+        ) {
+            self.0.borrow_mut().push(addr);
+            out.push(table.intern(Frame::new(format!("f{addr:x}"), None)));
+            if addr == self.1 {
+                out.push(table.intern(Frame::new("inlined", None)));
+            }
+        }
+    }
+
+    /// Every stack address is named once, inline chains included, until the cache is cleared;
+    /// the trie's contexts are the same as when every sample is named afresh. (The code: this
+    /// test program's own ELF file, mapped as process 1's.)
+    #[test]
+    fn frames_named_once_per_address() {
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let seg = BinaryInfo::from_elf("/t/exe", &exe).unwrap().exec_segments[0];
+        let start = 0x5555_0000_0000 + (seg.vaddr & !0xfff);
+        // The segment's first instruction at run time.
+        let code = start + (seg.vaddr & 0xfff);
+        let meta = SessionMeta { arch: Some(CodeArch::X86_64), ..Default::default() };
+        let mut p = Pipeline::new(PipelineConfig::from_meta(&meta));
+        p.add_image("/t/exe", Arc::new(exe));
+        p.push(SessionEvent::Sideband(&Sideband::Mmap2 {
+            pid: 1,
+            tid: 1,
+            addr: start,
+            len: seg.memsz + (seg.vaddr & 0xfff),
+            pgoff: seg.offset & !0xfff,
+            prot: 5,
+            flags: 2,
+            filename: "/t/exe".into(),
+            build_id: None,
+            time: 0,
+            cpu: None,
+        }));
+        let asked: Rc<RefCell<Vec<u64>>> = Rc::default();
+        p.set_frame_namer(Box::new(InlineNamer(asked.clone(), code + 0x15)));
+        let s = PauseSample { stack: vec![code + 0x15], pid: 1, tid: 1, ..Default::default() };
+        let s2 = PauseSample { stack: vec![code + 0x40], pid: 1, tid: 1, ..Default::default() };
+        for _ in 0..5 {
+            p.push(SessionEvent::Sample(&s));
+            p.push(SessionEvent::Sample(&s2));
+        }
+        p.finish();
+        assert_eq!(*asked.borrow(), vec![code + 0x15, code + 0x40]);
+        let paths = |p: &Pipeline| {
+            let (trie, frames) = p.trie();
+            let mut v: Vec<(u64, Vec<String>)> = trie
+                .node_ids()
+                .filter(|&n| trie.node(n).self_count > 0)
+                .map(|n| (trie.node(n).self_count, trie.path(n).iter().map(|&f| frames.get(f).function.clone()).collect()))
+                .collect();
+            v.sort();
+            v
+        };
+        let (leaf, other) = (format!("f{:x}", code + 0x15), format!("f{:x}", code + 0x40));
+        assert_eq!(paths(&p), vec![(5, vec![leaf.clone(), "inlined".into()]), (5, vec![other.clone()])]);
+        p.clear_frame_cache();
+        p.push(SessionEvent::Sample(&s));
+        p.finish();
+        assert_eq!(asked.borrow().len(), 3, "named again after the clear: {:?}", asked.borrow());
+        assert_eq!(paths(&p), vec![(5, vec![other]), (6, vec![leaf, "inlined".into()])]);
     }
 
     /// x86-64 code at 0x40_0000 of process 1: `call 0x400010` (5 bytes), nops; at 0x400010
