@@ -441,6 +441,8 @@ pub fn pipeline_json(p: &Pipeline) -> serde_json::Value {
         "profile": {
             "samples": ps.samples, "distinct": p.profile().distinct_samples(), "folded": ps.folded,
             "dropped": ps.dropped, "unresolved_addresses": ps.unresolved_addresses,
+            // How full the store of distinct samples is: past the budget new samples fold.
+            "bytes": p.profile().bytes_used(), "budget_bytes": p.profile().limits().max_bytes,
         },
         "contexts": p.trie().0.len().saturating_sub(1),
     })
@@ -859,6 +861,12 @@ mod tests {
         let (trie, frames) = e.pipeline().trie();
         let folded = etm_stacks::folded::folded_lines(trie, frames);
         assert_eq!(folded, vec!["main;a;outer;leaf 1".to_string()]);
+        // The counters say how full the sample store is.
+        let pj = pipeline_json(e.pipeline());
+        assert_eq!(pj["profile"]["distinct"], 1);
+        assert_eq!(pj["profile"]["bytes"].as_u64(), Some(e.pipeline().profile().bytes_used() as u64));
+        assert!(pj["profile"]["bytes"].as_u64().unwrap() > 0);
+        assert_eq!(pj["profile"]["budget_bytes"].as_u64(), Some(etm_profile::ProfileLimits::default().max_bytes as u64));
         assert_eq!(e.binaries()[0].load_addresses, vec![base + (seg.vaddr & !0xfff)]);
 
         let meta = DumpMeta { period_ns: 1, time_nanos: 0, duration_nanos: 0, comment: "t".into() };
