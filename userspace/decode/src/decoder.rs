@@ -716,15 +716,25 @@ impl Decoder {
     #[inline]
     fn flush<S: ElementSink + ?Sized>(&mut self, sink: &mut S) {
         self.stats.elements += (self.out.len() + self.ranges.len()) as u64;
-        if !self.stopped && self.hand_over(sink).is_break() {
-            self.stopped = true;
+        if !self.stopped {
+            // the common case (an atom packet's ranges and nothing else) without the loop
+            let r = if !self.out.is_empty() {
+                self.hand_over(sink)
+            } else if !self.ranges.is_empty() {
+                sink.ranges(self.cfg.trace_id, &self.ranges)
+            } else {
+                ControlFlow::Continue(())
+            };
+            if r.is_break() {
+                self.stopped = true;
+            }
         }
         self.clear_out();
     }
 
     /// The buffered output to the sink in trace order: runs of ranges and runs of other
     /// elements.
-    #[inline]
+    #[inline(never)]
     fn hand_over<S: ElementSink + ?Sized>(&self, sink: &mut S) -> ControlFlow<()> {
         let id = self.cfg.trace_id;
         let mut r0 = 0;
