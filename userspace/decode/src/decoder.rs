@@ -493,11 +493,28 @@ impl Decoder {
         mem: &M,
         sink: &mut S,
     ) -> ControlFlow<()> {
+        if let Packet::Address { addr, context: None, source: false } = *pkt {
+            return self.address(index, addr, mem, sink);
+        }
         self.begin_packet(index);
-        // the common address packet (the target of an indirect branch, nothing speculative
-        // or pending): what `decode_packet` does with it, without the state machine
-        if let Packet::Address { addr, context: None, source: false } = *pkt
-            && self.state == State::Decode
+        self.run(index, pkt, mem, sink)
+    }
+
+    /// Processes a target address packet without context (`Packet::Address { addr, context:
+    /// None, source: false }`, see [`packet`](Self::packet)): the entry for the parser's
+    /// address fast path ([`crate::packet::PacketSink::address`]).
+    #[inline]
+    pub fn address<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        index: u64,
+        addr: Address,
+        mem: &M,
+        sink: &mut S,
+    ) -> ControlFlow<()> {
+        self.begin_packet(index);
+        // the common case (the target of an indirect branch, nothing speculative or
+        // pending): what `decode_packet` does with it, without the state machine
+        if self.state == State::Decode
             && self.p0.is_empty()
             && !self.elem_pending_addr
             && self.cfg.max_spec_depth == 0
@@ -507,7 +524,7 @@ impl Decoder {
             self.push_addr(addr, index);
             return ControlFlow::Continue(());
         }
-        self.run(index, pkt, mem, sink)
+        self.run(index, &Packet::Address { addr, context: None, source: false }, mem, sink)
     }
 
     #[inline]

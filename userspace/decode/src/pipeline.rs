@@ -10,7 +10,7 @@ use crate::elements::Element;
 use crate::frame::{Deformatter, FrameSink, FrameStats, StreamFormat};
 use crate::image::{MemSpace, MemoryAccess, MemoryImage};
 use crate::insn::ArchVersion;
-use crate::packet::{Atoms, Packet, PacketDemux, PacketSink, PacketStats};
+use crate::packet::{Address, Atoms, Packet, PacketDemux, PacketSink, PacketStats};
 use crate::snapshot::{EtmConfig, Snapshot, SnapshotError, SnapshotFiles, TraceBuffer};
 
 /// Builds the code image of a snapshot: every `dump` section of every device, in device
@@ -308,6 +308,13 @@ impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> PacketSink for IdSink<'_
     #[inline]
     fn atoms(&mut self, index: u64, format: u8, atoms: Atoms, _header: u8) {
         if !self.stop && self.dec.atoms(index, format, atoms, self.mem, self.sink).is_break() {
+            self.stop = true;
+        }
+    }
+
+    #[inline]
+    fn address(&mut self, index: u64, addr: Address, _raw: &[u8]) {
+        if !self.stop && self.dec.address(index, addr, self.mem, self.sink).is_break() {
             self.stop = true;
         }
     }
