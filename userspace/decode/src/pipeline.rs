@@ -274,7 +274,7 @@ impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> FrameSink for Fs<'_, M, 
             Some(dec) => {
                 let mut s = IdSink { dec, mem: self.mem, sink: &mut *self.sink, stop: false };
                 self.demux.feed_to(id, index, bytes, &mut s);
-                self.stop = s.stop;
+                self.stop = s.stop || s.dec.flush_held(s.sink).is_break();
             }
             // no decoder for this ID: its packets are parsed (and counted) only
             None => self.demux.feed_to(id, index, bytes, &mut |_: u64, _: &Packet, _: &[u8]| {}),
@@ -284,6 +284,9 @@ impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> FrameSink for Fs<'_, M, 
     fn reset(&mut self) {
         self.demux.reset_all();
         for d in self.decoders.existing() {
+            if !self.stop && d.flush_held(&mut *self.sink).is_break() {
+                self.stop = true;
+            }
             d.reset();
         }
     }
