@@ -1218,10 +1218,13 @@ impl PacketParser {
         self.packet_index = index;
         self.ty = t;
         self.handler = h;
-        // a copy of fixed size where the data allows (no call to memcpy)
-        match data.get(p..p + ADDR_MAX) {
-            Some(b) => self.buf[..ADDR_MAX].copy_from_slice(b),
-            None => self.buf[..n].copy_from_slice(raw),
+        // copies of constant size (one of variable size is a call to memcpy)
+        match n {
+            1 => self.buf[0] = raw[0],
+            2 => self.buf[..2].copy_from_slice(&raw[..2]),
+            3 => self.buf[..3].copy_from_slice(&raw[..3]),
+            5 => self.buf[..5].copy_from_slice(&raw[..5]),
+            _ => self.buf[..ADDR_MAX].copy_from_slice(&raw[..ADDR_MAX]),
         }
         self.len = n;
         self.processed = p + n;
