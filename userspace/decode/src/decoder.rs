@@ -277,6 +277,9 @@ pub struct Decoder {
     need_addr: bool,
     elem_pending_addr: bool,
     prev_overflow: bool,
+    /// Cached [`quiet`](Self::quiet) (see [`settled`](Self::settled)): only `run` and
+    /// `reset_decoder` change what it depends on, and both clear it.
+    settled: bool,
     is_secure: bool,
     is_64bit: bool,
     last_is: u8,
@@ -334,6 +337,7 @@ impl Decoder {
             need_addr: true,
             elem_pending_addr: false,
             prev_overflow: false,
+            settled: false,
             is_secure: true,
             is_64bit: false,
             last_is: 0,
@@ -455,6 +459,7 @@ impl Decoder {
     }
 
     fn reset_decoder(&mut self) {
+        self.settled = false;
         self.state = State::NoSync;
         self.is_secure = true;
         self.is_64bit = false;
@@ -542,17 +547,28 @@ impl Decoder {
         self.begin_packet(index);
         // the common case (the target of an indirect branch, nothing speculative or
         // pending): what `decode_packet` does with it, without the state machine
-        if self.state == State::Decode
-            && self.p0.is_empty()
-            && !self.elem_pending_addr
-            && self.cfg.max_spec_depth == 0
-            && self.spec_depth == 0
-            && !self.res.any()
-        {
+        if self.settled() && self.p0.is_empty() && !self.elem_pending_addr {
             self.push_addr(addr, index);
             return ControlFlow::Continue(());
         }
         self.run(index, &Packet::Address { addr, context: None, source: false }, mem, sink)
+    }
+
+    /// In sync, with nothing speculative or being resolved (TRCIDR8.MAXSPEC == 0): a packet
+    /// may be applied at once.
+    #[inline]
+    fn quiet(&self) -> bool {
+        self.state == State::Decode && self.cfg.max_spec_depth == 0 && self.spec_depth == 0 && !self.res.any()
+    }
+
+    /// [`quiet`](Self::quiet), from the cached flag when it is set (outside `run`, where
+    /// nothing it depends on changes).
+    #[inline]
+    fn settled(&mut self) -> bool {
+        if !self.settled {
+            self.settled = self.quiet();
+        }
+        self.settled
     }
 
     #[inline]
@@ -577,7 +593,7 @@ impl Decoder {
         sink: &mut S,
     ) -> ControlFlow<()> {
         self.begin_packet(index);
-        if self.state == State::Decode && self.atoms_now() && self.commit_atoms_now::<M, S, true>(atoms, index, mem, sink) {
+        if self.settled() && self.atoms_now() && self.commit_atoms_now::<M, S, true>(atoms, index, mem, sink) {
             return ControlFlow::Continue(());
         }
         // not committed at once, or an error (the decoder was reset: NO_SYNC is reported at
@@ -585,15 +601,12 @@ impl Decoder {
         self.run(index, &Packet::Atom { format, atoms }, mem, sink)
     }
 
-    /// An atom packet now is committed at once (the common case with TRCIDR8.MAXSPEC == 0:
-    /// an empty P0 stack, or one holding only the address packet after an indirect branch,
-    /// which this applies as the commit would), so it is applied directly instead of being
-    /// stacked and popped.
+    /// An atom packet now, the decoder [`quiet`](Self::quiet), is committed at once (the
+    /// common case with TRCIDR8.MAXSPEC == 0: an empty P0 stack, or one holding only the
+    /// address packet after an indirect branch, which this applies as the commit would), so
+    /// it is applied directly instead of being stacked and popped.
     #[inline]
     fn atoms_now(&mut self) -> bool {
-        if self.cfg.max_spec_depth != 0 || self.res.any() || self.spec_depth != 0 {
-            return false;
-        }
         match self.p0.len() {
             0 => true,
             1 => match self.p0[0].kind {
@@ -644,6 +657,8 @@ impl Decoder {
         mem: &M,
         sink: &mut S,
     ) -> ControlFlow<()> {
+        // what `settled` caches may change from here on
+        self.settled = false;
         loop {
             match self.state {
                 State::NoSync => {
@@ -682,6 +697,7 @@ impl Decoder {
                 }
                 State::Decode => {
                     if let Packet::Atom { atoms, .. } = pkt
+                        && self.quiet()
                         && self.atoms_now()
                     {
                         if self.commit_atoms_now::<M, S, false>(*atoms, index, mem, sink) {
