@@ -57,7 +57,8 @@ pub trait ElementSink {
     }
 
     /// Called with each run of consecutive instruction ranges of source `trace_id` (in
-    /// order); the default calls [`element`](ElementSink::element) with each as an element.
+    /// order; a run may span packets); the default calls [`element`](ElementSink::element)
+    /// with each as an element.
     #[inline]
     fn ranges(&mut self, trace_id: u8, rs: &[Range]) -> ControlFlow<()> {
         for r in rs {
@@ -147,6 +148,10 @@ impl DecodeStats {
         self.bad_packets + self.sequence_errors + self.stack_overflows
     }
 }
+
+/// Most ranges [`Decoder::atoms`] holds back before handing them over (within the output
+/// buffer's initial capacity, so holding allocates nothing).
+const HOLD_MAX: usize = 128;
 
 /// Bound on stacked (uncommitted) P0 entries; beyond it the decoder resynchronises.
 const MAX_P0_STACK: usize = 1 << 16;
@@ -272,6 +277,9 @@ pub struct Decoder {
     need_addr: bool,
     elem_pending_addr: bool,
     prev_overflow: bool,
+    /// Cached [`quiet`](Self::quiet) (see [`settled`](Self::settled)): only `run` and
+    /// `reset_decoder` change what it depends on, and both clear it.
+    settled: bool,
     is_secure: bool,
     is_64bit: bool,
     last_is: u8,
@@ -286,6 +294,10 @@ pub struct Decoder {
     out_at: Vec<u32>,
     /// ... and the ranges (see [`ElementSink::ranges`]).
     ranges: Vec<Range>,
+    /// `ranges[..held]` are those of atom packets entered through [`atoms`](Self::atoms)
+    /// whose hand-over waits for the packets that follow (see [`flush_held`](Self::flush_held)):
+    /// complete, so an error in a later packet does not discard them.
+    held: usize,
     cur_index: u64,
     cache: SharedBlockCache,
     /// The part of the cache tag that depends on the instruction-classification options.
@@ -325,6 +337,7 @@ impl Decoder {
             need_addr: true,
             elem_pending_addr: false,
             prev_overflow: false,
+            settled: false,
             is_secure: true,
             is_64bit: false,
             last_is: 0,
@@ -336,6 +349,7 @@ impl Decoder {
             out: Vec::with_capacity(64),
             out_at: Vec::with_capacity(64),
             ranges: Vec::with_capacity(256),
+            held: 0,
             cur_index: 0,
             cache,
             cfg_tag: 0,
@@ -436,13 +450,16 @@ impl Decoder {
         self.cache.clear();
     }
 
-    /// Resets to the unsynchronised state (e.g. at a trace-buffer boundary or FSYNC barrier).
+    /// Resets to the unsynchronised state (e.g. at a trace-buffer boundary or FSYNC barrier);
+    /// ranges held back by [`atoms`](Self::atoms) stay to be handed over first (call
+    /// [`flush_held`](Self::flush_held) before, to have them now).
     pub fn reset(&mut self) {
         self.unsync = UnsyncReason::ResetDecoder;
         self.reset_decoder();
     }
 
     fn reset_decoder(&mut self) {
+        self.settled = false;
         self.state = State::NoSync;
         self.is_secure = true;
         self.is_64bit = false;
@@ -465,11 +482,14 @@ impl Decoder {
                 self.stats.nacc -= 1
             }
         }
-        for r in &self.ranges {
+        for r in &self.ranges[self.held..] {
             self.stats.ranges -= 1;
             self.stats.instructions -= r.range.num_instr as u64;
         }
-        self.clear_out();
+        // (the held ranges precede what this packet added: no other element is among them)
+        self.out.clear();
+        self.out_at.clear();
+        self.ranges.truncate(self.held);
     }
 
     #[inline]
@@ -477,6 +497,19 @@ impl Decoder {
         self.out.clear();
         self.out_at.clear();
         self.ranges.clear();
+        self.held = 0;
+    }
+
+    /// Hands over the ranges that [`atoms`](Self::atoms) held back, if any: call at the end
+    /// of the data pushed (before reading what the sink received) and before [`reset`](Self::reset).
+    #[inline]
+    pub fn flush_held<S: ElementSink + ?Sized>(&mut self, sink: &mut S) -> ControlFlow<()> {
+        if self.ranges.is_empty() {
+            return ControlFlow::Continue(());
+        }
+        self.stopped = false;
+        self.flush(sink);
+        if self.stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
     }
 
     #[inline]
@@ -493,21 +526,49 @@ impl Decoder {
         mem: &M,
         sink: &mut S,
     ) -> ControlFlow<()> {
+        if let Packet::Address { addr, context: None, source: false } = *pkt {
+            return self.address(index, addr, mem, sink);
+        }
         self.begin_packet(index);
-        // the common address packet (the target of an indirect branch, nothing speculative
-        // or pending): what `decode_packet` does with it, without the state machine
-        if let Packet::Address { addr, context: None, source: false } = *pkt
-            && self.state == State::Decode
-            && self.p0.is_empty()
-            && !self.elem_pending_addr
-            && self.cfg.max_spec_depth == 0
-            && self.spec_depth == 0
-            && !self.res.any()
-        {
+        self.run(index, pkt, mem, sink)
+    }
+
+    /// Processes a target address packet without context (`Packet::Address { addr, context:
+    /// None, source: false }`, see [`packet`](Self::packet)): the entry for the parser's
+    /// address fast path ([`crate::packet::PacketSink::address`]).
+    #[inline]
+    pub fn address<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        index: u64,
+        addr: Address,
+        mem: &M,
+        sink: &mut S,
+    ) -> ControlFlow<()> {
+        self.begin_packet(index);
+        // the common case (the target of an indirect branch, nothing speculative or
+        // pending): what `decode_packet` does with it, without the state machine
+        if self.settled() && self.p0.is_empty() && !self.elem_pending_addr {
             self.push_addr(addr, index);
             return ControlFlow::Continue(());
         }
-        self.run(index, pkt, mem, sink)
+        self.run(index, &Packet::Address { addr, context: None, source: false }, mem, sink)
+    }
+
+    /// In sync, with nothing speculative or being resolved (TRCIDR8.MAXSPEC == 0): a packet
+    /// may be applied at once.
+    #[inline]
+    fn quiet(&self) -> bool {
+        self.state == State::Decode && self.cfg.max_spec_depth == 0 && self.spec_depth == 0 && !self.res.any()
+    }
+
+    /// [`quiet`](Self::quiet), from the cached flag when it is set (outside `run`, where
+    /// nothing it depends on changes).
+    #[inline]
+    fn settled(&mut self) -> bool {
+        if !self.settled {
+            self.settled = self.quiet();
+        }
+        self.settled
     }
 
     #[inline]
@@ -519,7 +580,9 @@ impl Decoder {
 
     /// Processes an atom packet (`Packet::Atom { format, atoms }`, see [`packet`](Self::packet)):
     /// the entry for the parser's atom fast path ([`crate::packet::PacketSink::atoms`]), with
-    /// no `Packet` to build or match.
+    /// no `Packet` to build or match. Ranges that are all a packet produced may be held back
+    /// to go to the sink in one run with those of the packets that follow: the next packet
+    /// that produces another element, or [`flush_held`](Self::flush_held), hands them over.
     #[inline]
     pub fn atoms<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
         &mut self,
@@ -530,7 +593,7 @@ impl Decoder {
         sink: &mut S,
     ) -> ControlFlow<()> {
         self.begin_packet(index);
-        if self.state == State::Decode && self.atoms_now() && self.commit_atoms_now(atoms, index, mem, sink) {
+        if self.settled() && self.atoms_now() && self.commit_atoms_now::<M, S, true>(atoms, index, mem, sink) {
             return ControlFlow::Continue(());
         }
         // not committed at once, or an error (the decoder was reset: NO_SYNC is reported at
@@ -538,15 +601,12 @@ impl Decoder {
         self.run(index, &Packet::Atom { format, atoms }, mem, sink)
     }
 
-    /// An atom packet now is committed at once (the common case with TRCIDR8.MAXSPEC == 0:
-    /// an empty P0 stack, or one holding only the address packet after an indirect branch,
-    /// which this applies as the commit would), so it is applied directly instead of being
-    /// stacked and popped.
+    /// An atom packet now, the decoder [`quiet`](Self::quiet), is committed at once (the
+    /// common case with TRCIDR8.MAXSPEC == 0: an empty P0 stack, or one holding only the
+    /// address packet after an indirect branch, which this applies as the commit would), so
+    /// it is applied directly instead of being stacked and popped.
     #[inline]
     fn atoms_now(&mut self) -> bool {
-        if self.cfg.max_spec_depth != 0 || self.res.any() || self.spec_depth != 0 {
-            return false;
-        }
         match self.p0.len() {
             0 => true,
             1 => match self.p0[0].kind {
@@ -566,9 +626,11 @@ impl Decoder {
     }
 
     /// Applies an atom packet committed at once (see [`atoms_now`](Self::atoms_now)); same
-    /// semantics as decode_packet + commit. False on an error (the decoder was reset).
+    /// semantics as decode_packet + commit. False on an error (the decoder was reset). With
+    /// `HOLD`, output that is only ranges stays buffered (see [`atoms`](Self::atoms)), up to
+    /// [`HOLD_MAX`] of them.
     #[inline]
-    fn commit_atoms_now<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+    fn commit_atoms_now<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized, const HOLD: bool>(
         &mut self,
         atoms: Atoms,
         index: u64,
@@ -577,7 +639,11 @@ impl Decoder {
     ) -> bool {
         // (`res.commit` stays 0: nothing else is pending)
         if self.run_atoms(atoms.bits, atoms.count, index, mem).is_ok() {
-            self.flush(sink);
+            if HOLD && self.out.is_empty() && self.ranges.len() < HOLD_MAX {
+                self.held = self.ranges.len();
+            } else {
+                self.flush(sink);
+            }
             true
         } else {
             false
@@ -591,6 +657,8 @@ impl Decoder {
         mem: &M,
         sink: &mut S,
     ) -> ControlFlow<()> {
+        // what `settled` caches may change from here on
+        self.settled = false;
         loop {
             match self.state {
                 State::NoSync => {
@@ -629,9 +697,10 @@ impl Decoder {
                 }
                 State::Decode => {
                     if let Packet::Atom { atoms, .. } = pkt
+                        && self.quiet()
                         && self.atoms_now()
                     {
-                        if self.commit_atoms_now(*atoms, index, mem, sink) {
+                        if self.commit_atoms_now::<M, S, false>(*atoms, index, mem, sink) {
                             break;
                         }
                         // error: decoder reset; report NO_SYNC here and re-check this packet
@@ -716,15 +785,25 @@ impl Decoder {
     #[inline]
     fn flush<S: ElementSink + ?Sized>(&mut self, sink: &mut S) {
         self.stats.elements += (self.out.len() + self.ranges.len()) as u64;
-        if !self.stopped && self.hand_over(sink).is_break() {
-            self.stopped = true;
+        if !self.stopped {
+            // the common case (an atom packet's ranges and nothing else) without the loop
+            let r = if !self.out.is_empty() {
+                self.hand_over(sink)
+            } else if !self.ranges.is_empty() {
+                sink.ranges(self.cfg.trace_id, &self.ranges)
+            } else {
+                ControlFlow::Continue(())
+            };
+            if r.is_break() {
+                self.stopped = true;
+            }
         }
         self.clear_out();
     }
 
     /// The buffered output to the sink in trace order: runs of ranges and runs of other
     /// elements.
-    #[inline]
+    #[inline(never)]
     fn hand_over<S: ElementSink + ?Sized>(&self, sink: &mut S) -> ControlFlow<()> {
         let id = self.cfg.trace_id;
         let mut r0 = 0;
@@ -1795,6 +1874,52 @@ mod tests {
             let _ = d.packet(i as u64, p, &img, &mut sink);
         }
         out.into_iter().filter(|l| l.contains("RANGE") || l.contains("EXCEPTION")).collect()
+    }
+
+    /// The ranges of atom packets entered through `atoms` are held back, not lost: an error
+    /// in a later packet leaves them to come before its NO_SYNC, and `flush_held` hands over
+    /// those held at the end of the data.
+    #[test]
+    fn held_ranges_keep_their_place() {
+        let img = image();
+        let mut d = Decoder::new(cfg(0));
+        let log = std::cell::RefCell::new(Vec::new());
+        let mut sink = |e: &Element| {
+            let k = e.kind.to_string();
+            if k.contains("RANGE") || k.contains("NO_SYNC") {
+                log.borrow_mut().push(k[..k.find('(').unwrap()].to_string());
+            }
+            ControlFlow::Continue(())
+        };
+        let mut i = 0;
+        for p in start_packets(0x1000) {
+            let _ = d.packet(i, &p, &img, &mut sink);
+            i += 1;
+        }
+        // the first atom commits the stacked trace-on, address and context (no holding), the
+        // next two are applied at once and their ranges held
+        let e = Atoms { bits: 1, count: 1 };
+        for _ in 0..3 {
+            let _ = d.atoms(i, 1, e, &img, &mut sink);
+            i += 1;
+        }
+        let r = "OCSD_GEN_TRC_ELEM_INSTR_RANGE";
+        let n = "OCSD_GEN_TRC_ELEM_NO_SYNC";
+        assert_eq!(*log.borrow(), [n, r], "the last two ranges are held");
+        let _ = d.packet(i, &Packet::Reserved(0), &img, &mut sink);
+        let _ = d.packet(i + 1, &Packet::Async, &img, &mut sink);
+        assert_eq!(*log.borrow(), [n, r, r, r, n]);
+        // resynchronised: held again, then handed over by flush_held
+        for p in start_packets(0x1000).iter().skip(1) {
+            let _ = d.packet(i + 2, p, &img, &mut sink);
+        }
+        for k in 3..5 {
+            let _ = d.atoms(i + k, 1, e, &img, &mut sink);
+        }
+        assert_eq!(log.borrow().len(), 6);
+        assert!(d.flush_held(&mut sink).is_continue());
+        assert_eq!(*log.borrow(), [n, r, r, r, n, r, r]);
+        assert_eq!(d.stats().ranges, 5);
     }
 
     /// A BL is followed to its target, and an E atom on RET with no address packet returns

@@ -24,6 +24,21 @@
 //! assert_eq!(sink.0[0].2.len(), 14);
 //! ```
 
+/// Bit 0 of bytes 0, 2, ..., 14 of a frame read as a little-endian `u128`: an ID byte's
+/// marker (a data byte's bit 0 is in the flag byte).
+const EVEN_LSB: u128 = 0x0001_0001_0001_0001_0001_0001_0001_0001;
+
+/// Flag bit `k` of a frame's byte 15 moved to bit 0 of byte `2k` (bit `16k` of the `u128`).
+#[inline]
+fn spread_flags(flags: u8) -> u128 {
+    // bit j of a nibble times 2^(15j) lands at bit 16j; the partial products do not overlap
+    const M: u64 = 0x0000_2000_4000_8001;
+    const LSB: u64 = 0x0001_0001_0001_0001;
+    let lo = (u64::from(flags & 0xF).wrapping_mul(M)) & LSB;
+    let hi = (u64::from(flags >> 4).wrapping_mul(M)) & LSB;
+    u128::from(lo) | (u128::from(hi) << 64)
+}
+
 /// How a trace buffer is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamFormat {
@@ -241,8 +256,22 @@ impl Deformatter {
     }
 
     /// OpenCSD `unpackFrame`: bytes 0..13 in pairs, byte 14, flags in byte 15.
+    #[inline]
     fn unpack(&mut self, f: &[u8; 16], sof: u64, sink: &mut impl FrameSink) {
         self.stats.frames += 1;
+        let v = u128::from_le_bytes(*f);
+        if v & EVEN_LSB == 0 {
+            // no ID byte (most frames): 15 data bytes of the current ID, each even one
+            // completed by its flag bit, as the loop below would
+            let out = (v | spread_flags(f[15])).to_le_bytes();
+            self.flush(self.cur_id, sof, &out[..15], sink);
+            return;
+        }
+        self.unpack_ids(f, sof, sink);
+    }
+
+    /// [`unpack`](Self::unpack) of a frame with an ID byte.
+    fn unpack_ids(&mut self, f: &[u8; 16], sof: u64, sink: &mut impl FrameSink) {
         let flags = f[15];
         let mut out = [0u8; 15];
         let mut len = 0usize;
@@ -340,6 +369,35 @@ mod tests {
         d.push(&f, &mut s);
         assert_eq!(s.runs[0], (0x10, 0, vec![0xAA, 0x03, 0xBB, 0xCC]));
         assert_eq!(s.runs[1], (0x11, 4, vec![2, 4, 6, 8, 10, 12, 14, 16, 0x09]));
+    }
+
+    /// A frame without ID bytes takes the fast path of `unpack`; it gives what the general
+    /// unpacking does, for every flag byte and data bytes with all bit patterns.
+    #[test]
+    fn frame_without_ids_as_general_unpack() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for flags in 0..=255u8 {
+            let mut f = [0u8; 16];
+            for b in f.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = x as u8;
+            }
+            for i in (0..15).step_by(2) {
+                f[i] &= !1;
+            }
+            f[15] = flags;
+            let (mut fast, mut general) = (Collect::default(), Collect::default());
+            let (mut d1, mut d2) = (Deformatter::new(StreamFormat::Coresight), Deformatter::new(StreamFormat::Coresight));
+            d1.cur_id = 0x10;
+            d2.cur_id = 0x10;
+            d1.unpack(&f, 32, &mut fast);
+            d2.unpack_ids(&f, 32, &mut general);
+            assert_eq!(fast.runs, general.runs, "flags {flags:#x}");
+            assert_eq!(fast.runs[0].2.len(), 15);
+        }
+        assert_eq!(spread_flags(0xFF), EVEN_LSB);
     }
 
     /// Aligned frames split at every byte boundary across three pushes give the same runs.

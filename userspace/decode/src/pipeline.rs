@@ -10,7 +10,7 @@ use crate::elements::Element;
 use crate::frame::{Deformatter, FrameSink, FrameStats, StreamFormat};
 use crate::image::{MemSpace, MemoryAccess, MemoryImage};
 use crate::insn::ArchVersion;
-use crate::packet::{Atoms, Packet, PacketDemux, PacketSink, PacketStats};
+use crate::packet::{Address, Atoms, Packet, PacketDemux, PacketSink, PacketStats};
 use crate::snapshot::{EtmConfig, Snapshot, SnapshotError, SnapshotFiles, TraceBuffer};
 
 /// Builds the code image of a snapshot: every `dump` section of every device, in device
@@ -274,7 +274,7 @@ impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> FrameSink for Fs<'_, M, 
             Some(dec) => {
                 let mut s = IdSink { dec, mem: self.mem, sink: &mut *self.sink, stop: false };
                 self.demux.feed_to(id, index, bytes, &mut s);
-                self.stop = s.stop;
+                self.stop = s.stop || s.dec.flush_held(s.sink).is_break();
             }
             // no decoder for this ID: its packets are parsed (and counted) only
             None => self.demux.feed_to(id, index, bytes, &mut |_: u64, _: &Packet, _: &[u8]| {}),
@@ -284,6 +284,9 @@ impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> FrameSink for Fs<'_, M, 
     fn reset(&mut self) {
         self.demux.reset_all();
         for d in self.decoders.existing() {
+            if !self.stop && d.flush_held(&mut *self.sink).is_break() {
+                self.stop = true;
+            }
             d.reset();
         }
     }
@@ -308,6 +311,13 @@ impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> PacketSink for IdSink<'_
     #[inline]
     fn atoms(&mut self, index: u64, format: u8, atoms: Atoms, _header: u8) {
         if !self.stop && self.dec.atoms(index, format, atoms, self.mem, self.sink).is_break() {
+            self.stop = true;
+        }
+    }
+
+    #[inline]
+    fn address(&mut self, index: u64, addr: Address, _raw: &[u8]) {
+        if !self.stop && self.dec.address(index, addr, self.mem, self.sink).is_break() {
             self.stop = true;
         }
     }

@@ -51,6 +51,14 @@ pub trait PacketSink {
     fn atoms(&mut self, index: u64, format: u8, atoms: Atoms, header: u8) {
         self.packet(index, &Packet::Atom { format, atoms }, &[header]);
     }
+
+    /// A target address packet without context (short, long or exact match; `raw` its
+    /// bytes): the same as `packet(index, &Packet::Address { addr, context: None, source:
+    /// false }, raw)`, which the default does.
+    #[inline]
+    fn address(&mut self, index: u64, addr: Address, raw: &[u8]) {
+        self.packet(index, &Packet::Address { addr, context: None, source: false }, raw);
+    }
 }
 
 impl<F: FnMut(u64, &Packet, &[u8])> PacketSink for F {

@@ -11,6 +11,9 @@ use crate::snapshot::{CoreProfile, EtmConfig};
 /// Maximum bytes buffered for one packet; longer packets are reported as `BadSequence`.
 const MAX_PKT: usize = 48;
 
+/// Bytes of the longest address packet without context (header and 64-bit address).
+const ADDR_MAX: usize = 9;
+
 /// Counters kept by the parser.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PacketStats {
@@ -260,8 +263,7 @@ impl PacketParser {
                     if self.processed >= data.len() {
                         break;
                     }
-                    if self.is_sync && self.address_whole(data, self.processed) {
-                        self.emit(sink);
+                    if self.is_sync && self.address_whole(data, self.processed, sink) {
                         self.init_packet_state();
                         continue;
                     }
@@ -1141,13 +1143,20 @@ impl PacketParser {
     /// The short address packet in `buf[..len]` (complete).
     #[inline]
     fn short_addr_packet(&mut self) -> Packet {
+        let (addr, source) = self.short_addr_fields();
+        Packet::Address { addr, context: None, source }
+    }
+
+    /// The address of the short address packet in `buf[..len]` (complete), and whether it is
+    /// a source address.
+    #[inline]
+    fn short_addr_fields(&mut self) -> (Address, bool) {
         use PacketType as T;
         let is = matches!(self.ty, T::AddrSIs1 | T::SrcAddrSIs1) as u8;
         self.addr_is = is;
         let (v, bits, _) = self.short_addr(1, is);
         let a = self.update_short(v, is, bits);
-        let source = matches!(self.ty, T::SrcAddrSIs0 | T::SrcAddrSIs1);
-        Packet::Address { addr: a, context: None, source }
+        (a, matches!(self.ty, T::SrcAddrSIs0 | T::SrcAddrSIs1))
     }
 
     /// Is the long address packet type `t` a 64-bit one?
@@ -1171,20 +1180,27 @@ impl PacketParser {
     /// The long address packet in `buf[..len]` (complete).
     #[inline]
     fn long_addr_packet(&mut self) -> Packet {
+        let (addr, source) = self.long_addr_fields();
+        Packet::Address { addr, context: None, source }
+    }
+
+    /// The address of the long address packet in `buf[..len]` (complete), and whether it is
+    /// a source address.
+    #[inline]
+    fn long_addr_fields(&mut self) -> (Address, bool) {
         use PacketType as T;
         self.addr_is = matches!(self.ty, T::AddrL32Is1 | T::AddrL64Is1 | T::SrcAddrL32Is1 | T::SrcAddrL64Is1) as u8;
         let a = if Self::long_addr_is_64(self.ty) { self.set64(1) } else { self.set32(1) };
-        let source = matches!(self.ty, T::SrcAddrL32Is0 | T::SrcAddrL32Is1 | T::SrcAddrL64Is0 | T::SrcAddrL64Is1);
-        Packet::Address { addr: a, context: None, source }
+        (a, matches!(self.ty, T::SrcAddrL32Is0 | T::SrcAddrL32Is1 | T::SrcAddrL64Is0 | T::SrcAddrL64Is1))
     }
 
     /// The parser's second fast path (after atoms): an address packet (short, long, or exact
     /// match without payload: most of the other packets in real traces) whose bytes are all
-    /// in `data[p..]` is parsed whole into `out`, as the byte-by-byte handlers would, instead
-    /// of byte by byte. False (nothing changed) for any other packet or one cut by the end of
-    /// `data`.
+    /// in `data[p..]` is parsed whole, as the byte-by-byte handlers would, instead of byte by
+    /// byte, and sent (a target address without context through [`PacketSink::address`]).
+    /// False (nothing changed) for any other packet or one cut by the end of `data`.
     #[inline]
-    fn address_whole(&mut self, data: &[u8], p: usize) -> bool {
+    fn address_whole<S: PacketSink + ?Sized>(&mut self, data: &[u8], p: usize, sink: &mut S) -> bool {
         let b = data[p];
         let (t, h) = self.table[b as usize];
         let n = match h {
@@ -1197,18 +1213,32 @@ impl PacketParser {
             H::NoPayload if t == PacketType::AddrMatch => 1,
             _ => return false,
         };
-        let Some(bytes) = data.get(p..p + n) else { return false };
-        self.packet_index = self.block_index + p as u64;
+        let Some(raw) = data.get(p..p + n) else { return false };
+        let index = self.block_index + p as u64;
+        self.packet_index = index;
         self.ty = t;
         self.handler = h;
-        self.buf[..n].copy_from_slice(bytes);
+        // copies of constant size (one of variable size is a call to memcpy)
+        match n {
+            1 => self.buf[0] = raw[0],
+            2 => self.buf[..2].copy_from_slice(&raw[..2]),
+            3 => self.buf[..3].copy_from_slice(&raw[..3]),
+            5 => self.buf[..5].copy_from_slice(&raw[..5]),
+            _ => self.buf[..ADDR_MAX].copy_from_slice(&raw[..ADDR_MAX]),
+        }
         self.len = n;
         self.processed = p + n;
-        self.out = match h {
-            H::ShortAddr => self.short_addr_packet(),
-            H::LongAddr => self.long_addr_packet(),
-            _ => self.addr_match_packet(b),
+        self.stats.packets += 1;
+        let (addr, source) = match h {
+            H::ShortAddr => self.short_addr_fields(),
+            H::LongAddr => self.long_addr_fields(),
+            _ => (self.exact_match(b & 3), false),
         };
+        if source {
+            sink.packet(index, &Packet::Address { addr, context: None, source }, raw);
+        } else {
+            sink.address(index, addr, raw);
+        }
         true
     }
 
