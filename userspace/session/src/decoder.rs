@@ -13,9 +13,10 @@ use etm_decode::insn::{ArchVersion, DecodeConfig, InstrType, decode_a64};
 use etm_decode::pipeline::BufferDecoder;
 use etm_decode::snapshot::{CoreProfile, EtmConfig, Protocol};
 
-use crate::pipeline::{CodeMap, ContextCode, DecoderFactory, DecoderShared, Discontinuity, WindowDecoder, WindowSink};
+use crate::pipeline::{CodeMap, ContextCode};
 use crate::session::BranchPair;
 use crate::session::{CpuTraceConfig, TraceArch};
+use crate::window::{DecoderFactory, DecoderShared, Discontinuity, WindowDecoder, WindowSink};
 
 /// The default decoder factory: [`EtmFactory`].
 pub fn default_factory() -> Option<Arc<dyn DecoderFactory>> {
@@ -481,7 +482,7 @@ impl WindowDecoder for EtmWindowDecoder {
 }
 
 pub mod toy {
-    //! A test double for [`WindowDecoder`](crate::pipeline::WindowDecoder): a tiny resumable
+    //! A test double for [`WindowDecoder`](crate::window::WindowDecoder): a tiny resumable
     //! packet format with a sync marker, so tests can inject truncation, lost data, flipped
     //! bytes and missing sync and check the pipeline's handling. Format:
     //!
@@ -490,8 +491,9 @@ pub mod toy {
     //!   `04` overflow; `05` trace info (a window starts); `06 <u32 le>` context id; any other
     //!   byte is an error (the decoder loses sync).
 
-    use crate::pipeline::{CodeMap, DecoderFactory, Discontinuity, WindowDecoder, WindowSink};
+    use crate::pipeline::CodeMap;
     use crate::session::CpuTraceConfig;
+    use crate::window::{DecoderFactory, Discontinuity, WindowDecoder, WindowSink};
 
     /// Encoder for the toy format.
     #[derive(Debug, Default, Clone)]
@@ -646,7 +648,7 @@ pub mod toy {
             _aux_cpu: i32,
             _cpus: &[CpuTraceConfig],
             _raw: bool,
-            _shared: &crate::pipeline::DecoderShared,
+            _shared: &crate::window::DecoderShared,
         ) -> Box<dyn WindowDecoder> {
             Box::new(ToyDecoder::default())
         }

@@ -9,7 +9,8 @@
 //!   -> `etm_profile::HybridProfile` + `etm_stacks::ContextTrie`, with per-stage stats.
 //! * [`isa`] — per-architecture code facts for the checks (A64, x86-64) and the kernel's
 //!   branch-entry flags.
-//! * [`decoder`] — the `etm_decode` adapter behind the pipeline's [`pipeline::WindowDecoder`]
+//! * [`window`] — the decoder interface the pipeline drives ([`window::WindowDecoder`]).
+//! * [`decoder`] — the `etm_decode` adapter behind the pipeline's [`window::WindowDecoder`]
 //!   trait, and a toy test double.
 //!
 //! Design constraints: online (bounded memory: pending samples and segments per CPU are
@@ -52,6 +53,7 @@ pub mod pipeline;
 mod pool;
 pub mod session;
 mod shadow;
+pub mod window;
 
 pub use join::{JoinConfig, JoinStats, Joined, RejectReason};
 pub use pipeline::{Pipeline, PipelineConfig, PipelineStats};

@@ -22,8 +22,9 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
-use crate::pipeline::{AuxPlan, CodeMap, DecoderFactory, DecoderShared, Discontinuity, WindowDecoder, WindowSink, run_step};
+use crate::pipeline::{AuxPlan, CodeMap, run_step};
 use crate::session::{BranchPair, CpuTraceConfig};
+use crate::window::{DecoderFactory, DecoderShared, Discontinuity, WindowDecoder, WindowSink};
 
 /// Jobs in flight per worker (the pipeline waits for the oldest before sending more).
 pub(crate) const JOBS_PER_WORKER: usize = 4;
