@@ -1822,20 +1822,25 @@ impl ExactState {
 
     /// The function of the range of `n` instructions at runtime address `addr`, and the kind
     /// of its last instruction; a range seen for the first time (not in the cache) is recorded
-    /// for coverage.
+    /// for coverage. The cache is valid for the code map's generation (`ranges` checks it once
+    /// per batch).
+    #[inline]
     fn function(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
-        if self.cache_gen != code.generation {
-            self.cache.iter_mut().for_each(|c| c.0 = u64::MAX);
-            self.cache_gen = code.generation;
+        let c = self.cache[(addr >> 2) as usize % EXACT_CACHE];
+        if c.0 == addr && c.1 == n {
+            return (c.2, c.3);
         }
+        self.function_miss(resolver, code, addr, n)
+    }
+
+    /// [`function`](Self::function) when the cache does not have the range.
+    #[cold]
+    #[inline(never)]
+    fn function_miss(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
         let slot = (addr >> 2) as usize % EXACT_CACHE;
-        let last = || code.read_u32(None, addr + 4 * u64::from(n.max(1) - 1)).map_or(InsnKind::Other, a64_kind);
+        let k = code.read_u32(None, addr + 4 * u64::from(n.max(1) - 1)).map_or(InsnKind::Other, a64_kind);
         let c = self.cache[slot];
         if c.0 == addr {
-            if c.1 == n {
-                return (c.2, c.3);
-            }
-            let k = last();
             self.cache[slot] = (addr, n, c.2, k, c.4);
             return (c.2, k);
         }
@@ -1852,7 +1857,6 @@ impl ExactState {
             }
             None => self.intern((usize::MAX, 0), "", "[unknown]"),
         };
-        let k = last();
         self.cache[slot] = (addr, n, f, k, u64::MAX);
         self.counts.block(f, addr);
         (f, k)
@@ -1861,6 +1865,10 @@ impl ExactState {
     fn ranges(&mut self, cpu: i32, resolver: &Resolver, code: &CodeMap, rs: &[(u64, u32)]) {
         if !self.enabled {
             return;
+        }
+        if self.cache_gen != code.generation {
+            self.cache.iter_mut().for_each(|c| c.0 = u64::MAX);
+            self.cache_gen = code.generation;
         }
         let mut open = std::mem::take(self.open.entry(cpu));
         for &(start, n) in rs {
@@ -1880,7 +1888,7 @@ impl ExactState {
     /// The branch chain of `cpu` broke inside its segment (trace lost).
     fn break_chain(&mut self, cpu: i32) {
         if let Some(open) = self.open.get_mut(cpu) {
-            open.break_chain();
+            open.break_chain(&mut self.counts);
         }
     }
 
@@ -1890,7 +1898,7 @@ impl ExactState {
         if open.own.is_empty() {
             return;
         }
-        open.end();
+        open.end(&mut self.counts);
         for &(f, n) in &open.own {
             self.counts.add(f, n);
         }
