@@ -82,12 +82,10 @@ pub enum InsnKind {
 pub trait CodeOracle {
     /// Kind of the instruction at `addr` in process `pid`, or `None` if no code is known there.
     fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind>;
-    /// [`insn_kind`](Self::insn_kind) of each branch's source, into `out` (cleared first).
-    /// Oracles with mapped code override this to look a mapping up once for the branches in
-    /// it instead of once per branch.
-    fn branch_kinds(&self, pid: u32, branches: &[BranchPair], out: &mut Vec<Option<InsnKind>>) {
-        out.clear();
-        out.extend(branches.iter().map(|b| self.insn_kind(pid, b.from)));
+    /// Identifies the code the oracle sees: while it is the same, so is every answer
+    /// (results may be cached); `None` (the default): answers may change at any time.
+    fn generation(&self) -> Option<u64> {
+        None
     }
     /// Size of instructions (A64: 4).
     fn insn_size(&self) -> u64 {
@@ -527,7 +525,7 @@ pub struct Joiner {
     /// Synthesized samples: the return addresses (outermost first) and the stack.
     synth_callers: Vec<u64>,
     synth_stack: Vec<u64>,
-    synth_kinds: Vec<Option<InsnKind>>,
+    synth_undo: UndoCache,
 }
 
 impl Joiner {
@@ -543,7 +541,7 @@ impl Joiner {
             shadow: Vec::new(),
             synth_callers: Vec::new(),
             synth_stack: Vec::new(),
-            synth_kinds: Vec::new(),
+            synth_undo: UndoCache::default(),
         }
     }
 
@@ -942,7 +940,7 @@ impl Joiner {
                         callers: &mut self.synth_callers,
                         stack: &mut self.synth_stack,
                         branches: &mut self.scratch,
-                        kinds: &mut self.synth_kinds,
+                        undo: &mut self.synth_undo,
                     };
                     synthesize(&w, buf, &self.cfg, oracle, &mut self.shadow, &mut self.stats, out);
                 }
@@ -1079,8 +1077,82 @@ struct SynthBuf<'a> {
     callers: &'a mut Vec<u64>,
     stack: &'a mut Vec<u64>,
     branches: &'a mut Vec<BranchPair>,
-    /// The kind of each ring branch's source.
-    kinds: &'a mut Vec<Option<InsnKind>>,
+    undo: &'a mut UndoCache,
+}
+
+/// What undoing a branch does to the known return addresses (the code's part of it: a call's
+/// return address is still to be matched against the top of the stack).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Undo {
+    /// Nothing (a jump or a conditional branch).
+    Keep,
+    /// A call returning to this address: it must be the innermost return address, removed.
+    Call(u64),
+    /// A return: its target becomes the innermost return address.
+    Return,
+    Stop(SynthStop),
+}
+
+impl Undo {
+    /// The rule: from the kind of the branch's source and, for a return, whether a call
+    /// precedes its target.
+    fn of(pid: u32, b: BranchPair, oracle: &dyn CodeOracle) -> Undo {
+        match oracle.insn_kind(pid, b.from) {
+            None => Undo::Stop(SynthStop::UnknownCode),
+            Some(InsnKind::Call) => match oracle.insn_len(pid, b.from) {
+                Some(n) => Undo::Call(n + b.from),
+                None => Undo::Stop(SynthStop::UnknownCode),
+            },
+            Some(InsnKind::Return) => match oracle.after_call(pid, b.to) {
+                Some(true) => Undo::Return,
+                Some(false) => Undo::Stop(SynthStop::ReturnNotAfterCall),
+                None => Undo::Stop(SynthStop::UnknownCode),
+            },
+            Some(InsnKind::Exception | InsnKind::Flow) => Undo::Stop(SynthStop::ExceptionFlow),
+            Some(InsnKind::Other | InsnKind::CondBranch | InsnKind::Jump) => Undo::Keep,
+        }
+    }
+}
+
+/// [`Undo::of`] of recent branches, direct-mapped by (process, branch), for one oracle and
+/// its [`generation`](CodeOracle::generation) (a window's branches are mostly the same few
+/// hundred, window after window).
+#[derive(Debug, Default)]
+struct UndoCache {
+    slots: Vec<(u32, BranchPair, Undo)>,
+    /// The oracle (its address) and generation the slots hold answers of.
+    of: Option<(usize, u64)>,
+}
+
+const UNDO_CACHE: usize = 4096;
+
+impl UndoCache {
+    /// Empties the cache unless it holds `oracle`'s answers; whether it may be used.
+    fn prepare(&mut self, oracle: &dyn CodeOracle) -> bool {
+        let Some(g) = oracle.generation() else { return false };
+        let key = (oracle as *const dyn CodeOracle as *const () as usize, g);
+        if self.of != Some(key) {
+            self.slots.clear();
+            self.slots.resize(UNDO_CACHE, (0, BranchPair { from: u64::MAX, to: u64::MAX }, Undo::Keep));
+            self.of = Some(key);
+        }
+        true
+    }
+
+    #[inline]
+    fn get(&mut self, cached: bool, pid: u32, b: BranchPair, oracle: &dyn CodeOracle) -> Undo {
+        if !cached {
+            return Undo::of(pid, b, oracle);
+        }
+        let h = (b.from ^ b.to.rotate_left(23) ^ u64::from(pid)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let slot = &mut self.slots[(h >> (64 - UNDO_CACHE.trailing_zeros())) as usize];
+        if slot.0 == pid && slot.1 == b {
+            return slot.2;
+        }
+        let u = Undo::of(pid, b, oracle);
+        *slot = (pid, b, u);
+        u
+    }
 }
 
 /// The synthesized samples of a window (module docs): the pause stack unwound backwards
@@ -1107,31 +1179,22 @@ fn synthesize(
     let callers = buf.callers;
     callers.clear();
     callers.extend(w.s.stack[1..].iter().rev());
-    oracle.branch_kinds(pid, ring, buf.kinds);
-    let kinds = &*buf.kinds;
-    let undo = |i: usize, callers: &mut Vec<u64>| -> Result<(), SynthStop> {
+    let cache = buf.undo;
+    let cached = cache.prepare(oracle);
+    let mut undo = |i: usize, callers: &mut Vec<u64>| -> Result<(), SynthStop> {
         let b = ring[i];
-        match kinds[i] {
-            None => Err(SynthStop::UnknownCode),
-            Some(InsnKind::Call) => {
-                let ret = oracle.insn_len(pid, b.from).ok_or(SynthStop::UnknownCode)? + b.from;
-                if callers.last() == Some(&ret) {
-                    callers.pop();
-                    Ok(())
-                } else {
-                    Err(SynthStop::CallMismatch)
-                }
+        match cache.get(cached, pid, b, oracle) {
+            Undo::Keep => Ok(()),
+            Undo::Call(ret) if callers.last() == Some(&ret) => {
+                callers.pop();
+                Ok(())
             }
-            Some(InsnKind::Return) => match oracle.after_call(pid, b.to) {
-                Some(true) => {
-                    callers.push(b.to);
-                    Ok(())
-                }
-                Some(false) => Err(SynthStop::ReturnNotAfterCall),
-                None => Err(SynthStop::UnknownCode),
-            },
-            Some(InsnKind::Exception | InsnKind::Flow) => Err(SynthStop::ExceptionFlow),
-            Some(InsnKind::Other | InsnKind::CondBranch | InsnKind::Jump) => Ok(()),
+            Undo::Call(_) => Err(SynthStop::CallMismatch),
+            Undo::Return => {
+                callers.push(b.to);
+                Ok(())
+            }
+            Undo::Stop(r) => Err(r),
         }
     };
     // The stack is rebuilt from a complete pause stack: its leaf frame cannot be missing.
@@ -1819,6 +1882,118 @@ mod tests {
             rejected += st.synth_rejected.total();
         }
         assert!(proven > 500 && stopped > 20 && rejected > 20, "{proven} {stopped} {rejected}");
+    }
+
+    /// The synthesized samples' cache of undo steps ([`UndoCache`]) answers as the oracle
+    /// does: one joiner over many windows whose branches recur in a small code region (with
+    /// an oracle that reports a generation) makes the same samples and counts as a joiner whose
+    /// oracle forbids caching; every 97 windows the code changes (new kinds at the same
+    /// addresses) under a new generation.
+    #[test]
+    fn undo_cache_answers_as_the_oracle() {
+        struct Versioned {
+            toy: RefCell<Toy>,
+            generation: Cell<u64>,
+        }
+        impl CodeOracle for Versioned {
+            fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind> {
+                self.toy.borrow().insn_kind(pid, addr)
+            }
+            fn generation(&self) -> Option<u64> {
+                Some(self.generation.get())
+            }
+        }
+        use std::cell::{Cell, RefCell};
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let versioned =
+            Versioned { toy: RefCell::new(Toy { lo: 0x1000, hi: u64::MAX, kinds: HashMap::new() }), generation: Cell::new(0) };
+        let cfg = JoinConfig { depth: 3, synth_samples: 64, ..Default::default() };
+        let (mut cached, mut plain) = (Joiner::new(cfg), Joiner::new(cfg));
+        let (mut got_cached, mut got_plain) = (Vec::new(), Vec::new());
+        for w in 0..600u64 {
+            if w % 97 == 0 {
+                versioned.toy.borrow_mut().kinds.clear();
+                versioned.generation.set(versioned.generation.get() + 1);
+            }
+            let mut kinds = versioned.toy.borrow().kinds.clone();
+            // addresses recur: 512 places for code
+            let mut fresh = 0x10_0000 + 4 * next(512);
+            let mut alloc = |step: u64| {
+                fresh = 0x10_0000 + (fresh - 0x10_0000 + 4 * (1 + step)) % 0x800;
+                fresh
+            };
+            let mut stack: Vec<u64> = Vec::new();
+            for _ in 0..next(4) {
+                let site = alloc(next(8));
+                if *kinds.entry(site).or_insert(InsnKind::Call) == InsnKind::Call {
+                    stack.push(site + 4);
+                }
+            }
+            let mut pc = alloc(next(8));
+            let mut path = Vec::new();
+            for _ in 0..next(60) + 4 {
+                let mut from = pc + 4 * next(3);
+                if let Some(a) = (pc..=from).step_by(4).find(|a| kinds.get(a).is_some_and(|k: &InsnKind| !k.is_straight())) {
+                    from = a;
+                }
+                let kind = *kinds.entry(from).or_insert(match next(20) {
+                    0 => InsnKind::Exception,
+                    1..7 => InsnKind::Call,
+                    7..13 => InsnKind::Return,
+                    _ => InsnKind::Jump,
+                });
+                let to = match kind {
+                    InsnKind::Call => {
+                        stack.push(from + 4);
+                        alloc(next(8))
+                    }
+                    InsnKind::Return => match stack.pop() {
+                        Some(r) if next(20) > 0 => r,
+                        _ => alloc(next(8)),
+                    },
+                    _ => alloc(next(8)),
+                };
+                path.push(bp(from, to));
+                pc = to;
+            }
+            let mut pause = vec![pc];
+            pause.extend(stack.iter().rev());
+            let plain_oracle = Toy { lo: 0x1000, hi: u64::MAX, kinds: kinds.clone() };
+            if kinds.len() != versioned.toy.borrow().kinds.len() {
+                // new kinds where the toy said `Other`: other code
+                versioned.generation.set(versioned.generation.get() + 1);
+            }
+            versioned.toy.borrow_mut().kinds = kinds;
+            let t = 100 * w;
+            for (j, oracle, got) in
+                [(&mut cached, &versioned as &dyn CodeOracle, &mut got_cached), (&mut plain, &plain_oracle, &mut got_plain)]
+            {
+                let mut out = |s: &Joined<'_>| got.push((w, s.synth, s.stack.to_vec(), s.branches.to_vec()));
+                j.trace_info(0);
+                j.begin_segment(0, t + 10, true, oracle, &mut out);
+                j.branches(0, &path);
+                j.end_segment(0);
+                j.sample(0, 1, 1, t + 20, &pause, oracle, &mut out);
+                j.flush(oracle, &mut out);
+            }
+        }
+        assert_eq!(got_cached, got_plain);
+        assert_eq!(cached.stats(), plain.stats());
+        let st = cached.stats();
+        assert!(
+            st.synthesized > 2000 && st.synth_stops.total() > 100,
+            "{} {:?} {:?} {:?}",
+            st.synthesized,
+            st.synth_stops,
+            st.rejected,
+            st.joined
+        );
     }
 
     /// The ring's bound: depth * (1 + synth_samples), at most 65,536 branches unless the depth
