@@ -56,6 +56,7 @@
 //! the branches kept.
 
 use std::collections::{HashMap, VecDeque};
+use std::marker::PhantomData;
 
 use crate::session::BranchPair;
 
@@ -229,27 +230,52 @@ impl RejectReason {
     }
 }
 
-/// Rejected-sample counters, one per [`RejectReason`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RejectCounts([u64; RejectReason::ALL.len()]);
+/// A reason with a counter in [`ReasonCounts`].
+pub trait Reason: Copy + 'static {
+    /// Every reason, in display order; a reason's counter is at [`index`](Self::index).
+    fn all() -> &'static [Self];
+    fn index(self) -> usize;
+}
 
-impl RejectCounts {
+/// One counter per [`Reason`] `R` (`N` of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasonCounts<R, const N: usize>([u64; N], PhantomData<R>);
+
+impl<R, const N: usize> Default for ReasonCounts<R, N> {
+    fn default() -> Self {
+        ReasonCounts([0; N], PhantomData)
+    }
+}
+
+impl<R: Reason, const N: usize> ReasonCounts<R, N> {
     /// Count of one reason.
-    pub fn get(&self, r: RejectReason) -> u64 {
-        self.0[r as usize]
+    pub fn get(&self, r: R) -> u64 {
+        self.0[r.index()]
     }
     /// Sum over all reasons.
     pub fn total(&self) -> u64 {
         self.0.iter().sum()
     }
-    fn bump(&mut self, r: RejectReason) {
-        self.0[r as usize] += 1;
+    fn bump(&mut self, r: R) {
+        self.0[r.index()] += 1;
     }
     /// `(reason, count)` for the non-zero reasons.
-    pub fn iter(&self) -> impl Iterator<Item = (RejectReason, u64)> + '_ {
-        RejectReason::ALL.iter().map(|&r| (r, self.get(r))).filter(|&(_, n)| n > 0)
+    pub fn iter(&self) -> impl Iterator<Item = (R, u64)> + '_ {
+        R::all().iter().map(|&r| (r, self.get(r))).filter(|&(_, n)| n > 0)
     }
 }
+
+impl Reason for RejectReason {
+    fn all() -> &'static [Self] {
+        &RejectReason::ALL
+    }
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Rejected-sample counters, one per [`RejectReason`].
+pub type RejectCounts = ReasonCounts<RejectReason, { RejectReason::ALL.len() }>;
 
 /// Why the synthesis of a window's earlier samples stopped before the window's start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -300,27 +326,17 @@ impl SynthStop {
     }
 }
 
-/// Synthesis stops, one counter per [`SynthStop`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SynthStopCounts([u64; SynthStop::ALL.len()]);
-
-impl SynthStopCounts {
-    /// Count of one reason.
-    pub fn get(&self, r: SynthStop) -> u64 {
-        self.0[r as usize]
+impl Reason for SynthStop {
+    fn all() -> &'static [Self] {
+        &SynthStop::ALL
     }
-    /// Sum over all reasons.
-    pub fn total(&self) -> u64 {
-        self.0.iter().sum()
-    }
-    fn bump(&mut self, r: SynthStop) {
-        self.0[r as usize] += 1;
-    }
-    /// `(reason, count)` for the non-zero reasons.
-    pub fn iter(&self) -> impl Iterator<Item = (SynthStop, u64)> + '_ {
-        SynthStop::ALL.iter().map(|&r| (r, self.get(r))).filter(|&(_, n)| n > 0)
+    fn index(self) -> usize {
+        self as usize
     }
 }
+
+/// Synthesis stops, one counter per [`SynthStop`].
+pub type SynthStopCounts = ReasonCounts<SynthStop, { SynthStop::ALL.len() }>;
 
 /// Synthesized samples per window the binary asks for unless told not to
 /// ([`JoinConfig::synth_samples`]).
@@ -1994,6 +2010,22 @@ mod tests {
             st.rejected,
             st.joined
         );
+    }
+
+    /// A reason's counter is its place in the display order (the counts' `iter`, the summary).
+    #[test]
+    fn reason_counters_follow_the_display_order() {
+        let mut r = RejectCounts::default();
+        for (i, &k) in RejectReason::ALL.iter().enumerate() {
+            (0..=i).for_each(|_| r.bump(k));
+        }
+        assert!(r.iter().enumerate().all(|(i, (k, n))| k == RejectReason::ALL[i] && n == i as u64 + 1));
+        let mut s = SynthStopCounts::default();
+        for (i, &k) in SynthStop::ALL.iter().enumerate() {
+            (0..=i).for_each(|_| s.bump(k));
+        }
+        assert!(s.iter().enumerate().all(|(i, (k, n))| k == SynthStop::ALL[i] && n == i as u64 + 1));
+        assert_eq!(s.total(), (1..=SynthStop::ALL.len() as u64).sum::<u64>());
     }
 
     /// The ring's bound: depth * (1 + synth_samples), at most 65,536 branches unless the depth
