@@ -541,7 +541,8 @@ pub struct Joiner {
     /// Synthesized samples: the return addresses (outermost first) and the stack.
     synth_callers: Vec<u64>,
     synth_stack: Vec<u64>,
-    synth_undo: UndoCache,
+    /// The code's answers for the validation and the synthesized samples.
+    code_cache: CodeCache,
 }
 
 impl Joiner {
@@ -557,7 +558,7 @@ impl Joiner {
             shadow: Vec::new(),
             synth_callers: Vec::new(),
             synth_stack: Vec::new(),
-            synth_undo: UndoCache::default(),
+            code_cache: CodeCache::default(),
         }
     }
 
@@ -931,7 +932,7 @@ impl Joiner {
         }
         let verdict = verdict.and_then(|()| {
             if self.cfg.validate {
-                validate(&s.stack, &self.scratch, &[], false, s.pid, oracle, &self.cfg, &mut self.shadow)
+                validate(&s.stack, &self.scratch, &[], false, s.pid, oracle, &self.cfg, &mut self.shadow, &mut self.code_cache)
             } else {
                 Ok(Check::default())
             }
@@ -956,7 +957,7 @@ impl Joiner {
                         callers: &mut self.synth_callers,
                         stack: &mut self.synth_stack,
                         branches: &mut self.scratch,
-                        undo: &mut self.synth_undo,
+                        cache: &mut self.code_cache,
                     };
                     synthesize(&w, buf, &self.cfg, oracle, &mut self.shadow, &mut self.stats, out);
                 }
@@ -987,7 +988,7 @@ impl Joiner {
         } else if branches.is_empty() || !self.cfg.validate {
             Ok(Check::default())
         } else {
-            validate(stack, branches, types, false, pid, oracle, &self.cfg, &mut self.shadow)
+            validate(stack, branches, types, false, pid, oracle, &self.cfg, &mut self.shadow, &mut self.code_cache)
         };
         match r {
             Ok(c) => {
@@ -1093,81 +1094,102 @@ struct SynthBuf<'a> {
     callers: &'a mut Vec<u64>,
     stack: &'a mut Vec<u64>,
     branches: &'a mut Vec<BranchPair>,
-    undo: &'a mut UndoCache,
+    cache: &'a mut CodeCache,
 }
 
-/// What undoing a branch does to the known return addresses (the code's part of it: a call's
-/// return address is still to be matched against the top of the stack).
+/// What the code says of a branch: its source's kind, where a call there returns to, and
+/// for a return whether a call precedes its target (what the synthesized samples' walk and
+/// [`validate`] ask of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Undo {
-    /// Nothing (a jump or a conditional branch).
-    Keep,
-    /// A call returning to this address: it must be the innermost return address, removed.
-    Call(u64),
-    /// A return: its target becomes the innermost return address.
-    Return,
-    Stop(SynthStop),
+struct Facts {
+    kind: Option<InsnKind>,
+    /// Kind `Call`: its return address ([`CodeOracle::insn_len`] on).
+    ret: Option<u64>,
+    /// Kind `Return`: [`CodeOracle::after_call`] of its target.
+    after_call: Option<bool>,
 }
 
-impl Undo {
-    /// The rule: from the kind of the branch's source and, for a return, whether a call
-    /// precedes its target.
-    fn of(pid: u32, b: BranchPair, oracle: &dyn CodeOracle) -> Undo {
-        match oracle.insn_kind(pid, b.from) {
-            None => Undo::Stop(SynthStop::UnknownCode),
-            Some(InsnKind::Call) => match oracle.insn_len(pid, b.from) {
-                Some(n) => Undo::Call(n + b.from),
-                None => Undo::Stop(SynthStop::UnknownCode),
-            },
-            Some(InsnKind::Return) => match oracle.after_call(pid, b.to) {
-                Some(true) => Undo::Return,
-                Some(false) => Undo::Stop(SynthStop::ReturnNotAfterCall),
-                None => Undo::Stop(SynthStop::UnknownCode),
-            },
-            Some(InsnKind::Exception | InsnKind::Flow) => Undo::Stop(SynthStop::ExceptionFlow),
-            Some(InsnKind::Other | InsnKind::CondBranch | InsnKind::Jump) => Undo::Keep,
-        }
+impl Facts {
+    fn of(pid: u32, b: BranchPair, oracle: &dyn CodeOracle) -> Facts {
+        let kind = oracle.insn_kind(pid, b.from);
+        let ret = if kind == Some(InsnKind::Call) { oracle.insn_len(pid, b.from).map(|n| n + b.from) } else { None };
+        let after_call = if kind == Some(InsnKind::Return) { oracle.after_call(pid, b.to) } else { None };
+        Facts { kind, ret, after_call }
     }
 }
 
-/// [`Undo::of`] of recent branches, direct-mapped by (process, branch), for one oracle and
-/// its [`generation`](CodeOracle::generation) (a window's branches are mostly the same few
-/// hundred, window after window).
+/// Answers of one oracle for its [`generation`](CodeOracle::generation), direct-mapped:
+/// [`Facts`] by (process, branch) and [`CodeOracle::straight_code`] by (process, span) (a
+/// window's branches and the code between them are mostly the same few hundred, window after
+/// window). Without a generation nothing is kept.
 #[derive(Debug, Default)]
-struct UndoCache {
-    slots: Vec<(u32, BranchPair, Undo)>,
-    /// The oracle (its address) and generation the slots hold answers of.
+struct CodeCache {
+    /// The oracle (its address) and generation the slots hold answers of, if they may be used.
     of: Option<(usize, u64)>,
+    on: bool,
+    facts: Vec<(u32, BranchPair, Facts)>,
+    /// Spans `[from, to)` as pairs.
+    straight: Vec<(u32, BranchPair, Straight)>,
 }
 
-const UNDO_CACHE: usize = 4096;
+/// Slots of each table of a [`CodeCache`] (a power of two).
+const CODE_CACHE: usize = 4096;
 
-impl UndoCache {
-    /// Empties the cache unless it holds `oracle`'s answers; whether it may be used.
-    fn prepare(&mut self, oracle: &dyn CodeOracle) -> bool {
-        let Some(g) = oracle.generation() else { return false };
+impl CodeCache {
+    /// Empties the cache unless it holds `oracle`'s answers (or turns it off: no generation).
+    fn prepare(&mut self, oracle: &dyn CodeOracle) {
+        let Some(g) = oracle.generation() else {
+            self.on = false;
+            return;
+        };
         let key = (oracle as *const dyn CodeOracle as *const () as usize, g);
         if self.of != Some(key) {
-            self.slots.clear();
-            self.slots.resize(UNDO_CACHE, (0, BranchPair { from: u64::MAX, to: u64::MAX }, Undo::Keep));
+            // (no branch is from u64::MAX: instructions are aligned)
+            let none = BranchPair { from: u64::MAX, to: u64::MAX };
+            self.facts.clear();
+            self.facts.resize(CODE_CACHE, (0, none, Facts { kind: None, ret: None, after_call: None }));
+            self.straight.clear();
+            self.straight.resize(CODE_CACHE, (0, none, Straight::Unknown));
             self.of = Some(key);
         }
-        true
+        self.on = true;
     }
 
     #[inline]
-    fn get(&mut self, cached: bool, pid: u32, b: BranchPair, oracle: &dyn CodeOracle) -> Undo {
-        if !cached {
-            return Undo::of(pid, b, oracle);
-        }
+    fn slot(pid: u32, b: BranchPair) -> usize {
         let h = (b.from ^ b.to.rotate_left(23) ^ u64::from(pid)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let slot = &mut self.slots[(h >> (64 - UNDO_CACHE.trailing_zeros())) as usize];
+        (h >> (64 - CODE_CACHE.trailing_zeros())) as usize
+    }
+
+    /// [`Facts::of`] the branch (after [`prepare`](Self::prepare) with `oracle`).
+    #[inline]
+    fn facts(&mut self, pid: u32, b: BranchPair, oracle: &dyn CodeOracle) -> Facts {
+        if !self.on {
+            return Facts::of(pid, b, oracle);
+        }
+        let slot = &mut self.facts[Self::slot(pid, b)];
         if slot.0 == pid && slot.1 == b {
             return slot.2;
         }
-        let u = Undo::of(pid, b, oracle);
-        *slot = (pid, b, u);
-        u
+        let f = Facts::of(pid, b, oracle);
+        *slot = (pid, b, f);
+        f
+    }
+
+    /// [`CodeOracle::straight_code`] (after [`prepare`](Self::prepare) with `oracle`).
+    #[inline]
+    fn straight(&mut self, pid: u32, from: u64, to: u64, oracle: &dyn CodeOracle) -> Straight {
+        if !self.on {
+            return oracle.straight_code(pid, from, to);
+        }
+        let span = BranchPair { from, to };
+        let slot = &mut self.straight[Self::slot(pid, span)];
+        if slot.0 == pid && slot.1 == span {
+            return slot.2;
+        }
+        let r = oracle.straight_code(pid, from, to);
+        *slot = (pid, span, r);
+        r
     }
 }
 
@@ -1195,22 +1217,32 @@ fn synthesize(
     let callers = buf.callers;
     callers.clear();
     callers.extend(w.s.stack[1..].iter().rev());
-    let cache = buf.undo;
-    let cached = cache.prepare(oracle);
-    let mut undo = |i: usize, callers: &mut Vec<u64>| -> Result<(), SynthStop> {
+    let cache = buf.cache;
+    cache.prepare(oracle);
+    let undo = |i: usize, callers: &mut Vec<u64>, cache: &mut CodeCache| -> Result<(), SynthStop> {
         let b = ring[i];
-        match cache.get(cached, pid, b, oracle) {
-            Undo::Keep => Ok(()),
-            Undo::Call(ret) if callers.last() == Some(&ret) => {
-                callers.pop();
-                Ok(())
+        let f = cache.facts(pid, b, oracle);
+        match f.kind {
+            None => Err(SynthStop::UnknownCode),
+            Some(InsnKind::Call) => {
+                let ret = f.ret.ok_or(SynthStop::UnknownCode)?;
+                if callers.last() == Some(&ret) {
+                    callers.pop();
+                    Ok(())
+                } else {
+                    Err(SynthStop::CallMismatch)
+                }
             }
-            Undo::Call(_) => Err(SynthStop::CallMismatch),
-            Undo::Return => {
-                callers.push(b.to);
-                Ok(())
-            }
-            Undo::Stop(r) => Err(r),
+            Some(InsnKind::Return) => match f.after_call {
+                Some(true) => {
+                    callers.push(b.to);
+                    Ok(())
+                }
+                Some(false) => Err(SynthStop::ReturnNotAfterCall),
+                None => Err(SynthStop::UnknownCode),
+            },
+            Some(InsnKind::Exception | InsnKind::Flow) => Err(SynthStop::ExceptionFlow),
+            Some(InsnKind::Other | InsnKind::CondBranch | InsnKind::Jump) => Ok(()),
         }
     };
     // The stack is rebuilt from a complete pause stack: its leaf frame cannot be missing.
@@ -1222,7 +1254,7 @@ fn synthesize(
         let Some(p) = m.checked_sub(k * d).filter(|&p| p >= 1) else { break };
         while undone > p {
             undone -= 1;
-            if let Err(r) = undo(undone, callers) {
+            if let Err(r) = undo(undone, callers, cache) {
                 stats.synth_stops.bump(r);
                 return;
             }
@@ -1239,7 +1271,7 @@ fn synthesize(
         let mut stop = None;
         while undone > p.saturating_sub(d) {
             undone -= 1;
-            if let Err(r) = undo(undone, callers) {
+            if let Err(r) = undo(undone, callers, cache) {
                 stop = Some(r);
                 break;
             }
@@ -1247,7 +1279,7 @@ fn synthesize(
         let check = if cfg.validate && stop.is_some() {
             // its leaf and branches lie in the segment the decoder walked: the straight code
             // between them is proven
-            match validate(buf.stack, buf.branches, &[], true, pid, oracle, &vcfg, shadow) {
+            match validate(buf.stack, buf.branches, &[], true, pid, oracle, &vcfg, shadow, cache) {
                 Ok(c) => c,
                 Err(r) => {
                     stats.synth_rejected.bump(r);
@@ -1276,11 +1308,11 @@ fn synthesize(
 
 /// Walk `[from, to)` and require straight-line code (no instruction that always changes the
 /// flow). `Ok(false)` if some code was unknown.
-fn straight_line(pid: u32, from: u64, to: u64, oracle: &dyn CodeOracle, max: u64) -> Result<bool, ()> {
+fn straight_line(pid: u32, from: u64, to: u64, oracle: &dyn CodeOracle, max: u64, cache: &mut CodeCache) -> Result<bool, ()> {
     if to < from || to - from > max {
         return Err(());
     }
-    match oracle.straight_code(pid, from, to) {
+    match cache.straight(pid, from, to, oracle) {
         Straight::Yes => Ok(true),
         Straight::Unknown => Ok(false),
         Straight::Flow => Err(()),
@@ -1301,7 +1333,9 @@ fn validate(
     oracle: &dyn CodeOracle,
     cfg: &JoinConfig,
     shadow: &mut Vec<u64>,
+    cache: &mut CodeCache,
 ) -> Result<Check, RejectReason> {
+    cache.prepare(oracle);
     let mut check = Check::default();
     if !walked {
         let leaf = stack[0];
@@ -1309,7 +1343,7 @@ fn validate(
         if leaf < target || leaf - target > cfg.max_straight_line {
             return Err(RejectReason::LeafBeforeTarget);
         }
-        match straight_line(pid, target, leaf, oracle, cfg.max_straight_line) {
+        match straight_line(pid, target, leaf, oracle, cfg.max_straight_line, cache) {
             Ok(true) => {}
             Ok(false) => check.unverified = true,
             Err(()) => return Err(RejectReason::LeafNotReachable),
@@ -1317,7 +1351,7 @@ fn validate(
         // The chain: between consecutive branches (older.to .. newer.from) only straight code.
         for w in branches.windows(2) {
             let (newer, older) = (w[0], w[1]);
-            match straight_line(pid, older.to, newer.from, oracle, cfg.max_straight_line) {
+            match straight_line(pid, older.to, newer.from, oracle, cfg.max_straight_line, cache) {
                 Ok(true) => {}
                 Ok(false) => check.unverified = true,
                 Err(()) => return Err(RejectReason::BrokenChain),
@@ -1327,7 +1361,8 @@ fn validate(
     // Calls and returns, oldest first.
     shadow.clear();
     for (i, b) in branches.iter().enumerate().rev() {
-        let code = oracle.insn_kind(pid, b.from);
+        let facts = cache.facts(pid, *b, oracle);
+        let code = facts.kind;
         let ty = types.get(i).copied().flatten();
         let kind = match (code, ty) {
             (Some(c), Some(t)) => {
@@ -1348,19 +1383,22 @@ fn validate(
                 check.unverified = true;
                 return Ok(check);
             }
-            Some(InsnKind::Call) => match oracle.insn_len(pid, b.from) {
-                Some(n) => shadow.push(b.from + n),
-                None => {
-                    check.unverified = true;
-                    return Ok(check);
+            // (the type stands in for unknown code)
+            Some(InsnKind::Call) => {
+                match if code.is_some() { facts.ret } else { oracle.insn_len(pid, b.from).map(|n| b.from + n) } {
+                    Some(ret) => shadow.push(ret),
+                    None => {
+                        check.unverified = true;
+                        return Ok(check);
+                    }
                 }
-            },
+            }
             Some(InsnKind::Return) => match shadow.pop() {
                 Some(ret) if ret != b.to => return Err(RejectReason::ReturnMismatch),
                 Some(_) => {}
                 None => {
                     // Returned into a frame older than the window: it must follow a call.
-                    match oracle.after_call(pid, b.to) {
+                    match if code.is_some() { facts.after_call } else { oracle.after_call(pid, b.to) } {
                         Some(true) => {}
                         None => check.unverified = true,
                         Some(false) => return Err(RejectReason::ReturnNotAfterCall),
@@ -1889,7 +1927,7 @@ mod tests {
             j.flush(&oracle, &mut out);
             let vcfg = JoinConfig { allow_missing_leaf_frame: false, ..cfg };
             for (k, stack, branches) in got.iter().filter(|g| g.0 > 0) {
-                let r = validate(stack, branches, &[], true, 1, &oracle, &vcfg, &mut Vec::new());
+                let r = validate(stack, branches, &[], true, 1, &oracle, &vcfg, &mut Vec::new(), &mut CodeCache::default());
                 assert!(r.is_ok_and(|c| !c.unverified && !c.leaf_frame_missing), "sample {k}: {r:?} {stack:x?} {branches:x?}");
             }
             let st = j.stats();
@@ -1900,7 +1938,7 @@ mod tests {
         assert!(proven > 500 && stopped > 20 && rejected > 20, "{proven} {stopped} {rejected}");
     }
 
-    /// The synthesized samples' cache of undo steps ([`UndoCache`]) answers as the oracle
+    /// The cache of the code's answers ([`CodeCache`]) answers as the oracle
     /// does: one joiner over many windows whose branches recur in a small code region (with
     /// an oracle that reports a generation) makes the same samples and counts as a joiner whose
     /// oracle forbids caching; every 97 windows the code changes (new kinds at the same
