@@ -1162,17 +1162,24 @@ impl CodeCache {
     }
 
     /// [`Facts::of`] the branch (after [`prepare`](Self::prepare) with `oracle`).
-    #[inline]
+    #[inline(always)]
     fn facts(&mut self, pid: u32, b: BranchPair, oracle: &dyn CodeOracle) -> Facts {
-        if !self.on {
-            return Facts::of(pid, b, oracle);
+        if self.on {
+            let slot = &self.facts[Self::slot(pid, b)];
+            if slot.0 == pid && slot.1 == b {
+                return slot.2;
+            }
         }
-        let slot = &mut self.facts[Self::slot(pid, b)];
-        if slot.0 == pid && slot.1 == b {
-            return slot.2;
-        }
+        self.facts_miss(pid, b, oracle)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn facts_miss(&mut self, pid: u32, b: BranchPair, oracle: &dyn CodeOracle) -> Facts {
         let f = Facts::of(pid, b, oracle);
-        *slot = (pid, b, f);
+        if self.on {
+            self.facts[Self::slot(pid, b)] = (pid, b, f);
+        }
         f
     }
 
