@@ -312,7 +312,7 @@ impl ExactCounts {
             coverage_overflow: 0,
             contexts: Vec::new(),
             context_index: IntMap::default(),
-            // (no parent is the overflow context: the empty entries never match)
+            // empty: the overflow context's child of function 0 (the overflow context)
             context_cache: vec![(OVERFLOW_CONTEXT, 0, OVERFLOW_CONTEXT); CONTEXT_CACHE],
             context_overflow_instructions: 0,
             context_sums: IntMap::default(),
@@ -329,14 +329,26 @@ impl ExactCounts {
     }
 
     /// The context of a frame of `f` called from context `parent` ([`ROOT_CONTEXT`]: none).
+    #[inline]
     pub fn context(&mut self, parent: ContextIndex, f: FunctionIndex) -> ContextIndex {
-        if parent == OVERFLOW_CONTEXT {
-            return OVERFLOW_CONTEXT;
-        }
-        let i = slot(u64::from(parent), u64::from(f), CONTEXT_CACHE.trailing_zeros());
-        let e = self.context_cache[i];
+        let e = self.context_cache[Self::context_slot(parent, f)];
+        // (an empty entry's parent is the overflow context, and so is its answer: right)
         if e.0 == parent && e.1 == f {
             return e.2;
+        }
+        self.context_miss(parent, f)
+    }
+
+    #[inline]
+    fn context_slot(parent: ContextIndex, f: FunctionIndex) -> usize {
+        slot(u64::from(parent), u64::from(f), CONTEXT_CACHE.trailing_zeros())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn context_miss(&mut self, parent: ContextIndex, f: FunctionIndex) -> ContextIndex {
+        if parent == OVERFLOW_CONTEXT {
+            return OVERFLOW_CONTEXT;
         }
         let c = match self.context_index.get(&(parent, f)) {
             Some(&c) => c,
@@ -348,7 +360,7 @@ impl ExactCounts {
                 c
             }
         };
-        self.context_cache[i] = (parent, f, c);
+        self.context_cache[Self::context_slot(parent, f)] = (parent, f, c);
         c
     }
 

@@ -117,6 +117,7 @@ impl SegmentWalk {
         self.stack.last().map(|fr| fr.f)
     }
 
+    #[inline]
     fn push(&mut self, f: u32, seen: u64, by_call: bool, ctx: &mut ExactCounts) {
         if self.stack.len() >= MAX_DEPTH {
             self.break_chain(ctx);
@@ -127,6 +128,7 @@ impl SegmentWalk {
         self.stack.push(Frame { f, seen, outermost, by_call, own: 0, node });
     }
 
+    #[inline]
     fn pop(&mut self, ctx: &mut ExactCounts) -> Option<Frame> {
         let fr = self.stack.pop()?;
         ctx.add_context(fr.node, fr.own);
@@ -146,6 +148,7 @@ impl SegmentWalk {
         Some(fr)
     }
 
+    #[inline]
     fn replace(&mut self, f: u32, ctx: &mut ExactCounts) {
         self.pop(ctx);
         self.push(f, self.t, false, ctx);
