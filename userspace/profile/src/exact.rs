@@ -428,6 +428,18 @@ impl ExactCounts {
     /// The open segment's entry of `f` (`None` beyond the bound).
     #[inline]
     fn cur(&mut self, f: FunctionIndex) -> Option<&mut Cur> {
+        // (`cur_pos` never reaches beyond the bound)
+        let p = match self.cur_pos.get(f as usize) {
+            Some(&p) if p != NONE => p as usize,
+            _ => self.cur_new(f)?,
+        };
+        Some(&mut self.cur[p])
+    }
+
+    /// [`cur`](Self::cur) of a function not in the open segment yet: its new entry.
+    #[cold]
+    #[inline(never)]
+    fn cur_new(&mut self, f: FunctionIndex) -> Option<usize> {
         let i = f as usize;
         if i >= self.max_functions {
             return None;
@@ -435,15 +447,9 @@ impl ExactCounts {
         if i >= self.cur_pos.len() {
             self.cur_pos.resize(i + 1, NONE);
         }
-        let p = match self.cur_pos[i] {
-            NONE => {
-                self.cur_pos[i] = self.cur.len() as u32;
-                self.cur.push(Cur { f, x: 0, y: 0, c: 0, calls: SegmentCalls::default() });
-                self.cur.len() - 1
-            }
-            p => p as usize,
-        };
-        Some(&mut self.cur[p])
+        self.cur_pos[i] = self.cur.len() as u32;
+        self.cur.push(Cur { f, x: 0, y: 0, c: 0, calls: SegmentCalls::default() });
+        Some(self.cur.len() - 1)
     }
 
     /// Adds `n` instructions of function `f` to the open segment.
