@@ -1467,6 +1467,54 @@ mod tests {
         Toy { lo: 0x1000, hi: 0x4000, kinds }
     }
 
+    /// A random number below its argument.
+    type Draw<'a> = dyn FnMut(u64) -> u64 + 'a;
+
+    /// A random path of `len` branches from `pc` through toy code: the next branch is the
+    /// first flow instruction at most `reach - 1` instructions on, else a new one of a random
+    /// kind; a call pushes its return address on `stack`, a return goes to the top of it (one
+    /// in `corrupt` to new code instead), other branches to new code (`alloc`, which may draw
+    /// from `next`). Returns the path and where it ends.
+    #[allow(clippy::too_many_arguments)]
+    fn toy_path(
+        next: &mut Draw<'_>,
+        alloc: &mut dyn FnMut(&mut Draw<'_>) -> u64,
+        kinds: &mut HashMap<u64, InsnKind>,
+        stack: &mut Vec<u64>,
+        mut pc: u64,
+        len: u64,
+        reach: u64,
+        corrupt: u64,
+    ) -> (Vec<BranchPair>, u64) {
+        let mut path = Vec::new();
+        for _ in 0..len {
+            let mut from = pc + 4 * next(reach);
+            if let Some(a) = (pc..=from).step_by(4).find(|a| kinds.get(a).is_some_and(|k: &InsnKind| !k.is_straight())) {
+                from = a;
+            }
+            let kind = *kinds.entry(from).or_insert(match next(20) {
+                0 => InsnKind::Exception,
+                1..7 => InsnKind::Call,
+                7..13 => InsnKind::Return,
+                _ => InsnKind::Jump,
+            });
+            let to = match kind {
+                InsnKind::Call => {
+                    stack.push(from + 4);
+                    alloc(next)
+                }
+                InsnKind::Return => match stack.pop() {
+                    Some(r) if next(corrupt) > 0 => r,
+                    _ => alloc(next),
+                },
+                _ => alloc(next),
+            };
+            path.push(bp(from, to));
+            pc = to;
+        }
+        (path, pc)
+    }
+
     fn bp(from: u64, to: u64) -> BranchPair {
         BranchPair { from, to }
     }
@@ -1886,35 +1934,9 @@ mod tests {
                 kinds.insert(site, InsnKind::Call);
                 stack.push(site + 4);
             }
-            let mut pc = alloc(8);
-            let mut path = Vec::new();
-            for _ in 0..next(60) + 4 {
-                // The next branch: the first flow instruction at most 3 instructions on, else a
-                // new one of a random kind.
-                let mut from = pc + 4 * next(4);
-                if let Some(a) = (pc..=from).step_by(4).find(|a| kinds.get(a).is_some_and(|k: &InsnKind| !k.is_straight())) {
-                    from = a;
-                }
-                let kind = *kinds.entry(from).or_insert(match next(20) {
-                    0 => InsnKind::Exception,
-                    1..7 => InsnKind::Call,
-                    7..13 => InsnKind::Return,
-                    _ => InsnKind::Jump,
-                });
-                let to = match kind {
-                    InsnKind::Call => {
-                        stack.push(from + 4);
-                        alloc(8)
-                    }
-                    InsnKind::Return => match stack.pop() {
-                        Some(r) if next(40) > 0 => r,
-                        _ => alloc(8),
-                    },
-                    _ => alloc(8),
-                };
-                path.push(bp(from, to));
-                pc = to;
-            }
+            let pc = alloc(8);
+            let len = next(60) + 4;
+            let (path, pc) = toy_path(&mut next, &mut |_: &mut Draw<'_>| alloc(8), &mut kinds, &mut stack, pc, len, 4, 40);
             let mut pause = vec![pc];
             pause.extend(stack.iter().rev());
             if pause.len() > 1 && next(10) == 0 {
@@ -1996,33 +2018,10 @@ mod tests {
                     stack.push(site + 4);
                 }
             }
-            let mut pc = alloc(next(8));
-            let mut path = Vec::new();
-            for _ in 0..next(60) + 4 {
-                let mut from = pc + 4 * next(3);
-                if let Some(a) = (pc..=from).step_by(4).find(|a| kinds.get(a).is_some_and(|k: &InsnKind| !k.is_straight())) {
-                    from = a;
-                }
-                let kind = *kinds.entry(from).or_insert(match next(20) {
-                    0 => InsnKind::Exception,
-                    1..7 => InsnKind::Call,
-                    7..13 => InsnKind::Return,
-                    _ => InsnKind::Jump,
-                });
-                let to = match kind {
-                    InsnKind::Call => {
-                        stack.push(from + 4);
-                        alloc(next(8))
-                    }
-                    InsnKind::Return => match stack.pop() {
-                        Some(r) if next(20) > 0 => r,
-                        _ => alloc(next(8)),
-                    },
-                    _ => alloc(next(8)),
-                };
-                path.push(bp(from, to));
-                pc = to;
-            }
+            let pc = alloc(next(8));
+            let len = next(60) + 4;
+            let (path, pc) =
+                toy_path(&mut next, &mut |next: &mut Draw<'_>| alloc(next(8)), &mut kinds, &mut stack, pc, len, 3, 20);
             let mut pause = vec![pc];
             pause.extend(stack.iter().rev());
             let plain_oracle = Toy { lo: 0x1000, hi: u64::MAX, kinds: kinds.clone() };
