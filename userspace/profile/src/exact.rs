@@ -245,12 +245,17 @@ pub struct ExactCounts {
     pub overflow_instructions: u64,
     blocks: IntSet<u64>,
     branches: IntSet<(u64, u64)>,
+    /// A direct-mapped cache of pairs in `branches`.
+    branch_cache: Vec<(u64, u64)>,
     max_coverage: usize,
     /// Blocks and branches not recorded: the coverage sets were full.
     pub coverage_overflow: u64,
     /// Context nodes: (parent, function, instructions, calls).
     contexts: Vec<(ContextIndex, FunctionIndex, u64, u64)>,
     context_index: IntMap<(ContextIndex, FunctionIndex), ContextIndex>,
+    /// A direct-mapped cache of `context_index` (parent, function, context; nodes are never
+    /// removed, so an entry stays true).
+    context_cache: Vec<(ContextIndex, FunctionIndex, ContextIndex)>,
     /// Instructions in contexts beyond the node bound.
     pub context_overflow_instructions: u64,
     /// Complete calls per context: over the closed segments, and the open segment's.
@@ -269,6 +274,16 @@ const MAX_CONTEXTS: usize = 1 << 18;
 pub const MAX_CALL_CONTEXTS: usize = 1 << 16;
 
 const NONE: u32 = u32::MAX;
+
+/// Entries of the context and branch caches (powers of two).
+const CONTEXT_CACHE: usize = 1024;
+const BRANCH_CACHE: usize = 4096;
+
+/// The cache slot of an integer pair (`bits` bits).
+#[inline]
+fn slot(a: u64, b: u64, bits: u32) -> usize {
+    ((a ^ b.rotate_left(17)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize
+}
 
 impl ExactCounts {
     /// Counts for at most `max_functions` functions.
@@ -291,10 +306,14 @@ impl ExactCounts {
             overflow_instructions: 0,
             blocks: IntSet::default(),
             branches: IntSet::default(),
+            // (instructions are aligned: no branch is from u64::MAX)
+            branch_cache: vec![(u64::MAX, u64::MAX); BRANCH_CACHE],
             max_coverage,
             coverage_overflow: 0,
             contexts: Vec::new(),
             context_index: IntMap::default(),
+            // empty: the overflow context's child of function 0 (the overflow context)
+            context_cache: vec![(OVERFLOW_CONTEXT, 0, OVERFLOW_CONTEXT); CONTEXT_CACHE],
             context_overflow_instructions: 0,
             context_sums: IntMap::default(),
             context_cur: IntMap::default(),
@@ -310,19 +329,38 @@ impl ExactCounts {
     }
 
     /// The context of a frame of `f` called from context `parent` ([`ROOT_CONTEXT`]: none).
+    #[inline]
     pub fn context(&mut self, parent: ContextIndex, f: FunctionIndex) -> ContextIndex {
+        let e = self.context_cache[Self::context_slot(parent, f)];
+        // (an empty entry's parent is the overflow context, and so is its answer: right)
+        if e.0 == parent && e.1 == f {
+            return e.2;
+        }
+        self.context_miss(parent, f)
+    }
+
+    #[inline]
+    fn context_slot(parent: ContextIndex, f: FunctionIndex) -> usize {
+        slot(u64::from(parent), u64::from(f), CONTEXT_CACHE.trailing_zeros())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn context_miss(&mut self, parent: ContextIndex, f: FunctionIndex) -> ContextIndex {
         if parent == OVERFLOW_CONTEXT {
             return OVERFLOW_CONTEXT;
         }
-        if let Some(&c) = self.context_index.get(&(parent, f)) {
-            return c;
-        }
-        if self.contexts.len() >= MAX_CONTEXTS {
-            return OVERFLOW_CONTEXT;
-        }
-        let c = self.contexts.len() as ContextIndex;
-        self.contexts.push((parent, f, 0, 0));
-        self.context_index.insert((parent, f), c);
+        let c = match self.context_index.get(&(parent, f)) {
+            Some(&c) => c,
+            None if self.contexts.len() >= MAX_CONTEXTS => return OVERFLOW_CONTEXT,
+            None => {
+                let c = self.contexts.len() as ContextIndex;
+                self.contexts.push((parent, f, 0, 0));
+                self.context_index.insert((parent, f), c);
+                c
+            }
+        };
+        self.context_cache[Self::context_slot(parent, f)] = (parent, f, c);
         c
     }
 
@@ -390,6 +428,18 @@ impl ExactCounts {
     /// The open segment's entry of `f` (`None` beyond the bound).
     #[inline]
     fn cur(&mut self, f: FunctionIndex) -> Option<&mut Cur> {
+        // (`cur_pos` never reaches beyond the bound)
+        let p = match self.cur_pos.get(f as usize) {
+            Some(&p) if p != NONE => p as usize,
+            _ => self.cur_new(f)?,
+        };
+        Some(&mut self.cur[p])
+    }
+
+    /// [`cur`](Self::cur) of a function not in the open segment yet: its new entry.
+    #[cold]
+    #[inline(never)]
+    fn cur_new(&mut self, f: FunctionIndex) -> Option<usize> {
         let i = f as usize;
         if i >= self.max_functions {
             return None;
@@ -397,15 +447,9 @@ impl ExactCounts {
         if i >= self.cur_pos.len() {
             self.cur_pos.resize(i + 1, NONE);
         }
-        let p = match self.cur_pos[i] {
-            NONE => {
-                self.cur_pos[i] = self.cur.len() as u32;
-                self.cur.push(Cur { f, x: 0, y: 0, c: 0, calls: SegmentCalls::default() });
-                self.cur.len() - 1
-            }
-            p => p as usize,
-        };
-        Some(&mut self.cur[p])
+        self.cur_pos[i] = self.cur.len() as u32;
+        self.cur.push(Cur { f, x: 0, y: 0, c: 0, calls: SegmentCalls::default() });
+        Some(self.cur.len() - 1)
     }
 
     /// Adds `n` instructions of function `f` to the open segment.
@@ -483,12 +527,17 @@ impl ExactCounts {
 
     /// A taken branch from `from` (in `f`) to `to`: counted once per pair.
     pub fn branch(&mut self, f: FunctionIndex, from: u64, to: u64) {
+        let i = slot(from, to, BRANCH_CACHE.trailing_zeros());
+        if self.branch_cache[i] == (from, to) {
+            return;
+        }
         if self.branches.len() >= self.max_coverage {
             if !self.branches.contains(&(from, to)) {
                 self.coverage_overflow += 1;
             }
             return;
         }
+        self.branch_cache[i] = (from, to);
         if !self.branches.insert((from, to)) {
             return;
         }
@@ -586,6 +635,48 @@ impl ExactCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The context and branch caches in front of the maps: many more pairs than cache slots,
+    /// revisited in a scrambled order, get the indices and counts a plain map gives (contexts
+    /// numbered in order of first use, each distinct branch counted once, the coverage bound
+    /// counting each unrecorded pair on every visit).
+    #[test]
+    fn cached_lookups_agree_with_maps() {
+        let mut c = ExactCounts::with_coverage(64, 3000);
+        let mut ids: HashMap<(ContextIndex, FunctionIndex), ContextIndex> = HashMap::new();
+        let mut seen: HashSet<(u64, u64)> = HashSet::new();
+        let (mut x, mut overflow, mut per_f) = (1u64, 0u64, [0u32; 64]);
+        for _ in 0..40_000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            let parent = match (x >> 60) as u32 {
+                0 => ROOT_CONTEXT,
+                p => (p * 97 + (x >> 40) as u32 % 50) % ids.len().max(1) as u32,
+            };
+            let f = (x >> 20) as u32 % 64;
+            let next = ids.len() as ContextIndex;
+            let want = if parent != ROOT_CONTEXT && parent >= next { continue } else { *ids.entry((parent, f)).or_insert(next) };
+            assert_eq!(c.context(parent, f), want);
+            let (from, to) = (4 * ((x >> 8) % 4000), 4 * ((x >> 30) % 2));
+            if seen.len() < 3000 {
+                if seen.insert((from, to)) {
+                    per_f[f as usize] += 1;
+                }
+            } else if !seen.contains(&(from, to)) {
+                overflow += 1;
+            }
+            c.branch(f, from, to);
+        }
+        assert!(ids.len() > 4 * CONTEXT_CACHE && seen.len() == 3000 && overflow > 0);
+        assert_eq!(c.coverage().1, seen.len());
+        assert_eq!(c.coverage_overflow, overflow);
+        for f in 0..64u32 {
+            c.add(f, 1);
+        }
+        c.end_segment();
+        for k in c.functions() {
+            assert_eq!(k.branches, per_f[k.function as usize]);
+        }
+    }
 
     /// Exact sums; the interval by hand for three segments:
     /// f: x = (10, 0, 30), t = (100, 100, 100): R = 40/300; residuals (10-13.33, -13.33,

@@ -133,15 +133,17 @@ impl IdState {
     }
 
     /// perf's rule for a run of ranges, the previous range's taken branch ending at each: the
-    /// records to `out`, except the one [`Adapter::complete_pending`] already emitted.
+    /// records to `out`, except the one [`Adapter::complete_pending`] already emitted; each
+    /// range's (first instruction, instructions) to `rout`.
     #[inline]
-    fn ranges(&mut self, rs: &[Range], out: &mut Vec<BranchPair>) {
+    fn ranges(&mut self, rs: &[Range], out: &mut Vec<BranchPair>, rout: &mut Vec<(u64, u32)>) {
         let Some(last) = rs.last() else { return };
         // the chain in locals for the loop
         let (mut prev, mut prev_taken) = (self.prev, self.prev_taken);
         let mut done = self.completed.take();
         for r in rs {
             let r = &r.range;
+            rout.push((r.start, r.num_instr));
             let rec = match prev {
                 Some((from, _)) if prev_taken => Some((from, r.start)),
                 _ => None,
@@ -258,8 +260,7 @@ impl Adapter {
             if self.batch.len() + run.len() > BATCH || self.rbatch.len() + run.len() > BATCH {
                 flush_batches(&mut self.batch, &mut self.rbatch, id, sink);
             }
-            st.ranges(run, &mut self.batch);
-            self.rbatch.extend(run.iter().map(|r| (r.range.start, r.range.num_instr)));
+            st.ranges(run, &mut self.batch, &mut self.rbatch);
         }
     }
 

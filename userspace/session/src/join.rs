@@ -56,6 +56,7 @@
 //! the branches kept.
 
 use std::collections::{HashMap, VecDeque};
+use std::marker::PhantomData;
 
 use crate::session::BranchPair;
 
@@ -82,12 +83,10 @@ pub enum InsnKind {
 pub trait CodeOracle {
     /// Kind of the instruction at `addr` in process `pid`, or `None` if no code is known there.
     fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind>;
-    /// [`insn_kind`](Self::insn_kind) of each branch's source, into `out` (cleared first).
-    /// Oracles with mapped code override this to look a mapping up once for the branches in
-    /// it instead of once per branch.
-    fn branch_kinds(&self, pid: u32, branches: &[BranchPair], out: &mut Vec<Option<InsnKind>>) {
-        out.clear();
-        out.extend(branches.iter().map(|b| self.insn_kind(pid, b.from)));
+    /// Identifies the code the oracle sees: while it is the same, so is every answer
+    /// (results may be cached); `None` (the default): answers may change at any time.
+    fn generation(&self) -> Option<u64> {
+        None
     }
     /// Size of instructions (A64: 4).
     fn insn_size(&self) -> u64 {
@@ -231,27 +230,52 @@ impl RejectReason {
     }
 }
 
-/// Rejected-sample counters, one per [`RejectReason`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RejectCounts([u64; RejectReason::ALL.len()]);
+/// A reason with a counter in [`ReasonCounts`].
+pub trait Reason: Copy + 'static {
+    /// Every reason, in display order; a reason's counter is at [`index`](Self::index).
+    fn all() -> &'static [Self];
+    fn index(self) -> usize;
+}
 
-impl RejectCounts {
+/// One counter per [`Reason`] `R` (`N` of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasonCounts<R, const N: usize>([u64; N], PhantomData<R>);
+
+impl<R, const N: usize> Default for ReasonCounts<R, N> {
+    fn default() -> Self {
+        ReasonCounts([0; N], PhantomData)
+    }
+}
+
+impl<R: Reason, const N: usize> ReasonCounts<R, N> {
     /// Count of one reason.
-    pub fn get(&self, r: RejectReason) -> u64 {
-        self.0[r as usize]
+    pub fn get(&self, r: R) -> u64 {
+        self.0[r.index()]
     }
     /// Sum over all reasons.
     pub fn total(&self) -> u64 {
         self.0.iter().sum()
     }
-    fn bump(&mut self, r: RejectReason) {
-        self.0[r as usize] += 1;
+    fn bump(&mut self, r: R) {
+        self.0[r.index()] += 1;
     }
     /// `(reason, count)` for the non-zero reasons.
-    pub fn iter(&self) -> impl Iterator<Item = (RejectReason, u64)> + '_ {
-        RejectReason::ALL.iter().map(|&r| (r, self.get(r))).filter(|&(_, n)| n > 0)
+    pub fn iter(&self) -> impl Iterator<Item = (R, u64)> + '_ {
+        R::all().iter().map(|&r| (r, self.get(r))).filter(|&(_, n)| n > 0)
     }
 }
+
+impl Reason for RejectReason {
+    fn all() -> &'static [Self] {
+        &RejectReason::ALL
+    }
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Rejected-sample counters, one per [`RejectReason`].
+pub type RejectCounts = ReasonCounts<RejectReason, { RejectReason::ALL.len() }>;
 
 /// Why the synthesis of a window's earlier samples stopped before the window's start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -302,27 +326,17 @@ impl SynthStop {
     }
 }
 
-/// Synthesis stops, one counter per [`SynthStop`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SynthStopCounts([u64; SynthStop::ALL.len()]);
-
-impl SynthStopCounts {
-    /// Count of one reason.
-    pub fn get(&self, r: SynthStop) -> u64 {
-        self.0[r as usize]
+impl Reason for SynthStop {
+    fn all() -> &'static [Self] {
+        &SynthStop::ALL
     }
-    /// Sum over all reasons.
-    pub fn total(&self) -> u64 {
-        self.0.iter().sum()
-    }
-    fn bump(&mut self, r: SynthStop) {
-        self.0[r as usize] += 1;
-    }
-    /// `(reason, count)` for the non-zero reasons.
-    pub fn iter(&self) -> impl Iterator<Item = (SynthStop, u64)> + '_ {
-        SynthStop::ALL.iter().map(|&r| (r, self.get(r))).filter(|&(_, n)| n > 0)
+    fn index(self) -> usize {
+        self as usize
     }
 }
+
+/// Synthesis stops, one counter per [`SynthStop`].
+pub type SynthStopCounts = ReasonCounts<SynthStop, { SynthStop::ALL.len() }>;
 
 /// Synthesized samples per window the binary asks for unless told not to
 /// ([`JoinConfig::synth_samples`]).
@@ -527,7 +541,8 @@ pub struct Joiner {
     /// Synthesized samples: the return addresses (outermost first) and the stack.
     synth_callers: Vec<u64>,
     synth_stack: Vec<u64>,
-    synth_kinds: Vec<Option<InsnKind>>,
+    /// The code's answers for the validation and the synthesized samples.
+    code_cache: CodeCache,
 }
 
 impl Joiner {
@@ -543,7 +558,7 @@ impl Joiner {
             shadow: Vec::new(),
             synth_callers: Vec::new(),
             synth_stack: Vec::new(),
-            synth_kinds: Vec::new(),
+            code_cache: CodeCache::default(),
         }
     }
 
@@ -917,7 +932,7 @@ impl Joiner {
         }
         let verdict = verdict.and_then(|()| {
             if self.cfg.validate {
-                validate(&s.stack, &self.scratch, &[], false, s.pid, oracle, &self.cfg, &mut self.shadow)
+                validate(&s.stack, &self.scratch, &[], false, s.pid, oracle, &self.cfg, &mut self.shadow, &mut self.code_cache)
             } else {
                 Ok(Check::default())
             }
@@ -942,7 +957,7 @@ impl Joiner {
                         callers: &mut self.synth_callers,
                         stack: &mut self.synth_stack,
                         branches: &mut self.scratch,
-                        kinds: &mut self.synth_kinds,
+                        cache: &mut self.code_cache,
                     };
                     synthesize(&w, buf, &self.cfg, oracle, &mut self.shadow, &mut self.stats, out);
                 }
@@ -973,7 +988,7 @@ impl Joiner {
         } else if branches.is_empty() || !self.cfg.validate {
             Ok(Check::default())
         } else {
-            validate(stack, branches, types, false, pid, oracle, &self.cfg, &mut self.shadow)
+            validate(stack, branches, types, false, pid, oracle, &self.cfg, &mut self.shadow, &mut self.code_cache)
         };
         match r {
             Ok(c) => {
@@ -1079,8 +1094,110 @@ struct SynthBuf<'a> {
     callers: &'a mut Vec<u64>,
     stack: &'a mut Vec<u64>,
     branches: &'a mut Vec<BranchPair>,
-    /// The kind of each ring branch's source.
-    kinds: &'a mut Vec<Option<InsnKind>>,
+    cache: &'a mut CodeCache,
+}
+
+/// What the code says of a branch: its source's kind, where a call there returns to, and
+/// for a return whether a call precedes its target (what the synthesized samples' walk and
+/// [`validate`] ask of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Facts {
+    kind: Option<InsnKind>,
+    /// Kind `Call`: its return address ([`CodeOracle::insn_len`] on).
+    ret: Option<u64>,
+    /// Kind `Return`: [`CodeOracle::after_call`] of its target.
+    after_call: Option<bool>,
+}
+
+impl Facts {
+    fn of(pid: u32, b: BranchPair, oracle: &dyn CodeOracle) -> Facts {
+        let kind = oracle.insn_kind(pid, b.from);
+        let ret = if kind == Some(InsnKind::Call) { oracle.insn_len(pid, b.from).map(|n| n + b.from) } else { None };
+        let after_call = if kind == Some(InsnKind::Return) { oracle.after_call(pid, b.to) } else { None };
+        Facts { kind, ret, after_call }
+    }
+}
+
+/// Answers of one oracle for its [`generation`](CodeOracle::generation), direct-mapped:
+/// [`Facts`] by (process, branch) and [`CodeOracle::straight_code`] by (process, span) (a
+/// window's branches and the code between them are mostly the same few hundred, window after
+/// window). Without a generation nothing is kept.
+#[derive(Debug, Default)]
+struct CodeCache {
+    /// The oracle (its address) and generation the slots hold answers of, if they may be used.
+    of: Option<(usize, u64)>,
+    on: bool,
+    facts: Vec<(u32, BranchPair, Facts)>,
+    /// Spans `[from, to)` as pairs.
+    straight: Vec<(u32, BranchPair, Straight)>,
+}
+
+/// Slots of each table of a [`CodeCache`] (a power of two).
+const CODE_CACHE: usize = 4096;
+
+impl CodeCache {
+    /// Empties the cache unless it holds `oracle`'s answers (or turns it off: no generation).
+    fn prepare(&mut self, oracle: &dyn CodeOracle) {
+        let Some(g) = oracle.generation() else {
+            self.on = false;
+            return;
+        };
+        let key = (oracle as *const dyn CodeOracle as *const () as usize, g);
+        if self.of != Some(key) {
+            // (no branch is from u64::MAX: instructions are aligned)
+            let none = BranchPair { from: u64::MAX, to: u64::MAX };
+            self.facts.clear();
+            self.facts.resize(CODE_CACHE, (0, none, Facts { kind: None, ret: None, after_call: None }));
+            self.straight.clear();
+            self.straight.resize(CODE_CACHE, (0, none, Straight::Unknown));
+            self.of = Some(key);
+        }
+        self.on = true;
+    }
+
+    #[inline]
+    fn slot(pid: u32, b: BranchPair) -> usize {
+        let h = (b.from ^ b.to.rotate_left(23) ^ u64::from(pid)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (h >> (64 - CODE_CACHE.trailing_zeros())) as usize
+    }
+
+    /// [`Facts::of`] the branch (after [`prepare`](Self::prepare) with `oracle`).
+    #[inline(always)]
+    fn facts(&mut self, pid: u32, b: BranchPair, oracle: &dyn CodeOracle) -> Facts {
+        if self.on {
+            let slot = &self.facts[Self::slot(pid, b)];
+            if slot.0 == pid && slot.1 == b {
+                return slot.2;
+            }
+        }
+        self.facts_miss(pid, b, oracle)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn facts_miss(&mut self, pid: u32, b: BranchPair, oracle: &dyn CodeOracle) -> Facts {
+        let f = Facts::of(pid, b, oracle);
+        if self.on {
+            self.facts[Self::slot(pid, b)] = (pid, b, f);
+        }
+        f
+    }
+
+    /// [`CodeOracle::straight_code`] (after [`prepare`](Self::prepare) with `oracle`).
+    #[inline]
+    fn straight(&mut self, pid: u32, from: u64, to: u64, oracle: &dyn CodeOracle) -> Straight {
+        if !self.on {
+            return oracle.straight_code(pid, from, to);
+        }
+        let span = BranchPair { from, to };
+        let slot = &mut self.straight[Self::slot(pid, span)];
+        if slot.0 == pid && slot.1 == span {
+            return slot.2;
+        }
+        let r = oracle.straight_code(pid, from, to);
+        *slot = (pid, span, r);
+        r
+    }
 }
 
 /// The synthesized samples of a window (module docs): the pause stack unwound backwards
@@ -1107,14 +1224,15 @@ fn synthesize(
     let callers = buf.callers;
     callers.clear();
     callers.extend(w.s.stack[1..].iter().rev());
-    oracle.branch_kinds(pid, ring, buf.kinds);
-    let kinds = &*buf.kinds;
-    let undo = |i: usize, callers: &mut Vec<u64>| -> Result<(), SynthStop> {
+    let cache = buf.cache;
+    cache.prepare(oracle);
+    let undo = |i: usize, callers: &mut Vec<u64>, cache: &mut CodeCache| -> Result<(), SynthStop> {
         let b = ring[i];
-        match kinds[i] {
+        let f = cache.facts(pid, b, oracle);
+        match f.kind {
             None => Err(SynthStop::UnknownCode),
             Some(InsnKind::Call) => {
-                let ret = oracle.insn_len(pid, b.from).ok_or(SynthStop::UnknownCode)? + b.from;
+                let ret = f.ret.ok_or(SynthStop::UnknownCode)?;
                 if callers.last() == Some(&ret) {
                     callers.pop();
                     Ok(())
@@ -1122,7 +1240,7 @@ fn synthesize(
                     Err(SynthStop::CallMismatch)
                 }
             }
-            Some(InsnKind::Return) => match oracle.after_call(pid, b.to) {
+            Some(InsnKind::Return) => match f.after_call {
                 Some(true) => {
                     callers.push(b.to);
                     Ok(())
@@ -1143,7 +1261,7 @@ fn synthesize(
         let Some(p) = m.checked_sub(k * d).filter(|&p| p >= 1) else { break };
         while undone > p {
             undone -= 1;
-            if let Err(r) = undo(undone, callers) {
+            if let Err(r) = undo(undone, callers, cache) {
                 stats.synth_stops.bump(r);
                 return;
             }
@@ -1160,7 +1278,7 @@ fn synthesize(
         let mut stop = None;
         while undone > p.saturating_sub(d) {
             undone -= 1;
-            if let Err(r) = undo(undone, callers) {
+            if let Err(r) = undo(undone, callers, cache) {
                 stop = Some(r);
                 break;
             }
@@ -1168,7 +1286,7 @@ fn synthesize(
         let check = if cfg.validate && stop.is_some() {
             // its leaf and branches lie in the segment the decoder walked: the straight code
             // between them is proven
-            match validate(buf.stack, buf.branches, &[], true, pid, oracle, &vcfg, shadow) {
+            match validate(buf.stack, buf.branches, &[], true, pid, oracle, &vcfg, shadow, cache) {
                 Ok(c) => c,
                 Err(r) => {
                     stats.synth_rejected.bump(r);
@@ -1197,11 +1315,11 @@ fn synthesize(
 
 /// Walk `[from, to)` and require straight-line code (no instruction that always changes the
 /// flow). `Ok(false)` if some code was unknown.
-fn straight_line(pid: u32, from: u64, to: u64, oracle: &dyn CodeOracle, max: u64) -> Result<bool, ()> {
+fn straight_line(pid: u32, from: u64, to: u64, oracle: &dyn CodeOracle, max: u64, cache: &mut CodeCache) -> Result<bool, ()> {
     if to < from || to - from > max {
         return Err(());
     }
-    match oracle.straight_code(pid, from, to) {
+    match cache.straight(pid, from, to, oracle) {
         Straight::Yes => Ok(true),
         Straight::Unknown => Ok(false),
         Straight::Flow => Err(()),
@@ -1222,7 +1340,9 @@ fn validate(
     oracle: &dyn CodeOracle,
     cfg: &JoinConfig,
     shadow: &mut Vec<u64>,
+    cache: &mut CodeCache,
 ) -> Result<Check, RejectReason> {
+    cache.prepare(oracle);
     let mut check = Check::default();
     if !walked {
         let leaf = stack[0];
@@ -1230,7 +1350,7 @@ fn validate(
         if leaf < target || leaf - target > cfg.max_straight_line {
             return Err(RejectReason::LeafBeforeTarget);
         }
-        match straight_line(pid, target, leaf, oracle, cfg.max_straight_line) {
+        match straight_line(pid, target, leaf, oracle, cfg.max_straight_line, cache) {
             Ok(true) => {}
             Ok(false) => check.unverified = true,
             Err(()) => return Err(RejectReason::LeafNotReachable),
@@ -1238,7 +1358,7 @@ fn validate(
         // The chain: between consecutive branches (older.to .. newer.from) only straight code.
         for w in branches.windows(2) {
             let (newer, older) = (w[0], w[1]);
-            match straight_line(pid, older.to, newer.from, oracle, cfg.max_straight_line) {
+            match straight_line(pid, older.to, newer.from, oracle, cfg.max_straight_line, cache) {
                 Ok(true) => {}
                 Ok(false) => check.unverified = true,
                 Err(()) => return Err(RejectReason::BrokenChain),
@@ -1248,7 +1368,8 @@ fn validate(
     // Calls and returns, oldest first.
     shadow.clear();
     for (i, b) in branches.iter().enumerate().rev() {
-        let code = oracle.insn_kind(pid, b.from);
+        let facts = cache.facts(pid, *b, oracle);
+        let code = facts.kind;
         let ty = types.get(i).copied().flatten();
         let kind = match (code, ty) {
             (Some(c), Some(t)) => {
@@ -1269,19 +1390,22 @@ fn validate(
                 check.unverified = true;
                 return Ok(check);
             }
-            Some(InsnKind::Call) => match oracle.insn_len(pid, b.from) {
-                Some(n) => shadow.push(b.from + n),
-                None => {
-                    check.unverified = true;
-                    return Ok(check);
+            // (the type stands in for unknown code)
+            Some(InsnKind::Call) => {
+                match if code.is_some() { facts.ret } else { oracle.insn_len(pid, b.from).map(|n| b.from + n) } {
+                    Some(ret) => shadow.push(ret),
+                    None => {
+                        check.unverified = true;
+                        return Ok(check);
+                    }
                 }
-            },
+            }
             Some(InsnKind::Return) => match shadow.pop() {
                 Some(ret) if ret != b.to => return Err(RejectReason::ReturnMismatch),
                 Some(_) => {}
                 None => {
                     // Returned into a frame older than the window: it must follow a call.
-                    match oracle.after_call(pid, b.to) {
+                    match if code.is_some() { facts.after_call } else { oracle.after_call(pid, b.to) } {
                         Some(true) => {}
                         None => check.unverified = true,
                         Some(false) => return Err(RejectReason::ReturnNotAfterCall),
@@ -1341,6 +1465,54 @@ mod tests {
             (0x1030, InsnKind::Jump),
         ]);
         Toy { lo: 0x1000, hi: 0x4000, kinds }
+    }
+
+    /// A random number below its argument.
+    type Draw<'a> = dyn FnMut(u64) -> u64 + 'a;
+
+    /// A random path of `len` branches from `pc` through toy code: the next branch is the
+    /// first flow instruction at most `reach - 1` instructions on, else a new one of a random
+    /// kind; a call pushes its return address on `stack`, a return goes to the top of it (one
+    /// in `corrupt` to new code instead), other branches to new code (`alloc`, which may draw
+    /// from `next`). Returns the path and where it ends.
+    #[allow(clippy::too_many_arguments)]
+    fn toy_path(
+        next: &mut Draw<'_>,
+        alloc: &mut dyn FnMut(&mut Draw<'_>) -> u64,
+        kinds: &mut HashMap<u64, InsnKind>,
+        stack: &mut Vec<u64>,
+        mut pc: u64,
+        len: u64,
+        reach: u64,
+        corrupt: u64,
+    ) -> (Vec<BranchPair>, u64) {
+        let mut path = Vec::new();
+        for _ in 0..len {
+            let mut from = pc + 4 * next(reach);
+            if let Some(a) = (pc..=from).step_by(4).find(|a| kinds.get(a).is_some_and(|k: &InsnKind| !k.is_straight())) {
+                from = a;
+            }
+            let kind = *kinds.entry(from).or_insert(match next(20) {
+                0 => InsnKind::Exception,
+                1..7 => InsnKind::Call,
+                7..13 => InsnKind::Return,
+                _ => InsnKind::Jump,
+            });
+            let to = match kind {
+                InsnKind::Call => {
+                    stack.push(from + 4);
+                    alloc(next)
+                }
+                InsnKind::Return => match stack.pop() {
+                    Some(r) if next(corrupt) > 0 => r,
+                    _ => alloc(next),
+                },
+                _ => alloc(next),
+            };
+            path.push(bp(from, to));
+            pc = to;
+        }
+        (path, pc)
     }
 
     fn bp(from: u64, to: u64) -> BranchPair {
@@ -1762,35 +1934,9 @@ mod tests {
                 kinds.insert(site, InsnKind::Call);
                 stack.push(site + 4);
             }
-            let mut pc = alloc(8);
-            let mut path = Vec::new();
-            for _ in 0..next(60) + 4 {
-                // The next branch: the first flow instruction at most 3 instructions on, else a
-                // new one of a random kind.
-                let mut from = pc + 4 * next(4);
-                if let Some(a) = (pc..=from).step_by(4).find(|a| kinds.get(a).is_some_and(|k: &InsnKind| !k.is_straight())) {
-                    from = a;
-                }
-                let kind = *kinds.entry(from).or_insert(match next(20) {
-                    0 => InsnKind::Exception,
-                    1..7 => InsnKind::Call,
-                    7..13 => InsnKind::Return,
-                    _ => InsnKind::Jump,
-                });
-                let to = match kind {
-                    InsnKind::Call => {
-                        stack.push(from + 4);
-                        alloc(8)
-                    }
-                    InsnKind::Return => match stack.pop() {
-                        Some(r) if next(40) > 0 => r,
-                        _ => alloc(8),
-                    },
-                    _ => alloc(8),
-                };
-                path.push(bp(from, to));
-                pc = to;
-            }
+            let pc = alloc(8);
+            let len = next(60) + 4;
+            let (path, pc) = toy_path(&mut next, &mut |_: &mut Draw<'_>| alloc(8), &mut kinds, &mut stack, pc, len, 4, 40);
             let mut pause = vec![pc];
             pause.extend(stack.iter().rev());
             if pause.len() > 1 && next(10) == 0 {
@@ -1810,7 +1956,7 @@ mod tests {
             j.flush(&oracle, &mut out);
             let vcfg = JoinConfig { allow_missing_leaf_frame: false, ..cfg };
             for (k, stack, branches) in got.iter().filter(|g| g.0 > 0) {
-                let r = validate(stack, branches, &[], true, 1, &oracle, &vcfg, &mut Vec::new());
+                let r = validate(stack, branches, &[], true, 1, &oracle, &vcfg, &mut Vec::new(), &mut CodeCache::default());
                 assert!(r.is_ok_and(|c| !c.unverified && !c.leaf_frame_missing), "sample {k}: {r:?} {stack:x?} {branches:x?}");
             }
             let st = j.stats();
@@ -1819,6 +1965,111 @@ mod tests {
             rejected += st.synth_rejected.total();
         }
         assert!(proven > 500 && stopped > 20 && rejected > 20, "{proven} {stopped} {rejected}");
+    }
+
+    /// The cache of the code's answers ([`CodeCache`]) answers as the oracle
+    /// does: one joiner over many windows whose branches recur in a small code region (with
+    /// an oracle that reports a generation) makes the same samples and counts as a joiner whose
+    /// oracle forbids caching; every 97 windows the code changes (new kinds at the same
+    /// addresses) under a new generation.
+    #[test]
+    fn undo_cache_answers_as_the_oracle() {
+        struct Versioned {
+            toy: RefCell<Toy>,
+            generation: Cell<u64>,
+        }
+        impl CodeOracle for Versioned {
+            fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind> {
+                self.toy.borrow().insn_kind(pid, addr)
+            }
+            fn generation(&self) -> Option<u64> {
+                Some(self.generation.get())
+            }
+        }
+        use std::cell::{Cell, RefCell};
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let versioned =
+            Versioned { toy: RefCell::new(Toy { lo: 0x1000, hi: u64::MAX, kinds: HashMap::new() }), generation: Cell::new(0) };
+        let cfg = JoinConfig { depth: 3, synth_samples: 64, ..Default::default() };
+        let (mut cached, mut plain) = (Joiner::new(cfg), Joiner::new(cfg));
+        let (mut got_cached, mut got_plain) = (Vec::new(), Vec::new());
+        for w in 0..600u64 {
+            if w % 97 == 0 {
+                versioned.toy.borrow_mut().kinds.clear();
+                versioned.generation.set(versioned.generation.get() + 1);
+            }
+            let mut kinds = versioned.toy.borrow().kinds.clone();
+            // addresses recur: 512 places for code
+            let mut fresh = 0x10_0000 + 4 * next(512);
+            let mut alloc = |step: u64| {
+                fresh = 0x10_0000 + (fresh - 0x10_0000 + 4 * (1 + step)) % 0x800;
+                fresh
+            };
+            let mut stack: Vec<u64> = Vec::new();
+            for _ in 0..next(4) {
+                let site = alloc(next(8));
+                if *kinds.entry(site).or_insert(InsnKind::Call) == InsnKind::Call {
+                    stack.push(site + 4);
+                }
+            }
+            let pc = alloc(next(8));
+            let len = next(60) + 4;
+            let (path, pc) =
+                toy_path(&mut next, &mut |next: &mut Draw<'_>| alloc(next(8)), &mut kinds, &mut stack, pc, len, 3, 20);
+            let mut pause = vec![pc];
+            pause.extend(stack.iter().rev());
+            let plain_oracle = Toy { lo: 0x1000, hi: u64::MAX, kinds: kinds.clone() };
+            if kinds.len() != versioned.toy.borrow().kinds.len() {
+                // new kinds where the toy said `Other`: other code
+                versioned.generation.set(versioned.generation.get() + 1);
+            }
+            versioned.toy.borrow_mut().kinds = kinds;
+            let t = 100 * w;
+            for (j, oracle, got) in
+                [(&mut cached, &versioned as &dyn CodeOracle, &mut got_cached), (&mut plain, &plain_oracle, &mut got_plain)]
+            {
+                let mut out = |s: &Joined<'_>| got.push((w, s.synth, s.stack.to_vec(), s.branches.to_vec()));
+                j.trace_info(0);
+                j.begin_segment(0, t + 10, true, oracle, &mut out);
+                j.branches(0, &path);
+                j.end_segment(0);
+                j.sample(0, 1, 1, t + 20, &pause, oracle, &mut out);
+                j.flush(oracle, &mut out);
+            }
+        }
+        assert_eq!(got_cached, got_plain);
+        assert_eq!(cached.stats(), plain.stats());
+        let st = cached.stats();
+        assert!(
+            st.synthesized > 2000 && st.synth_stops.total() > 100,
+            "{} {:?} {:?} {:?}",
+            st.synthesized,
+            st.synth_stops,
+            st.rejected,
+            st.joined
+        );
+    }
+
+    /// A reason's counter is its place in the display order (the counts' `iter`, the summary).
+    #[test]
+    fn reason_counters_follow_the_display_order() {
+        let mut r = RejectCounts::default();
+        for (i, &k) in RejectReason::ALL.iter().enumerate() {
+            (0..=i).for_each(|_| r.bump(k));
+        }
+        assert!(r.iter().enumerate().all(|(i, (k, n))| k == RejectReason::ALL[i] && n == i as u64 + 1));
+        let mut s = SynthStopCounts::default();
+        for (i, &k) in SynthStop::ALL.iter().enumerate() {
+            (0..=i).for_each(|_| s.bump(k));
+        }
+        assert!(s.iter().enumerate().all(|(i, (k, n))| k == SynthStop::ALL[i] && n == i as u64 + 1));
+        assert_eq!(s.total(), (1..=SynthStop::ALL.len() as u64).sum::<u64>());
     }
 
     /// The ring's bound: depth * (1 + synth_samples), at most 65,536 branches unless the depth

@@ -502,25 +502,8 @@ impl CodeOracle for CodeMap {
         }
     }
 
-    /// A64: the mapping of the previous branch tried first.
-    fn branch_kinds(&self, pid: u32, branches: &[BranchPair], out: &mut Vec<Option<InsnKind>>) {
-        out.clear();
-        if self.arch != Some(CodeArch::Aarch64) {
-            out.extend(branches.iter().map(|b| self.insn_kind(pid, b.from)));
-            return;
-        }
-        let mut cur: Option<&Mapping> = None;
-        for b in branches {
-            let a = b.from;
-            let m = match cur.filter(|m| m.start <= a && a < m.end) {
-                Some(m) => Some(m),
-                None => self.mapping(Some(pid), a),
-            };
-            cur = m.or(cur);
-            // As `read_u32`, from the mapping.
-            let word = m.and_then(|m| self.mapped_code(m, a)?.get(..4));
-            out.push(word.map(|w| a64_kind(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))));
-        }
+    fn generation(&self) -> Option<u64> {
+        Some(self.generation)
     }
 
     fn insn_len(&self, pid: u32, addr: u64) -> Option<u64> {
@@ -1744,20 +1727,25 @@ impl ExactState {
 
     /// The function of the range of `n` instructions at runtime address `addr`, and the kind
     /// of its last instruction; a range seen for the first time (not in the cache) is recorded
-    /// for coverage.
+    /// for coverage. The cache is valid for the code map's generation (`ranges` checks it once
+    /// per batch).
+    #[inline]
     fn function(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
-        if self.cache_gen != code.generation {
-            self.cache.iter_mut().for_each(|c| c.0 = u64::MAX);
-            self.cache_gen = code.generation;
+        let c = self.cache[(addr >> 2) as usize % EXACT_CACHE];
+        if c.0 == addr && c.1 == n {
+            return (c.2, c.3);
         }
+        self.function_miss(resolver, code, addr, n)
+    }
+
+    /// [`function`](Self::function) when the cache does not have the range.
+    #[cold]
+    #[inline(never)]
+    fn function_miss(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
         let slot = (addr >> 2) as usize % EXACT_CACHE;
-        let last = || code.read_u32(None, addr + 4 * u64::from(n.max(1) - 1)).map_or(InsnKind::Other, a64_kind);
+        let k = code.read_u32(None, addr + 4 * u64::from(n.max(1) - 1)).map_or(InsnKind::Other, a64_kind);
         let c = self.cache[slot];
         if c.0 == addr {
-            if c.1 == n {
-                return (c.2, c.3);
-            }
-            let k = last();
             self.cache[slot] = (addr, n, c.2, k, c.4);
             return (c.2, k);
         }
@@ -1774,7 +1762,6 @@ impl ExactState {
             }
             None => self.intern((usize::MAX, 0), "", "[unknown]"),
         };
-        let k = last();
         self.cache[slot] = (addr, n, f, k, u64::MAX);
         self.counts.block(f, addr);
         (f, k)
@@ -1783,6 +1770,10 @@ impl ExactState {
     fn ranges(&mut self, cpu: i32, resolver: &Resolver, code: &CodeMap, rs: &[(u64, u32)]) {
         if !self.enabled {
             return;
+        }
+        if self.cache_gen != code.generation {
+            self.cache.iter_mut().for_each(|c| c.0 = u64::MAX);
+            self.cache_gen = code.generation;
         }
         let mut open = std::mem::take(self.open.entry(cpu));
         for &(start, n) in rs {
@@ -1802,7 +1793,7 @@ impl ExactState {
     /// The branch chain of `cpu` broke inside its segment (trace lost).
     fn break_chain(&mut self, cpu: i32) {
         if let Some(open) = self.open.get_mut(cpu) {
-            open.break_chain();
+            open.break_chain(&mut self.counts);
         }
     }
 
@@ -1812,7 +1803,7 @@ impl ExactState {
         if open.own.is_empty() {
             return;
         }
-        open.end();
+        open.end(&mut self.counts);
         for &(f, n) in &open.own {
             self.counts.add(f, n);
         }
@@ -2114,57 +2105,6 @@ mod tests {
     type Joins = (i32, u64, Vec<BranchPair>);
     type Got = Rc<RefCell<Vec<Joins>>>;
 
-    /// The kinds of many branches at once ([`CodeOracle::branch_kinds`], the previous
-    /// branch's mapping tried first) are each branch's [`CodeOracle::insn_kind`]: two
-    /// processes, mappings with file offsets, a mapping longer than its image, addresses
-    /// between mappings, a word cut by the image's end, and an unknown process (the code of
-    /// any process).
-    #[test]
-    fn branch_kinds_are_each_insn_kind() {
-        // Words cycling through BL, RET, B, NOP, B.cond.
-        let words = [0x9400_0010u32, 0xd65f_03c0, 0x1400_0004, 0xd503_201f, 0x5400_0040];
-        let image = |n: usize, extra: usize| -> Vec<u8> {
-            let mut v: Vec<u8> = (0..n).flat_map(|i| words[i % words.len()].to_le_bytes()).collect();
-            v.extend(std::iter::repeat_n(0xaa, extra));
-            v
-        };
-        let img = |path: &str, data: Vec<u8>| {
-            Arc::new(Image { path: path.into(), data: data.into(), symbols: Default::default(), arch: Some(CodeArch::Aarch64) })
-        };
-        let m = |start: u64, end: u64, pgoff: u64, image: usize| Mapping { start, end, pgoff, image };
-        let code = CodeMap {
-            images: vec![img("a", image(64, 2)), img("b", image(37, 0))],
-            by_pid: vec![
-                (7, vec![m(0x1000, 0x1080, 0x10, 0), m(0x2000, 0x2200, 0, 1), m(0x3000, 0x3200, 0x80, 0)]),
-                (8, vec![m(0x1000, 0x1100, 0, 1)]),
-            ],
-            any: vec![m(0x5000, 0x5100, 0, 0)],
-            arch: Some(CodeArch::Aarch64),
-            ..Default::default()
-        };
-        let addrs: Vec<u64> =
-            [0x1000u64, 0x2000, 0x3000, 0x5000].iter().flat_map(|&b| (0..0x240).step_by(4).map(move |o| b + o)).collect();
-        // In order, backwards, and interleaved between mappings.
-        let mut orders = vec![addrs.clone(), addrs.iter().rev().copied().collect()];
-        orders.push(addrs.chunks(3).flat_map(|c| c.iter().rev().copied()).chain(addrs.iter().step_by(7).copied()).collect());
-        let mut out = Vec::new();
-        let mut known = 0;
-        for pid in [7, 8, 9] {
-            for order in &orders {
-                let branches: Vec<BranchPair> = order.iter().map(|&from| BranchPair { from, to: 0 }).collect();
-                code.branch_kinds(pid, &branches, &mut out);
-                let each: Vec<_> = order.iter().map(|&a| code.insn_kind(pid, a)).collect();
-                assert_eq!(out, each, "pid {pid}");
-                known += each.iter().filter(|k| k.is_some()).count();
-            }
-        }
-        assert!(known > 500, "{known}");
-    }
-
-    /// Every address of a span the resolver reports resolves like the span's address (same
-    /// binary, same offset), by the rule written out here: a placed mapping first, else the
-    /// first binary not placed whose exec segment holds it. Binaries overlap, one is placed,
-    /// and a placed mapping lies inside an unplaced binary's segment.
     #[test]
     fn resolver_spans_resolve_alike() {
         let info = |segs: &[(u64, u64)]| BinaryInfo {

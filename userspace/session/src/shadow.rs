@@ -66,6 +66,7 @@ impl SegmentWalk {
     /// The next range: `n` instructions from `start`, in function `f`, the last of kind
     /// `last`; its instructions go to their calling context in `ctx`. Returns the source of the
     /// taken branch that led here and its function, if one did.
+    #[inline]
     pub(crate) fn range(&mut self, f: u32, start: u64, n: u32, last: InsnKind, ctx: &mut ExactCounts) -> Option<(u64, u32)> {
         let mut taken = None;
         match self.prev {
@@ -83,7 +84,7 @@ impl SegmentWalk {
                         }
                     }
                     InsnKind::Return => {
-                        if let Some(fr) = self.pop()
+                        if let Some(fr) = self.pop(ctx)
                             && fr.by_call
                         {
                             self.complete.push((fr.f, fr.node, fr.own, self.t - fr.seen));
@@ -105,8 +106,8 @@ impl SegmentWalk {
         }
         self.t += u64::from(n);
         if let Some(fr) = self.stack.last_mut() {
+            // its context gets them when the frame ends (`pop`)
             fr.own += u64::from(n);
-            ctx.add_context(fr.node, u64::from(n));
         }
         self.prev = Some((start.wrapping_add(4 * u64::from(n.max(1) - 1)), last, f));
         taken
@@ -116,9 +117,10 @@ impl SegmentWalk {
         self.stack.last().map(|fr| fr.f)
     }
 
+    #[inline]
     fn push(&mut self, f: u32, seen: u64, by_call: bool, ctx: &mut ExactCounts) {
         if self.stack.len() >= MAX_DEPTH {
-            self.break_chain();
+            self.break_chain(ctx);
         }
         let node = ctx.context(self.stack.last().map_or(ROOT_CONTEXT, |fr| fr.node), f);
         // A scan, no map: the stack holds the frames seen since the chain began.
@@ -126,8 +128,10 @@ impl SegmentWalk {
         self.stack.push(Frame { f, seen, outermost, by_call, own: 0, node });
     }
 
-    fn pop(&mut self) -> Option<Frame> {
+    #[inline]
+    fn pop(&mut self, ctx: &mut ExactCounts) -> Option<Frame> {
         let fr = self.stack.pop()?;
+        ctx.add_context(fr.node, fr.own);
         if fr.outermost {
             // Frames seen later than the chain's start begin after every earlier frame of
             // their function ended: nothing of theirs was credited yet.
@@ -144,15 +148,16 @@ impl SegmentWalk {
         Some(fr)
     }
 
+    #[inline]
     fn replace(&mut self, f: u32, ctx: &mut ExactCounts) {
-        self.pop();
+        self.pop(ctx);
         self.push(f, self.t, false, ctx);
     }
 
     /// The chain broke (trace lost): every frame ends here; what follows is seen afresh.
-    pub(crate) fn break_chain(&mut self) {
+    pub(crate) fn break_chain(&mut self, ctx: &mut ExactCounts) {
         while !self.stack.is_empty() {
-            self.pop();
+            self.pop(ctx);
         }
         self.prev = None;
         self.chain_start = self.t;
@@ -160,8 +165,8 @@ impl SegmentWalk {
     }
 
     /// The segment ends: every frame ends; the counts are left for the caller to take.
-    pub(crate) fn end(&mut self) {
-        self.break_chain();
+    pub(crate) fn end(&mut self, ctx: &mut ExactCounts) {
+        self.break_chain(ctx);
         self.t = 0;
         self.chain_start = 0;
     }
@@ -203,7 +208,7 @@ mod tests {
         w.range(3, 0x300, 4, Return, &mut c); // h
         w.range(2, 0x20c, 1, Return, &mut c); // f after the bl
         w.range(4, 0x404, 5, Other, &mut c); // m
-        w.end();
+        w.end(&mut c);
         assert_eq!(sums(&w.own), [(1, 3), (2, 3), (3, 4), (4, 5)].into());
         assert_eq!(sums(&w.inclusive), [(1, 3), (2, 10), (3, 4), (4, 15)].into());
         assert_eq!(w.calls, [3]);
@@ -227,7 +232,7 @@ mod tests {
         w.range(2, 0x200, 4, Return, &mut c); // t returns into r
         w.range(1, 0x108, 1, Return, &mut c); // r returns into r
         w.range(1, 0x108, 1, Other, &mut c);
-        w.end();
+        w.end(&mut c);
         // Consecutive ranges of one function: one entry.
         assert_eq!(w.own, [(1, 7), (2, 4), (1, 2)]);
         // r: every instruction (13) once; t: 4; calls: r, r.
@@ -250,7 +255,7 @@ mod tests {
         w.range(1, 0x108, 2, Call, &mut c);
         w.range(2, 0x200, 1, Return, &mut c);
         w.range(1, 0x10c, 4, Other, &mut c);
-        w.end();
+        w.end(&mut c);
         assert_eq!(sums(&w.inclusive), [(1, 12), (2, 1)].into());
     }
 
@@ -261,10 +266,10 @@ mod tests {
         let mut c = ExactCounts::new(16);
         w.range(1, 0x100, 2, Call, &mut c);
         w.range(2, 0x200, 3, Other, &mut c);
-        w.break_chain();
+        w.break_chain(&mut c);
         w.range(3, 0x300, 4, Return, &mut c);
         w.range(1, 0x104, 1, Other, &mut c);
-        w.end();
+        w.end(&mut c);
         // f1: 2 + 3 before the break, then seen again from the break: 4 + 1.
         assert_eq!(sums(&w.inclusive), [(1, 10), (2, 3), (3, 4)].into());
     }
