@@ -13,7 +13,7 @@ use etm_decode::insn::{ArchVersion, DecodeConfig, InstrType, decode_a64};
 use etm_decode::pipeline::BufferDecoder;
 use etm_decode::snapshot::{CoreProfile, EtmConfig, Protocol};
 
-use crate::pipeline::{CodeMap, ContextCode};
+use crate::code::{CodeMap, ContextCode};
 use crate::session::BranchPair;
 use crate::session::{CpuTraceConfig, TraceArch};
 use crate::window::{DecoderFactory, DecoderShared, Discontinuity, WindowDecoder, WindowSink};
@@ -492,7 +492,7 @@ pub mod toy {
     //!   `04` overflow; `05` trace info (a window starts); `06 <u32 le>` context id; any other
     //!   byte is an error (the decoder loses sync).
 
-    use crate::pipeline::CodeMap;
+    use crate::code::CodeMap;
     use crate::session::CpuTraceConfig;
     use crate::window::{DecoderFactory, Discontinuity, WindowDecoder, WindowSink};
 

@@ -9,7 +9,10 @@
 //!   -> `etm_profile::HybridProfile` + `etm_stacks::ContextTrie`, with per-stage stats.
 //! * [`isa`] — per-architecture code facts for the checks (A64, x86-64) and the kernel's
 //!   branch-entry flags.
-//! * [`window`] — the decoder interface the pipeline drives ([`window::WindowDecoder`]).
+//! * [`window`] — the decoder interface the pipeline drives ([`window::WindowDecoder`]); `aux`
+//!   — what each AUX record asks of its decoder, planned once for the pipeline and the decode
+//!   pool; [`code`] — the code images and their placement per process, read by the decoder,
+//!   the checks and the exact counts. The modules depend one way: `pipeline` on the rest.
 //! * [`decoder`] — the `etm_decode` adapter behind the pipeline's [`window::WindowDecoder`]
 //!   trait, and a toy test double.
 //!
@@ -44,6 +47,8 @@
 //! assert_eq!(p.profile().total_samples(), 1);
 //! ```
 
+mod aux;
+pub mod code;
 pub mod decoder;
 mod frame_cache;
 pub mod image;

@@ -23,12 +23,14 @@ use std::sync::Arc;
 use etm_profile::{AddressResolver, BinaryId, BinaryInfo, Branch, HybridProfile, HybridSample, ProfileLimits};
 use etm_stacks::{ContextTrie, Frame, FrameId, FrameTable};
 
+use crate::aux::{AuxPlan, AuxStep, AuxTrack, run_step};
+use crate::code::CodeMap;
 use crate::image::ImageBytes;
 use crate::isa;
-use crate::join::{CodeOracle, CpuMap, InsnKind, JoinConfig, JoinStats, Joined, Joiner, RejectCounts, Straight};
+use crate::isa::a64_kind;
+use crate::join::{CpuMap, InsnKind, JoinConfig, JoinStats, Joined, Joiner, RejectCounts};
 use crate::session::{
-    AuxRecord, BranchPair, ClockParams, CodeArch, CpuTraceConfig, PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW,
-    PERF_AUX_FLAG_OVERWRITE, PERF_AUX_FLAG_PARTIAL, PERF_AUX_FLAG_TRUNCATED, PauseSample, SessionEvent, SessionMeta, Sideband,
+    AuxRecord, BranchPair, ClockParams, CodeArch, CpuTraceConfig, PauseSample, SessionEvent, SessionMeta, Sideband,
 };
 use crate::window::{DecoderFactory, DecoderShared, Discontinuity, WindowDecoder, WindowSink};
 
@@ -213,371 +215,6 @@ impl PipelineStats {
 /// Branch samples needed before [`PipelineStats::branch_warning`] judges.
 pub const EMPTY_WARN_MIN: u64 = 20;
 
-/// A code image: path, bytes and its ELF description.
-#[derive(Debug)]
-struct Image {
-    path: String,
-    data: ImageBytes,
-    /// Function symbols (start, end, name), sorted by start: read at the first lookup,
-    /// shared per build-id ([`etm_stacks::symtab::SymbolTable::of_binary_shared`]).
-    symbols: std::sync::OnceLock<Arc<etm_stacks::symtab::SymbolTable>>,
-    /// The architecture of its code (ELF `e_machine`), for the callers check.
-    arch: Option<CodeArch>,
-}
-
-impl Image {
-    fn symbols(&self) -> &etm_stacks::symtab::SymbolTable {
-        self.symbols.get_or_init(|| etm_stacks::symtab::SymbolTable::of_binary_shared(&self.data))
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Mapping {
-    start: u64,
-    end: u64,
-    pgoff: u64,
-    image: usize,
-}
-
-/// Whose code a traced context runs ([`CodeMap::context_code`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ContextCode {
-    /// The target's (no context traced, or the session knows no process mappings: static
-    /// images serve any context).
-    Target,
-    /// This process's.
-    Process(u32),
-    /// A thread of no process with known code: another process, not decoded.
-    Foreign,
-}
-
-/// Code images and where they are mapped, per process (from MMAP2 records); reads
-/// instructions for the decoder and the join's validation. Cheap to clone (the images are
-/// shared, read-only): decode workers ([`PipelineConfig::decode_threads`]) read a snapshot.
-#[derive(Debug, Default, Clone)]
-pub struct CodeMap {
-    images: Vec<Arc<Image>>,
-    /// Per process (few: a linear scan beats hashing on the per-instruction path).
-    by_pid: Vec<(u32, Vec<Mapping>)>,
-    /// Mappings of processes not seen in any MMAP2 (static images placed at their link-time
-    /// addresses: synthetic sessions without sideband).
-    any: Vec<Mapping>,
-    /// The process the decoder reads code of (first process with an MMAP2 of a known image).
-    target: Option<u32>,
-    /// Thread id -> process id, from the sideband and the samples (a traced context is a
-    /// thread id: CONTEXTIDR holds `task_pid_nr`, `contextidr_thread_switch`).
-    tids: HashMap<u32, u32>,
-    /// Bumped whenever which code a context sees may have changed (mappings, threads): the
-    /// decoders' block-cache tags ([`MemoryAccess::code_id`](etm_decode::image::MemoryAccess::code_id)) are recomputed then.
-    generation: u64,
-    /// The instruction set of the code ([`PipelineConfig::arch`]).
-    arch: Option<CodeArch>,
-}
-
-impl CodeMap {
-    fn image_for(&self, path: &str) -> Option<usize> {
-        let name = path.rsplit('/').next().unwrap_or(path);
-        self.images
-            .iter()
-            .position(|i| i.path == path)
-            .or_else(|| self.images.iter().position(|i| i.path.rsplit('/').next() == Some(name)))
-    }
-
-    /// The bytes of the image registered under `path`.
-    pub fn image_bytes(&self, path: &str) -> Option<&[u8]> {
-        self.images.iter().find(|i| i.path == path).map(|i| i.data.as_slice())
-    }
-
-    /// Images whose mapped file was changed in place since it was mapped
-    /// ([`ImageBytes::changed`]: their bytes may no longer be the code the target runs).
-    pub fn images_changed(&self) -> usize {
-        self.images.iter().filter(|i| i.data.changed()).count()
-    }
-
-    /// [`image_bytes`](Self::image_bytes), shared (for a copy taken off the pipeline).
-    pub fn image_arc(&self, path: &str) -> Option<ImageBytes> {
-        self.images.iter().find(|i| i.path == path).map(|i| i.data.clone())
-    }
-
-    fn pid_maps(&self, pid: u32) -> Option<&Vec<Mapping>> {
-        self.by_pid.iter().find(|(p, _)| *p == pid).map(|(_, m)| m)
-    }
-
-    fn mappings(&self, pid: u32) -> &[Mapping] {
-        match self.by_pid.iter().find(|(p, _)| *p == pid).map(|(_, m)| m) {
-            Some(m) if !m.is_empty() => m,
-            _ => &self.any,
-        }
-    }
-
-    /// Notes that thread `tid` belongs to process `pid`.
-    pub fn note_thread(&mut self, pid: u32, tid: u32) {
-        if tid != 0 && self.tids.insert(tid, pid) != Some(pid) {
-            self.generation += 1;
-        }
-    }
-
-    /// See the field.
-    pub fn generation(&self) -> u64 {
-        self.generation
-    }
-
-    /// One id per distinct code view: the process whose mappings a context reads (all its
-    /// threads share it), the target's for an untraced context, none for a foreign one.
-    pub fn code_id(&self, context_id: Option<u32>) -> u64 {
-        match self.context_code(context_id) {
-            ContextCode::Target => u64::from(self.target.unwrap_or(0)),
-            ContextCode::Process(pid) => u64::from(pid),
-            ContextCode::Foreign => u64::from(u32::MAX),
-        }
-    }
-
-    /// Whose code a trace context (a thread id) runs.
-    pub fn context_code(&self, context_id: Option<u32>) -> ContextCode {
-        let Some(tid) = context_id else { return ContextCode::Target };
-        if self.by_pid.is_empty() {
-            return ContextCode::Target;
-        }
-        let pid = self.tids.get(&tid).copied().unwrap_or(tid);
-        if self.pid_maps(pid).is_some() { ContextCode::Process(pid) } else { ContextCode::Foreign }
-    }
-
-    /// The code bytes from runtime address `addr` of `pid` to the end of its mapping (`None`:
-    /// unmapped). `pid` `None` means the target process (the first process with mappings).
-    pub fn slice(&self, pid: Option<u32>, addr: u64) -> Option<&[u8]> {
-        self.mapped_code(self.mapping(pid, addr)?, addr)
-    }
-
-    /// [`slice`](Self::slice) of `addr` in mapping `m` (which holds it).
-    #[inline]
-    fn mapped_code(&self, m: &Mapping, addr: u64) -> Option<&[u8]> {
-        let off = (addr - m.start).checked_add(m.pgoff)? as usize;
-        let end = ((m.end - m.start).checked_add(m.pgoff)? as usize).min(self.images[m.image].data.len());
-        self.images[m.image].data.get(off..end).filter(|s| !s.is_empty())
-    }
-
-    /// The mapping holding runtime address `addr` of `pid` (as [`slice`](Self::slice)).
-    #[inline]
-    fn mapping(&self, pid: Option<u32>, addr: u64) -> Option<&Mapping> {
-        let maps = match pid.or(self.target) {
-            Some(p) => self.mappings(p),
-            None => &self.any,
-        };
-        let i = maps.partition_point(|m| m.end <= addr);
-        maps.get(i).filter(|m| m.start <= addr && addr < m.end)
-    }
-
-    /// Whether the instruction before return address `ret` of `pid` is a call (`None`: the
-    /// code there is unknown, or of an architecture without the check), by the architecture
-    /// of the image that holds it (its ELF header): A64 `BL`/`BLR` and the PAuth forms
-    /// ([`a64_kind`]), x86-64 any call encoding ending exactly there ([`isa::x86_after_call`]).
-    /// The one rule for the join's validation ([`CodeOracle::after_call`]) and the callers
-    /// check ([`checked_depth`](Self::checked_depth)).
-    pub fn call_before(&self, pid: u32, ret: u64) -> Option<bool> {
-        let maps = self.mappings(pid);
-        let last = ret.checked_sub(1)?;
-        let i = maps.partition_point(|m| m.end <= last);
-        let m = maps.get(i).filter(|m| m.start <= last)?;
-        let img = &self.images[m.image];
-        let arch = img.arch.or(self.arch)?;
-        let max = match arch {
-            CodeArch::Aarch64 => 4,
-            CodeArch::X86_64 => isa::X86_MAX_INSN as u64,
-        };
-        let from = ret.saturating_sub(max).max(m.start);
-        let lo = (from - m.start).checked_add(m.pgoff)? as usize;
-        let hi = (ret - m.start).checked_add(m.pgoff)? as usize;
-        let before = img.data.get(lo..hi)?;
-        Some(match arch {
-            CodeArch::Aarch64 => {
-                let w = before.get(before.len().checked_sub(4)?..)?;
-                a64_kind(u32::from_le_bytes([w[0], w[1], w[2], w[3]])) == InsnKind::Call
-            }
-            CodeArch::X86_64 => isa::x86_after_call(before, ret),
-        })
-    }
-
-    /// How many frames of `stack` (leaf first) to keep: up to, not including, the first
-    /// return address that cannot be one: outside user space (below 4096, the kernel's
-    /// smallest `mmap_min_addr` (mm/Kconfig `DEFAULT_MMAP_MIN_ADDR`; distributions use 32 or
-    /// 64 KiB), or at or above 2^56, beyond any user address: x86-64 5-level `TASK_SIZE_MAX`
-    /// is 2^56 - 4096, arm64 `VA_BITS` at most 52), or whose preceding instruction is known
-    /// and is not a call.
-    pub fn checked_depth(&self, pid: u32, stack: &[u64]) -> usize {
-        for (i, &ret) in stack.iter().enumerate().skip(1) {
-            if !(0x1000..1 << 56).contains(&ret) || self.call_before(pid, ret) == Some(false) {
-                return i;
-            }
-        }
-        stack.len()
-    }
-
-    /// `len` bytes of code at runtime address `addr` of `pid` (`None` if unmapped or out of
-    /// the file).
-    pub fn read(&self, pid: Option<u32>, addr: u64, len: usize) -> Option<&[u8]> {
-        self.slice(pid, addr)?.get(..len)
-    }
-
-    /// The 32-bit little-endian word at `addr` (one A64 instruction).
-    pub fn read_u32(&self, pid: Option<u32>, addr: u64) -> Option<u32> {
-        self.read(pid, addr, 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-
-    /// What `ev` changes in the code map (mappings, threads), the one place for it: the
-    /// pipeline applies it to its map, a decode pool to the map its workers read ahead of
-    /// the join. Returns the image an MMAP2 placed.
-    fn apply(&mut self, ev: &SessionEvent<'_>) -> Option<usize> {
-        let sb = match ev {
-            SessionEvent::Sample(s) => {
-                self.note_thread(s.pid, s.tid);
-                return None;
-            }
-            SessionEvent::Aux { .. } => return None,
-            SessionEvent::Sideband(sb) => sb,
-        };
-        let mut placed = None;
-        match sb {
-            Sideband::Mmap2 { pid, addr, len, pgoff, filename, .. } => placed = self.on_mmap(*pid, *addr, *len, *pgoff, filename),
-            Sideband::Fork { pid, ppid, .. } => {
-                if pid != ppid
-                    && let Some(m) = self.pid_maps(*ppid).cloned()
-                    && self.pid_maps(*pid).is_none()
-                {
-                    self.by_pid.push((*pid, m));
-                    self.generation += 1;
-                }
-            }
-            Sideband::Comm { pid, exec: true, .. } => {
-                self.by_pid.retain(|(p, _)| p != pid);
-                self.generation += 1;
-            }
-            Sideband::Switch { out, pid, tid, next_prev, cpu: Some(_), .. } => {
-                self.note_thread(*pid, *tid);
-                if let (true, Some((p, t))) = (*out, next_prev) {
-                    self.note_thread(*p, *t);
-                }
-            }
-            _ => {}
-        }
-        match sb {
-            Sideband::Mmap2 { pid, tid, .. } | Sideband::Comm { pid, tid, .. } | Sideband::ItraceStart { pid, tid, .. } => {
-                self.note_thread(*pid, *tid)
-            }
-            Sideband::Fork { pid, tid, .. } => self.note_thread(*pid, *tid),
-            _ => {}
-        }
-        placed
-    }
-
-    /// An MMAP2 of a known image: its mapping in `pid`. Returns the image.
-    fn on_mmap(&mut self, pid: u32, addr: u64, len: u64, pgoff: u64, filename: &str) -> Option<usize> {
-        let img = self.image_for(filename)?;
-        let m = Mapping { start: addr, end: addr.saturating_add(len), pgoff, image: img };
-        if self.pid_maps(pid).is_none() {
-            self.by_pid.push((pid, Vec::new()));
-        }
-        let list = &mut self.by_pid.iter_mut().find(|(p, _)| *p == pid).expect("just added").1;
-        CodeMap::insert(list, m);
-        self.target.get_or_insert(pid);
-        self.generation += 1;
-        Some(img)
-    }
-
-    fn insert(list: &mut Vec<Mapping>, m: Mapping) {
-        // Later mappings replace overlapped parts of earlier ones (simplified: drop overlaps).
-        list.retain(|o| o.end <= m.start || o.start >= m.end);
-        let i = list.partition_point(|o| o.start < m.start);
-        list.insert(i, m);
-    }
-}
-
-pub use crate::isa::a64_kind;
-
-impl CodeOracle for CodeMap {
-    fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind> {
-        match self.arch? {
-            CodeArch::Aarch64 => self.read_u32(Some(pid), addr).map(a64_kind),
-            // Bytes that are no instruction always break the flow (they fault).
-            CodeArch::X86_64 => Some(self.x86_at(pid, addr)?.map_or(InsnKind::Flow, |(k, _)| k)),
-        }
-    }
-
-    fn generation(&self) -> Option<u64> {
-        Some(self.generation)
-    }
-
-    fn insn_len(&self, pid: u32, addr: u64) -> Option<u64> {
-        match self.arch? {
-            CodeArch::Aarch64 => Some(4),
-            CodeArch::X86_64 => self.x86_at(pid, addr)?.map(|(_, n)| n),
-        }
-    }
-
-    fn after_call(&self, pid: u32, addr: u64) -> Option<bool> {
-        self.arch?;
-        self.call_before(pid, addr)
-    }
-
-    /// One mapping lookup for the whole range (the per-instruction default looks each up);
-    /// past the end of that mapping, the default's per-instruction lookups.
-    fn straight_code(&self, pid: u32, from: u64, to: u64) -> Straight {
-        match self.arch {
-            None => Straight::Unknown,
-            Some(CodeArch::Aarch64) => {
-                let mut a = from;
-                if let Some(code) = self.slice(Some(pid), from) {
-                    for w in code.chunks_exact(4) {
-                        if a >= to {
-                            return Straight::Yes;
-                        }
-                        if !a64_kind(u32::from_le_bytes([w[0], w[1], w[2], w[3]])).is_straight() {
-                            return Straight::Flow;
-                        }
-                        a += 4;
-                    }
-                }
-                while a < to {
-                    match self.insn_kind(pid, a) {
-                        None => return Straight::Unknown,
-                        Some(k) if k.is_straight() => {}
-                        Some(_) => return Straight::Flow,
-                    }
-                    a += 4;
-                }
-                Straight::Yes
-            }
-            Some(CodeArch::X86_64) => {
-                // Decoded forwards from `from` (a branch target: an instruction start); `to`
-                // must be where an instruction starts, not inside one.
-                let mut a = from;
-                while a < to {
-                    match self.x86_at(pid, a) {
-                        None => return Straight::Unknown,
-                        Some(None) => return Straight::Flow,
-                        Some(Some((k, _))) if !k.is_straight() => return Straight::Flow,
-                        Some(Some((_, n))) => a += n,
-                    }
-                }
-                if a == to { Straight::Yes } else { Straight::Flow }
-            }
-        }
-    }
-}
-
-impl CodeMap {
-    /// The x86-64 instruction at `addr`: `None` if no code is known there, `Some(None)` if
-    /// the bytes are no instruction.
-    fn x86_at(&self, pid: u32, addr: u64) -> Option<Option<(InsnKind, u64)>> {
-        let code = self.slice(Some(pid), addr)?;
-        Some(isa::x86_decode(code, addr))
-    }
-
-    /// The instruction set the code checks decode (`None`: unknown, no checks).
-    pub fn arch(&self) -> Option<CodeArch> {
-        self.arch
-    }
-}
-
 /// The entries of an LBR/BRBE branch stack (newest first) that are taken branches of the
 /// sampled thread's architectural path, with their unit-given kinds (`flags`: each entry's
 /// `perf_branch_entry` flag word, or empty):
@@ -723,136 +360,6 @@ enum Deferred {
     Jobs(Vec<crate::pool::Sent>),
 }
 
-/// Where each AUX buffer's records stand, for [`AuxPlan::new`]: the ring offset the next
-/// record should start at, and the CPU that wrote the last one.
-#[derive(Debug, Default)]
-pub(crate) struct AuxTrack {
-    next_offset: HashMap<i32, u64>,
-    source: HashMap<i32, i32>,
-}
-
-/// What one AUX record asks of its buffer's decoder: the one rule for what is counted and
-/// which decoder calls are made, planned when the record is pushed (so a decode worker can
-/// make the calls while the pipeline makes the rest of them, [`crate::pool`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct AuxPlan {
-    len: u64,
-    short: bool,
-    truncated: bool,
-    overwrite: bool,
-    gap: bool,
-    partial_collision: bool,
-    collision: bool,
-    /// A decoder is available (else the record is counted undecoded).
-    decoded: bool,
-    pub(crate) raw: bool,
-    /// The CPU whose trace it is.
-    pub(crate) source: i32,
-    /// The CPU that wrote the buffer's previous record.
-    prev_source: i32,
-    /// Raw data of a per-thread buffer written by another CPU than the previous record.
-    moved: bool,
-    /// Pieces of bytes.
-    parts: usize,
-}
-
-/// One step of an AUX record's decode ([`AuxPlan::steps`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AuxStep {
-    /// The stream of the previous CPU ends (finish), a decoder for the new CPU's begins.
-    Moved,
-    /// Data was lost before this record, or it is a fresh snapshot: finish, reset.
-    Restart,
-    /// Decode piece `i`.
-    Feed(usize),
-    /// Bytes at or after the end of the record are missing: reset.
-    Cut,
-}
-
-impl AuxPlan {
-    pub(crate) fn new(rec: &AuxRecord, parts: &[&[u8]], decodable: bool, track: &mut AuxTrack) -> AuxPlan {
-        let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
-        let overwrite = rec.flags & PERF_AUX_FLAG_OVERWRITE != 0;
-        // AUX ring offsets are monotonic: a record that does not start where the previous one
-        // ended follows a gap (records lost or not recorded). 0 means "not provided".
-        let expected = track.next_offset.insert(rec.cpu, rec.aux_offset.wrapping_add(rec.size.max(len)));
-        let gap = !overwrite && rec.aux_offset != 0 && expected.is_some_and(|e| e != rec.aux_offset);
-        let raw = rec.flags & PERF_AUX_FLAG_CORESIGHT_FORMAT_RAW != 0;
-        // Raw (TRBE) data is the trace of the CPU that wrote it: in a per-thread buffer, the
-        // CPU of each record's sample_id.
-        let source = if raw { rec.source_cpu.unwrap_or(rec.cpu) } else { rec.cpu };
-        let (mut prev_source, mut moved) = (source, false);
-        if decodable {
-            // A fragment written by another CPU than the previous one: that CPU's stream
-            // ended with the previous record (its last branches are completed there), and
-            // this one is a new stream with the new CPU's trace configuration.
-            let prev = track.source.entry(rec.cpu).or_insert(source);
-            prev_source = *prev;
-            moved = raw && *prev != source;
-            if moved {
-                *prev = source;
-            }
-        }
-        AuxPlan {
-            len,
-            short: len < rec.size,
-            truncated: rec.flags & PERF_AUX_FLAG_TRUNCATED != 0,
-            overwrite,
-            gap,
-            partial_collision: rec.flags & (PERF_AUX_FLAG_PARTIAL | PERF_AUX_FLAG_COLLISION) != 0,
-            collision: rec.flags & PERF_AUX_FLAG_COLLISION != 0,
-            decoded: decodable,
-            raw,
-            source,
-            prev_source,
-            moved,
-            parts: parts.len(),
-        }
-    }
-
-    /// The decode steps, in order.
-    pub(crate) fn steps(&self) -> impl Iterator<Item = AuxStep> + use<> {
-        let moved = self.moved.then_some(AuxStep::Moved);
-        // The stream so far ends here (its last branches are completed, the window open at
-        // the end of the previous record ended there) and this record is decoded afresh.
-        let restart = (self.truncated || self.overwrite || self.gap).then_some(AuxStep::Restart);
-        // Bytes at the end of this record are missing (TRUNCATED, short), or after it
-        // (COLLISION: a TRBE wrap, the ETE kept tracing while the buffer was off): the
-        // window open there is broken, and the next bytes start afresh.
-        let cut = (self.truncated || self.short || self.collision).then_some(AuxStep::Cut);
-        moved.into_iter().chain(restart).chain((0..self.parts).map(AuxStep::Feed)).chain(cut)
-    }
-}
-
-/// The decoder calls of one step, the same on the pipeline's thread and on a decode worker
-/// (`create` makes the decoder of the new stream; `parts`: the record's bytes).
-pub(crate) fn run_step<S: crate::pool::CallSink>(
-    dec: &mut Box<dyn WindowDecoder>,
-    step: AuxStep,
-    parts: &[&[u8]],
-    code: &CodeMap,
-    sink: &mut S,
-    create: impl FnOnce() -> Box<dyn WindowDecoder>,
-) {
-    match step {
-        AuxStep::Moved => {
-            dec.finish(code, sink);
-            sink.call_done();
-            *dec = create();
-        }
-        AuxStep::Restart => {
-            dec.finish(code, sink);
-            sink.call_done();
-            dec.reset();
-        }
-        AuxStep::Feed(i) => {
-            dec.feed(parts.get(i).copied().unwrap_or_default(), code, sink);
-            sink.call_done();
-        }
-        AuxStep::Cut => dec.reset(),
-    }
-}
-
 /// Whether the last branches of AUX buffer `aux_cpu` are complete when the trace of `cpus`
 /// is: a per-CPU buffer holds its CPU's trace, a per-thread buffer (-1) any CPU's.
 fn completes(aux_cpu: i32, cpus: &[i32]) -> bool {
@@ -913,7 +420,7 @@ impl Pipeline {
         let trace_cpu = cfg.cpus.iter().map(|c| (c.trace_id, c.cpu)).collect();
         let factory = cfg.decoder.clone().or_else(crate::decoder::default_factory);
         let arch = cfg.arch.or((!cfg.cpus.is_empty()).then_some(CodeArch::Aarch64));
-        let code = CodeMap { arch, ..Default::default() };
+        let code = CodeMap::new(arch);
         let pool = match &factory {
             Some(f) if cfg.decode_threads > 1 && !cfg.cpus.is_empty() => {
                 crate::pool::Pool::start(cfg.decode_threads, f.clone(), &cfg.cpus, code.clone())
@@ -1020,20 +527,10 @@ impl Pipeline {
         if info.is_none() {
             let _ = symbols.set(Arc::default());
         }
-        let idx = self.code.images.len();
-        if let Some(info) = &info {
-            // Place the exec segments at their link-time addresses until an MMAP2 moves them.
-            for s in &info.exec_segments {
-                CodeMap::insert(
-                    &mut self.code.any,
-                    Mapping { start: s.vaddr, end: s.vaddr.saturating_add(s.memsz), pgoff: s.offset, image: idx },
-                );
-            }
-            self.resolver.binaries.push((idx, info.clone()));
+        let idx = self.code.add_image(path, data, info.as_ref(), symbols);
+        if let Some(info) = info {
+            self.resolver.binaries.push((idx, info));
         }
-        let arch = CodeArch::of_elf(&data);
-        self.code.images.push(Arc::new(Image { path: path.to_string(), data, symbols, arch }));
-        self.code.generation += 1;
         if let Some(pool) = self.pool.as_mut() {
             pool.code = self.code.clone();
         }
@@ -1752,7 +1249,7 @@ impl ExactState {
         let f = match resolver.resolve(addr) {
             Some((b, link)) => {
                 let (img, info) = &resolver.binaries[b.0 as usize];
-                match code.images[*img].symbols().lookup(link) {
+                match code.symbols(*img).lookup(link) {
                     Some(sym) => {
                         let (start, name) = (sym.start, sym.name.clone());
                         self.intern((*img, start), &info.path, &name)
@@ -1893,7 +1390,7 @@ impl Sink<'_> {
                     let link = r.map(|(_, l)| l).unwrap_or(a2);
                     let sym = r.and_then(|(b, l)| {
                         let img = self.resolver.binaries.get(b.0 as usize)?.0;
-                        self.code.images[img].symbols().lookup(l).map(|s| s.name.as_str())
+                        self.code.symbols(img).lookup(l).map(|s| s.name.as_str())
                     });
                     let start = self.scratch_frames.len();
                     self.namer.frame_ids(bin, sym, link, a2, self.frames, self.scratch_frames);
@@ -1907,7 +1404,7 @@ impl Sink<'_> {
     }
 }
 
-impl crate::pool::CallSink for WinSink<'_, '_> {}
+impl crate::window::CallSink for WinSink<'_, '_> {}
 
 /// Routes decoder output of one AUX buffer to the join.
 struct WinSink<'a, 'b> {
@@ -2096,6 +1593,8 @@ impl WindowSink for WinSink<'_, '_> {
 mod tests {
     use std::cell::RefCell;
     use std::rc::Rc;
+
+    use crate::session::{PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_TRUNCATED};
 
     use super::*;
     use crate::decoder::toy::{ToyFactory, ToyWriter};
@@ -2913,52 +2412,6 @@ mod tests {
             assert_eq!(st.samples, samples);
             assert_eq!(st.join.samples, st.join.joined + st.join.rejected.total(), "{st:?}");
         }
-    }
-
-    /// The code map's one-lookup straight-line scan gives the per-instruction default's answer
-    /// for every range over two adjacent mappings, a gap and a partial word at an image end.
-    #[test]
-    fn straight_code_matches_per_instruction_default() {
-        struct PerInsn<'a>(&'a CodeMap);
-        impl CodeOracle for PerInsn<'_> {
-            fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind> {
-                self.0.insn_kind(pid, addr)
-            }
-        }
-        const NOP: u32 = 0xD503_201F;
-        const B: u32 = 0x1400_0010;
-        const BEQ: u32 = 0x5400_0040;
-        let words = |ws: &[u32], tail: usize| {
-            let mut v: Vec<u8> = ws.iter().flat_map(|w| w.to_le_bytes()).collect();
-            v.extend(std::iter::repeat_n(0u8, tail));
-            Arc::new(v)
-        };
-        let mut code = CodeMap { arch: Some(CodeArch::Aarch64), ..Default::default() };
-        for (i, data) in
-            [words(&[NOP, BEQ, NOP, NOP], 0), words(&[NOP, NOP, B, NOP], 0), words(&[NOP], 2)].into_iter().enumerate()
-        {
-            code.images.push(Arc::new(Image {
-                path: format!("img{i}"),
-                data: data.into(),
-                symbols: Default::default(),
-                arch: None,
-            }));
-        }
-        let maps = vec![
-            Mapping { start: 0x1000, end: 0x1010, pgoff: 0, image: 0 },
-            Mapping { start: 0x1010, end: 0x1020, pgoff: 0, image: 1 },
-            Mapping { start: 0x1030, end: 0x1040, pgoff: 0, image: 2 },
-        ];
-        code.by_pid.push((7, maps));
-        let mut seen = [0usize; 3];
-        for from in (0xff8..0x1048).step_by(4) {
-            for to in from..0x1048 {
-                let want = PerInsn(&code).straight_code(7, from, to);
-                assert_eq!(code.straight_code(7, from, to), want, "{from:#x}..{to:#x}");
-                seen[want as usize] += 1;
-            }
-        }
-        assert!(seen.iter().all(|&n| n > 0), "all three outcomes covered: {seen:?}");
     }
 
     fn bps(base: u64, n: u64) -> Vec<BranchPair> {

@@ -22,9 +22,10 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
-use crate::pipeline::{AuxPlan, CodeMap, run_step};
+use crate::aux::{AuxPlan, run_step};
+use crate::code::CodeMap;
 use crate::session::{BranchPair, CpuTraceConfig};
-use crate::window::{DecoderFactory, DecoderShared, Discontinuity, WindowDecoder, WindowSink};
+use crate::window::{CallSink, DecoderFactory, DecoderShared, Discontinuity, WindowDecoder, WindowSink};
 
 /// Jobs in flight per worker (the pipeline waits for the oldest before sending more).
 pub(crate) const JOBS_PER_WORKER: usize = 4;
@@ -33,12 +34,6 @@ pub(crate) const JOBS_PER_WORKER: usize = 4;
 pub const WORKER_THREAD_PREFIX: &str = "etm-decode-";
 /// Events queued for the join at most (AUX records, samples, sideband).
 pub(crate) const MAX_QUEUED: usize = 4096;
-
-/// A sink that marks the end of each decoder call's output (a [`Tape`]'s segments).
-pub(crate) trait CallSink: WindowSink {
-    /// The decoder call that fed this sink returned.
-    fn call_done(&mut self) {}
-}
 
 /// One sink call of a decoder.
 #[derive(Debug, Clone, Copy)]

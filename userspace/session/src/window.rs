@@ -4,7 +4,7 @@
 //! discontinuities. The `etm_decode` adapter ([`crate::decoder`]) and test doubles implement
 //! it; the pipeline, and the decode pool's workers, drive it.
 
-use crate::pipeline::CodeMap;
+use crate::code::CodeMap;
 use crate::session::{BranchPair, CpuTraceConfig};
 
 /// Why a decoder reported a discontinuity.
@@ -85,4 +85,10 @@ pub trait DecoderFactory: Send + Sync {
     /// configurations and whether the data is raw (no frame formatter), using the pipeline's
     /// `shared` state.
     fn create(&self, aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool, shared: &DecoderShared) -> Box<dyn WindowDecoder>;
+}
+
+/// A sink that marks the end of each decoder call's output (a decode worker's tape records the calls, [`crate::pool`]).
+pub(crate) trait CallSink: WindowSink {
+    /// The decoder call that fed this sink returned.
+    fn call_done(&mut self) {}
 }

@@ -1,0 +1,460 @@
+//! The code the trace ran: images and where each process maps them (from MMAP2 records and
+//! the recording's images), read for the decoder ([`crate::window::WindowDecoder`]), the
+//! join's validation ([`CodeOracle`]) and the exact counts.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::image::ImageBytes;
+use crate::isa::{self, a64_kind};
+use crate::join::{CodeOracle, InsnKind, Straight};
+use crate::session::{CodeArch, SessionEvent, Sideband};
+
+/// A code image: path, bytes and its ELF description.
+#[derive(Debug)]
+struct Image {
+    path: String,
+    data: ImageBytes,
+    /// Function symbols (start, end, name), sorted by start: read at the first lookup,
+    /// shared per build-id ([`etm_stacks::symtab::SymbolTable::of_binary_shared`]).
+    symbols: std::sync::OnceLock<Arc<etm_stacks::symtab::SymbolTable>>,
+    /// The architecture of its code (ELF `e_machine`), for the callers check.
+    arch: Option<CodeArch>,
+}
+
+impl Image {
+    fn symbols(&self) -> &etm_stacks::symtab::SymbolTable {
+        self.symbols.get_or_init(|| etm_stacks::symtab::SymbolTable::of_binary_shared(&self.data))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    pgoff: u64,
+    image: usize,
+}
+
+/// Whose code a traced context runs ([`CodeMap::context_code`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContextCode {
+    /// The target's (no context traced, or the session knows no process mappings: static
+    /// images serve any context).
+    Target,
+    /// This process's.
+    Process(u32),
+    /// A thread of no process with known code: another process, not decoded.
+    Foreign,
+}
+
+/// Code images and where they are mapped, per process (from MMAP2 records); reads
+/// instructions for the decoder and the join's validation. Cheap to clone (the images are
+/// shared, read-only): decode workers ([`PipelineConfig::decode_threads`]) read a snapshot.
+#[derive(Debug, Default, Clone)]
+pub struct CodeMap {
+    images: Vec<Arc<Image>>,
+    /// Per process (few: a linear scan beats hashing on the per-instruction path).
+    by_pid: Vec<(u32, Vec<Mapping>)>,
+    /// Mappings of processes not seen in any MMAP2 (static images placed at their link-time
+    /// addresses: synthetic sessions without sideband).
+    any: Vec<Mapping>,
+    /// The process the decoder reads code of (first process with an MMAP2 of a known image).
+    target: Option<u32>,
+    /// Thread id -> process id, from the sideband and the samples (a traced context is a
+    /// thread id: CONTEXTIDR holds `task_pid_nr`, `contextidr_thread_switch`).
+    tids: HashMap<u32, u32>,
+    /// Bumped whenever which code a context sees may have changed (mappings, threads): the
+    /// decoders' block-cache tags ([`MemoryAccess::code_id`](etm_decode::image::MemoryAccess::code_id)) are recomputed then.
+    pub(crate) generation: u64,
+    /// The instruction set of the code ([`PipelineConfig::arch`]).
+    arch: Option<CodeArch>,
+}
+
+impl CodeMap {
+    fn image_for(&self, path: &str) -> Option<usize> {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        self.images
+            .iter()
+            .position(|i| i.path == path)
+            .or_else(|| self.images.iter().position(|i| i.path.rsplit('/').next() == Some(name)))
+    }
+
+    /// The bytes of the image registered under `path`.
+    pub fn image_bytes(&self, path: &str) -> Option<&[u8]> {
+        self.images.iter().find(|i| i.path == path).map(|i| i.data.as_slice())
+    }
+
+    /// Images whose mapped file was changed in place since it was mapped
+    /// ([`ImageBytes::changed`]: their bytes may no longer be the code the target runs).
+    pub fn images_changed(&self) -> usize {
+        self.images.iter().filter(|i| i.data.changed()).count()
+    }
+
+    /// [`image_bytes`](Self::image_bytes), shared (for a copy taken off the pipeline).
+    pub fn image_arc(&self, path: &str) -> Option<ImageBytes> {
+        self.images.iter().find(|i| i.path == path).map(|i| i.data.clone())
+    }
+
+    fn pid_maps(&self, pid: u32) -> Option<&Vec<Mapping>> {
+        self.by_pid.iter().find(|(p, _)| *p == pid).map(|(_, m)| m)
+    }
+
+    fn mappings(&self, pid: u32) -> &[Mapping] {
+        match self.by_pid.iter().find(|(p, _)| *p == pid).map(|(_, m)| m) {
+            Some(m) if !m.is_empty() => m,
+            _ => &self.any,
+        }
+    }
+
+    /// Notes that thread `tid` belongs to process `pid`.
+    pub fn note_thread(&mut self, pid: u32, tid: u32) {
+        if tid != 0 && self.tids.insert(tid, pid) != Some(pid) {
+            self.generation += 1;
+        }
+    }
+
+    /// See the field.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// One id per distinct code view: the process whose mappings a context reads (all its
+    /// threads share it), the target's for an untraced context, none for a foreign one.
+    pub fn code_id(&self, context_id: Option<u32>) -> u64 {
+        match self.context_code(context_id) {
+            ContextCode::Target => u64::from(self.target.unwrap_or(0)),
+            ContextCode::Process(pid) => u64::from(pid),
+            ContextCode::Foreign => u64::from(u32::MAX),
+        }
+    }
+
+    /// Whose code a trace context (a thread id) runs.
+    pub fn context_code(&self, context_id: Option<u32>) -> ContextCode {
+        let Some(tid) = context_id else { return ContextCode::Target };
+        if self.by_pid.is_empty() {
+            return ContextCode::Target;
+        }
+        let pid = self.tids.get(&tid).copied().unwrap_or(tid);
+        if self.pid_maps(pid).is_some() { ContextCode::Process(pid) } else { ContextCode::Foreign }
+    }
+
+    /// The code bytes from runtime address `addr` of `pid` to the end of its mapping (`None`:
+    /// unmapped). `pid` `None` means the target process (the first process with mappings).
+    pub fn slice(&self, pid: Option<u32>, addr: u64) -> Option<&[u8]> {
+        self.mapped_code(self.mapping(pid, addr)?, addr)
+    }
+
+    /// [`slice`](Self::slice) of `addr` in mapping `m` (which holds it).
+    #[inline]
+    fn mapped_code(&self, m: &Mapping, addr: u64) -> Option<&[u8]> {
+        let off = (addr - m.start).checked_add(m.pgoff)? as usize;
+        let end = ((m.end - m.start).checked_add(m.pgoff)? as usize).min(self.images[m.image].data.len());
+        self.images[m.image].data.get(off..end).filter(|s| !s.is_empty())
+    }
+
+    /// The mapping holding runtime address `addr` of `pid` (as [`slice`](Self::slice)).
+    #[inline]
+    fn mapping(&self, pid: Option<u32>, addr: u64) -> Option<&Mapping> {
+        let maps = match pid.or(self.target) {
+            Some(p) => self.mappings(p),
+            None => &self.any,
+        };
+        let i = maps.partition_point(|m| m.end <= addr);
+        maps.get(i).filter(|m| m.start <= addr && addr < m.end)
+    }
+
+    /// Whether the instruction before return address `ret` of `pid` is a call (`None`: the
+    /// code there is unknown, or of an architecture without the check), by the architecture
+    /// of the image that holds it (its ELF header): A64 `BL`/`BLR` and the PAuth forms
+    /// ([`a64_kind`]), x86-64 any call encoding ending exactly there ([`isa::x86_after_call`]).
+    /// The one rule for the join's validation ([`CodeOracle::after_call`]) and the callers
+    /// check ([`checked_depth`](Self::checked_depth)).
+    pub fn call_before(&self, pid: u32, ret: u64) -> Option<bool> {
+        let maps = self.mappings(pid);
+        let last = ret.checked_sub(1)?;
+        let i = maps.partition_point(|m| m.end <= last);
+        let m = maps.get(i).filter(|m| m.start <= last)?;
+        let img = &self.images[m.image];
+        let arch = img.arch.or(self.arch)?;
+        let max = match arch {
+            CodeArch::Aarch64 => 4,
+            CodeArch::X86_64 => isa::X86_MAX_INSN as u64,
+        };
+        let from = ret.saturating_sub(max).max(m.start);
+        let lo = (from - m.start).checked_add(m.pgoff)? as usize;
+        let hi = (ret - m.start).checked_add(m.pgoff)? as usize;
+        let before = img.data.get(lo..hi)?;
+        Some(match arch {
+            CodeArch::Aarch64 => {
+                let w = before.get(before.len().checked_sub(4)?..)?;
+                a64_kind(u32::from_le_bytes([w[0], w[1], w[2], w[3]])) == InsnKind::Call
+            }
+            CodeArch::X86_64 => isa::x86_after_call(before, ret),
+        })
+    }
+
+    /// How many frames of `stack` (leaf first) to keep: up to, not including, the first
+    /// return address that cannot be one: outside user space (below 4096, the kernel's
+    /// smallest `mmap_min_addr` (mm/Kconfig `DEFAULT_MMAP_MIN_ADDR`; distributions use 32 or
+    /// 64 KiB), or at or above 2^56, beyond any user address: x86-64 5-level `TASK_SIZE_MAX`
+    /// is 2^56 - 4096, arm64 `VA_BITS` at most 52), or whose preceding instruction is known
+    /// and is not a call.
+    pub fn checked_depth(&self, pid: u32, stack: &[u64]) -> usize {
+        for (i, &ret) in stack.iter().enumerate().skip(1) {
+            if !(0x1000..1 << 56).contains(&ret) || self.call_before(pid, ret) == Some(false) {
+                return i;
+            }
+        }
+        stack.len()
+    }
+
+    /// `len` bytes of code at runtime address `addr` of `pid` (`None` if unmapped or out of
+    /// the file).
+    pub fn read(&self, pid: Option<u32>, addr: u64, len: usize) -> Option<&[u8]> {
+        self.slice(pid, addr)?.get(..len)
+    }
+
+    /// The 32-bit little-endian word at `addr` (one A64 instruction).
+    pub fn read_u32(&self, pid: Option<u32>, addr: u64) -> Option<u32> {
+        self.read(pid, addr, 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// What `ev` changes in the code map (mappings, threads), the one place for it: the
+    /// pipeline applies it to its map, a decode pool to the map its workers read ahead of
+    /// the join. Returns the image an MMAP2 placed.
+    pub(crate) fn apply(&mut self, ev: &SessionEvent<'_>) -> Option<usize> {
+        let sb = match ev {
+            SessionEvent::Sample(s) => {
+                self.note_thread(s.pid, s.tid);
+                return None;
+            }
+            SessionEvent::Aux { .. } => return None,
+            SessionEvent::Sideband(sb) => sb,
+        };
+        let mut placed = None;
+        match sb {
+            Sideband::Mmap2 { pid, addr, len, pgoff, filename, .. } => placed = self.on_mmap(*pid, *addr, *len, *pgoff, filename),
+            Sideband::Fork { pid, ppid, .. } => {
+                if pid != ppid
+                    && let Some(m) = self.pid_maps(*ppid).cloned()
+                    && self.pid_maps(*pid).is_none()
+                {
+                    self.by_pid.push((*pid, m));
+                    self.generation += 1;
+                }
+            }
+            Sideband::Comm { pid, exec: true, .. } => {
+                self.by_pid.retain(|(p, _)| p != pid);
+                self.generation += 1;
+            }
+            Sideband::Switch { out, pid, tid, next_prev, cpu: Some(_), .. } => {
+                self.note_thread(*pid, *tid);
+                if let (true, Some((p, t))) = (*out, next_prev) {
+                    self.note_thread(*p, *t);
+                }
+            }
+            _ => {}
+        }
+        match sb {
+            Sideband::Mmap2 { pid, tid, .. } | Sideband::Comm { pid, tid, .. } | Sideband::ItraceStart { pid, tid, .. } => {
+                self.note_thread(*pid, *tid)
+            }
+            Sideband::Fork { pid, tid, .. } => self.note_thread(*pid, *tid),
+            _ => {}
+        }
+        placed
+    }
+
+    /// An MMAP2 of a known image: its mapping in `pid`. Returns the image.
+    fn on_mmap(&mut self, pid: u32, addr: u64, len: u64, pgoff: u64, filename: &str) -> Option<usize> {
+        let img = self.image_for(filename)?;
+        let m = Mapping { start: addr, end: addr.saturating_add(len), pgoff, image: img };
+        if self.pid_maps(pid).is_none() {
+            self.by_pid.push((pid, Vec::new()));
+        }
+        let list = &mut self.by_pid.iter_mut().find(|(p, _)| *p == pid).expect("just added").1;
+        CodeMap::insert(list, m);
+        self.target.get_or_insert(pid);
+        self.generation += 1;
+        Some(img)
+    }
+
+    fn insert(list: &mut Vec<Mapping>, m: Mapping) {
+        // Later mappings replace overlapped parts of earlier ones (simplified: drop overlaps).
+        list.retain(|o| o.end <= m.start || o.start >= m.end);
+        let i = list.partition_point(|o| o.start < m.start);
+        list.insert(i, m);
+    }
+}
+
+impl CodeOracle for CodeMap {
+    fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind> {
+        match self.arch? {
+            CodeArch::Aarch64 => self.read_u32(Some(pid), addr).map(a64_kind),
+            // Bytes that are no instruction always break the flow (they fault).
+            CodeArch::X86_64 => Some(self.x86_at(pid, addr)?.map_or(InsnKind::Flow, |(k, _)| k)),
+        }
+    }
+
+    fn generation(&self) -> Option<u64> {
+        Some(self.generation)
+    }
+
+    fn insn_len(&self, pid: u32, addr: u64) -> Option<u64> {
+        match self.arch? {
+            CodeArch::Aarch64 => Some(4),
+            CodeArch::X86_64 => self.x86_at(pid, addr)?.map(|(_, n)| n),
+        }
+    }
+
+    fn after_call(&self, pid: u32, addr: u64) -> Option<bool> {
+        self.arch?;
+        self.call_before(pid, addr)
+    }
+
+    /// One mapping lookup for the whole range (the per-instruction default looks each up);
+    /// past the end of that mapping, the default's per-instruction lookups.
+    fn straight_code(&self, pid: u32, from: u64, to: u64) -> Straight {
+        match self.arch {
+            None => Straight::Unknown,
+            Some(CodeArch::Aarch64) => {
+                let mut a = from;
+                if let Some(code) = self.slice(Some(pid), from) {
+                    for w in code.chunks_exact(4) {
+                        if a >= to {
+                            return Straight::Yes;
+                        }
+                        if !a64_kind(u32::from_le_bytes([w[0], w[1], w[2], w[3]])).is_straight() {
+                            return Straight::Flow;
+                        }
+                        a += 4;
+                    }
+                }
+                while a < to {
+                    match self.insn_kind(pid, a) {
+                        None => return Straight::Unknown,
+                        Some(k) if k.is_straight() => {}
+                        Some(_) => return Straight::Flow,
+                    }
+                    a += 4;
+                }
+                Straight::Yes
+            }
+            Some(CodeArch::X86_64) => {
+                // Decoded forwards from `from` (a branch target: an instruction start); `to`
+                // must be where an instruction starts, not inside one.
+                let mut a = from;
+                while a < to {
+                    match self.x86_at(pid, a) {
+                        None => return Straight::Unknown,
+                        Some(None) => return Straight::Flow,
+                        Some(Some((k, _))) if !k.is_straight() => return Straight::Flow,
+                        Some(Some((_, n))) => a += n,
+                    }
+                }
+                if a == to { Straight::Yes } else { Straight::Flow }
+            }
+        }
+    }
+}
+
+impl CodeMap {
+    /// The x86-64 instruction at `addr`: `None` if no code is known there, `Some(None)` if
+    /// the bytes are no instruction.
+    fn x86_at(&self, pid: u32, addr: u64) -> Option<Option<(InsnKind, u64)>> {
+        let code = self.slice(Some(pid), addr)?;
+        Some(isa::x86_decode(code, addr))
+    }
+
+    /// The instruction set the code checks decode (`None`: unknown, no checks).
+    pub fn arch(&self) -> Option<CodeArch> {
+        self.arch
+    }
+}
+
+impl CodeMap {
+    /// An empty code map whose checks decode `arch` (`None`: none).
+    pub(crate) fn new(arch: Option<CodeArch>) -> CodeMap {
+        CodeMap { arch, ..Default::default() }
+    }
+
+    /// Registers a code image (`info`: its ELF description, `None` if it has none), placing its
+    /// exec segments at their link-time addresses until an MMAP2 moves them; `symbols` is set
+    /// already for an image without symbols. Returns its index.
+    pub(crate) fn add_image(
+        &mut self,
+        path: &str,
+        data: ImageBytes,
+        info: Option<&etm_profile::BinaryInfo>,
+        symbols: std::sync::OnceLock<Arc<etm_stacks::symtab::SymbolTable>>,
+    ) -> usize {
+        let idx = self.images.len();
+        for s in info.iter().flat_map(|i| &i.exec_segments) {
+            CodeMap::insert(
+                &mut self.any,
+                Mapping { start: s.vaddr, end: s.vaddr.saturating_add(s.memsz), pgoff: s.offset, image: idx },
+            );
+        }
+        let arch = CodeArch::of_elf(&data);
+        self.images.push(Arc::new(Image { path: path.to_string(), data, symbols, arch }));
+        self.generation += 1;
+        idx
+    }
+
+    /// The function symbols of image `img` (read at the first call).
+    pub(crate) fn symbols(&self, img: usize) -> &etm_stacks::symtab::SymbolTable {
+        self.images[img].symbols()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The code map's one-lookup straight-line scan gives the per-instruction default's answer
+    /// for every range over two adjacent mappings, a gap and a partial word at an image end.
+    #[test]
+    fn straight_code_matches_per_instruction_default() {
+        struct PerInsn<'a>(&'a CodeMap);
+        impl CodeOracle for PerInsn<'_> {
+            fn insn_kind(&self, pid: u32, addr: u64) -> Option<InsnKind> {
+                self.0.insn_kind(pid, addr)
+            }
+        }
+        const NOP: u32 = 0xD503_201F;
+        const B: u32 = 0x1400_0010;
+        const BEQ: u32 = 0x5400_0040;
+        let words = |ws: &[u32], tail: usize| {
+            let mut v: Vec<u8> = ws.iter().flat_map(|w| w.to_le_bytes()).collect();
+            v.extend(std::iter::repeat_n(0u8, tail));
+            Arc::new(v)
+        };
+        let mut code = CodeMap { arch: Some(CodeArch::Aarch64), ..Default::default() };
+        for (i, data) in
+            [words(&[NOP, BEQ, NOP, NOP], 0), words(&[NOP, NOP, B, NOP], 0), words(&[NOP], 2)].into_iter().enumerate()
+        {
+            code.images.push(Arc::new(Image {
+                path: format!("img{i}"),
+                data: data.into(),
+                symbols: Default::default(),
+                arch: None,
+            }));
+        }
+        let maps = vec![
+            Mapping { start: 0x1000, end: 0x1010, pgoff: 0, image: 0 },
+            Mapping { start: 0x1010, end: 0x1020, pgoff: 0, image: 1 },
+            Mapping { start: 0x1030, end: 0x1040, pgoff: 0, image: 2 },
+        ];
+        code.by_pid.push((7, maps));
+        let mut seen = [0usize; 3];
+        for from in (0xff8..0x1048).step_by(4) {
+            for to in from..0x1048 {
+                let want = PerInsn(&code).straight_code(7, from, to);
+                assert_eq!(code.straight_code(7, from, to), want, "{from:#x}..{to:#x}");
+                seen[want as usize] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n > 0), "all three outcomes covered: {seen:?}");
+    }
+}
