@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use etm_profile::{AddressResolver, BinaryId, BinaryInfo};
+
 use crate::image::ImageBytes;
 use crate::isa::{self, a64_kind};
 use crate::join::{CodeOracle, InsnKind, Straight};
@@ -408,9 +410,96 @@ impl CodeMap {
     }
 }
 
+/// Resolver over the code map's images, placed by MMAP2 records (or at link time).
+#[derive(Debug, Default)]
+pub(crate) struct Resolver {
+    /// Images with ELF info: index into `CodeMap::images`, and the `BinaryInfo`.
+    pub(crate) binaries: Vec<(usize, BinaryInfo)>,
+    /// Runtime mapping of exec segments: (start, end, bias to add, binary index).
+    pub(crate) places: Vec<(u64, u64, u64, u32)>,
+    /// Per binary: an MMAP2 placed it (then its link-time addresses mean nothing at run time).
+    pub(crate) placed: Vec<bool>,
+}
+
+impl AddressResolver for Resolver {
+    fn resolve(&self, addr: u64) -> Option<(BinaryId, u64)> {
+        self.resolve_span(addr).map(|(b, link, _)| (b, link))
+    }
+    fn resolve_span(&self, addr: u64) -> Option<(BinaryId, u64, std::ops::Range<u64>)> {
+        let i = self.places.partition_point(|p| p.1 <= addr);
+        if let Some(&(s, e, bias, b)) = self.places.get(i)
+            && s <= addr
+            && addr < e
+        {
+            return Some((BinaryId(b), addr.wrapping_add(bias), s..e));
+        }
+        // Binaries no MMAP2 placed: identity (static, non-PIE, synthetic sessions). A placed
+        // one is not also at its link-time addresses: a small garbage value read as a
+        // return address would otherwise resolve into a library linked at 0 (e.g. [vdso]).
+        let unplaced = |i: usize| !self.placed.get(i).copied().unwrap_or(false);
+        let (b, seg) = self
+            .binaries
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| unplaced(i))
+            .find_map(|(i, (_, b))| Some((i, b.exec_segment(addr)?)))?;
+        // Alike: the segment between the neighbouring placed mappings, if no binary found
+        // before this one has code in it.
+        let lo = seg.vaddr.max(i.checked_sub(1).map_or(0, |j| self.places[j].1));
+        let hi = seg.vaddr.saturating_add(seg.memsz).min(self.places.get(i).map_or(u64::MAX, |p| p.0));
+        let shadowed = self.binaries[..b].iter().enumerate().any(|(j, (_, o))| {
+            unplaced(j) && o.exec_segments.iter().any(|s| s.vaddr < hi && lo < s.vaddr.saturating_add(s.memsz))
+        });
+        let span = if shadowed { addr..addr.saturating_add(1) } else { lo..hi };
+        Some((BinaryId(b as u32), addr, span))
+    }
+    fn binary(&self, id: BinaryId) -> Option<&BinaryInfo> {
+        self.binaries.get(id.0 as usize).map(|b| &b.1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every address of a span resolves like its address by the rule written out (placed
+    /// mappings first, then unplaced binaries at link time), with overlapping binaries.
+    #[test]
+    fn resolver_spans_resolve_alike() {
+        let info = |segs: &[(u64, u64)]| BinaryInfo {
+            exec_segments: segs.iter().map(|&(vaddr, memsz)| etm_profile::ExecSegment { vaddr, memsz, offset: 0 }).collect(),
+            ..Default::default()
+        };
+        let r = Resolver {
+            binaries: vec![
+                (0, info(&[(0x1000, 0x1000)])),
+                (1, info(&[(0x1800, 0x2000), (0x8000, 0x100)])),
+                (2, info(&[(0x0, 0x10000)])),
+                (3, info(&[(0x400, 0x400)])),
+            ],
+            places: vec![(0x2400, 0x2600, 0x100, 2), (0x9000, 0x9400, 0u64.wrapping_sub(0x9000), 2)],
+            placed: vec![false, false, true, false],
+        };
+        let truth = |a: u64| -> Option<(BinaryId, u64)> {
+            if let Some(&(_, _, bias, b)) = r.places.iter().find(|p| p.0 <= a && a < p.1) {
+                return Some((BinaryId(b), a.wrapping_add(bias)));
+            }
+            (0..r.binaries.len()).find(|&i| !r.placed[i] && r.binaries[i].1.in_exec_segment(a)).map(|i| (BinaryId(i as u32), a))
+        };
+        let grid: Vec<u64> = (0..0xa000).step_by(0x80).flat_map(|a| [a, a + 4]).collect();
+        let mut wide = 0;
+        for &a in &grid {
+            let got = r.resolve_span(a);
+            assert_eq!(got.as_ref().map(|g| (g.0, g.1)), truth(a), "{a:#x}");
+            let Some((b, link, span)) = got else { continue };
+            assert!(span.contains(&a), "{a:#x} {span:x?}");
+            wide += usize::from(span.end - span.start > 1);
+            for &x in grid.iter().filter(|x| span.contains(x)) {
+                assert_eq!(truth(x), Some((b, link.wrapping_add(x.wrapping_sub(a)))), "{a:#x} {x:#x} {span:x?}");
+            }
+        }
+        assert!(wide > 100, "{wide}");
+    }
 
     /// The code map's one-lookup straight-line scan gives the per-instruction default's answer
     /// for every range over two adjacent mappings, a gap and a partial word at an image end.

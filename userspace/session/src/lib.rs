@@ -12,7 +12,8 @@
 //! * [`window`] — the decoder interface the pipeline drives ([`window::WindowDecoder`]); `aux`
 //!   — what each AUX record asks of its decoder, planned once for the pipeline and the decode
 //!   pool; [`code`] — the code images and their placement per process, read by the decoder,
-//!   the checks and the exact counts. The modules depend one way: `pipeline` on the rest.
+//!   the checks and the exact counts, and the address resolver over them; `exact` — the exact
+//!   per-function counts kept per segment. The modules depend one way: `pipeline` on the rest.
 //! * [`decoder`] — the `etm_decode` adapter behind the pipeline's [`window::WindowDecoder`]
 //!   trait, and a toy test double.
 //!
@@ -50,6 +51,7 @@
 mod aux;
 pub mod code;
 pub mod decoder;
+mod exact;
 mod frame_cache;
 pub mod image;
 pub mod isa;

@@ -20,14 +20,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use etm_profile::{AddressResolver, BinaryId, BinaryInfo, Branch, HybridProfile, HybridSample, ProfileLimits};
+use etm_profile::{AddressResolver, BinaryInfo, Branch, HybridProfile, HybridSample, ProfileLimits};
 use etm_stacks::{ContextTrie, Frame, FrameId, FrameTable};
 
 use crate::aux::{AuxPlan, AuxStep, AuxTrack, run_step};
-use crate::code::CodeMap;
+use crate::code::{CodeMap, Resolver};
+pub use crate::exact::ExactFunction;
+use crate::exact::ExactState;
 use crate::image::ImageBytes;
 use crate::isa;
-use crate::isa::a64_kind;
 use crate::join::{CpuMap, InsnKind, JoinConfig, JoinStats, Joined, Joiner, RejectCounts};
 use crate::session::{
     AuxRecord, BranchPair, ClockParams, CodeArch, CpuTraceConfig, PauseSample, SessionEvent, SessionMeta, Sideband,
@@ -294,54 +295,6 @@ impl FrameNamer for DefaultFrameNamer {
             (None, Some(b)) => Frame::new(format!("{}+{link:#x}", b.file_name()), None),
             (None, None) => Frame::new(format!("[unknown {addr:#x}]"), None),
         }
-    }
-}
-
-/// Resolver over the code map's images, placed by MMAP2 records (or at link time).
-#[derive(Debug, Default)]
-struct Resolver {
-    /// Images with ELF info: index into `CodeMap::images`, and the `BinaryInfo`.
-    binaries: Vec<(usize, BinaryInfo)>,
-    /// Runtime mapping of exec segments: (start, end, bias to add, binary index).
-    places: Vec<(u64, u64, u64, u32)>,
-    /// Per binary: an MMAP2 placed it (then its link-time addresses mean nothing at run time).
-    placed: Vec<bool>,
-}
-
-impl AddressResolver for Resolver {
-    fn resolve(&self, addr: u64) -> Option<(BinaryId, u64)> {
-        self.resolve_span(addr).map(|(b, link, _)| (b, link))
-    }
-    fn resolve_span(&self, addr: u64) -> Option<(BinaryId, u64, std::ops::Range<u64>)> {
-        let i = self.places.partition_point(|p| p.1 <= addr);
-        if let Some(&(s, e, bias, b)) = self.places.get(i)
-            && s <= addr
-            && addr < e
-        {
-            return Some((BinaryId(b), addr.wrapping_add(bias), s..e));
-        }
-        // Binaries no MMAP2 placed: identity (static, non-PIE, synthetic sessions). A placed
-        // one is not also at its link-time addresses: a small garbage value read as a
-        // return address would otherwise resolve into a library linked at 0 (e.g. [vdso]).
-        let unplaced = |i: usize| !self.placed.get(i).copied().unwrap_or(false);
-        let (b, seg) = self
-            .binaries
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| unplaced(i))
-            .find_map(|(i, (_, b))| Some((i, b.exec_segment(addr)?)))?;
-        // Alike: the segment between the neighbouring placed mappings, if no binary found
-        // before this one has code in it.
-        let lo = seg.vaddr.max(i.checked_sub(1).map_or(0, |j| self.places[j].1));
-        let hi = seg.vaddr.saturating_add(seg.memsz).min(self.places.get(i).map_or(u64::MAX, |p| p.0));
-        let shadowed = self.binaries[..b].iter().enumerate().any(|(j, (_, o))| {
-            unplaced(j) && o.exec_segments.iter().any(|s| s.vaddr < hi && lo < s.vaddr.saturating_add(s.memsz))
-        });
-        let span = if shadowed { addr..addr.saturating_add(1) } else { lo..hi };
-        Some((BinaryId(b as u32), addr, span))
-    }
-    fn binary(&self, id: BinaryId) -> Option<&BinaryInfo> {
-        self.binaries.get(id.0 as usize).map(|b| &b.1)
     }
 }
 
@@ -1167,165 +1120,6 @@ impl Pipeline {
     }
 }
 
-/// A function's exact count, named.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ExactFunction {
-    /// The binary's path (empty: unresolved addresses).
-    pub binary: String,
-    /// The function's symbol (`[binary]` for code outside every symbol).
-    pub function: String,
-    pub count: etm_profile::exact::FunctionCount,
-}
-
-/// Functions counted apart (`etm_profile::exact`): beyond them, an `other` bucket.
-const EXACT_MAX_FUNCTIONS: usize = 1 << 18;
-
-/// The exact per-function counts (`etm_profile::exact`) and what feeds them: per CPU the
-/// open segment's ranges by function, function indices by (image, symbol start), and a
-/// direct-mapped cache from a range's first instruction to its function (the resolver and
-/// symbol lookups are per distinct block, not per range).
-struct ExactState {
-    counts: etm_profile::exact::ExactCounts,
-    open: CpuMap<crate::shadow::SegmentWalk>,
-    index: HashMap<(usize, u64), u32>,
-    names: Vec<(String, String)>,
-    /// (range start, its instructions, function, kind of its last instruction, the source of
-    /// the last taken branch to it recorded for coverage).
-    cache: Vec<(u64, u32, u32, InsnKind, u64)>,
-    cache_gen: u64,
-    /// [`PipelineConfig::exact`].
-    enabled: bool,
-}
-
-const EXACT_CACHE: usize = 4096;
-
-impl ExactState {
-    fn new(enabled: bool) -> Self {
-        ExactState {
-            enabled,
-            counts: etm_profile::exact::ExactCounts::new(EXACT_MAX_FUNCTIONS),
-            open: CpuMap::default(),
-            index: HashMap::new(),
-            names: Vec::new(),
-            cache: vec![(u64::MAX, 0, 0, InsnKind::Other, u64::MAX); EXACT_CACHE],
-            cache_gen: u64::MAX,
-        }
-    }
-
-    fn intern(&mut self, key: (usize, u64), binary: &str, name: &str) -> u32 {
-        if let Some(&i) = self.index.get(&key) {
-            return i;
-        }
-        let i = self.names.len() as u32;
-        self.names.push((binary.to_owned(), name.to_owned()));
-        self.index.insert(key, i);
-        i
-    }
-
-    /// The function of the range of `n` instructions at runtime address `addr`, and the kind
-    /// of its last instruction; a range seen for the first time (not in the cache) is recorded
-    /// for coverage. The cache is valid for the code map's generation (`ranges` checks it once
-    /// per batch).
-    #[inline]
-    fn function(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
-        let c = self.cache[(addr >> 2) as usize % EXACT_CACHE];
-        if c.0 == addr && c.1 == n {
-            return (c.2, c.3);
-        }
-        self.function_miss(resolver, code, addr, n)
-    }
-
-    /// [`function`](Self::function) when the cache does not have the range.
-    #[cold]
-    #[inline(never)]
-    fn function_miss(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
-        let slot = (addr >> 2) as usize % EXACT_CACHE;
-        let k = code.read_u32(None, addr + 4 * u64::from(n.max(1) - 1)).map_or(InsnKind::Other, a64_kind);
-        let c = self.cache[slot];
-        if c.0 == addr {
-            self.cache[slot] = (addr, n, c.2, k, c.4);
-            return (c.2, k);
-        }
-        let f = match resolver.resolve(addr) {
-            Some((b, link)) => {
-                let (img, info) = &resolver.binaries[b.0 as usize];
-                match code.symbols(*img).lookup(link) {
-                    Some(sym) => {
-                        let (start, name) = (sym.start, sym.name.clone());
-                        self.intern((*img, start), &info.path, &name)
-                    }
-                    None => self.intern((*img, u64::MAX), &info.path, &format!("[{}]", info.file_name())),
-                }
-            }
-            None => self.intern((usize::MAX, 0), "", "[unknown]"),
-        };
-        self.cache[slot] = (addr, n, f, k, u64::MAX);
-        self.counts.block(f, addr);
-        (f, k)
-    }
-
-    fn ranges(&mut self, cpu: i32, resolver: &Resolver, code: &CodeMap, rs: &[(u64, u32)]) {
-        if !self.enabled {
-            return;
-        }
-        if self.cache_gen != code.generation {
-            self.cache.iter_mut().for_each(|c| c.0 = u64::MAX);
-            self.cache_gen = code.generation;
-        }
-        let mut open = std::mem::take(self.open.entry(cpu));
-        for &(start, n) in rs {
-            let (f, last) = self.function(resolver, code, start, n);
-            if let Some((from, ff)) = open.range(f, start, n, last, &mut self.counts) {
-                // The cache entry of the target remembers its last recorded source.
-                let slot = &mut self.cache[(start >> 2) as usize % EXACT_CACHE];
-                if slot.4 != from {
-                    slot.4 = from;
-                    self.counts.branch(ff, from, start);
-                }
-            }
-        }
-        *self.open.entry(cpu) = open;
-    }
-
-    /// The branch chain of `cpu` broke inside its segment (trace lost).
-    fn break_chain(&mut self, cpu: i32) {
-        if let Some(open) = self.open.get_mut(cpu) {
-            open.break_chain(&mut self.counts);
-        }
-    }
-
-    /// The segment of `cpu` ended: one sampling unit.
-    fn end_segment(&mut self, cpu: i32) {
-        let Some(open) = self.open.get_mut(cpu) else { return };
-        if open.own.is_empty() {
-            return;
-        }
-        open.end(&mut self.counts);
-        for &(f, n) in &open.own {
-            self.counts.add(f, n);
-        }
-        for &(f, n) in &open.inclusive {
-            self.counts.add_inclusive(f, n);
-        }
-        for &f in &open.calls {
-            self.counts.add_call(f);
-        }
-        let total = open.own.iter().map(|o| o.1).sum();
-        for &(f, ctx, own, inclusive) in &open.complete {
-            self.counts.add_complete_call(f, ctx, own, inclusive, total);
-        }
-        open.clear();
-        self.counts.end_segment();
-    }
-
-    fn end_all(&mut self) {
-        let cpus: Vec<i32> = self.open.keys().collect();
-        for c in cpus {
-            self.end_segment(c);
-        }
-    }
-}
-
 /// A pause sample that carried its own branches (or none) as a joined sample.
 fn pause_joined<'a>(s: &'a PauseSample, branches: &'a [BranchPair]) -> Joined<'a> {
     Joined { cpu: s.cpu, pid: s.pid, tid: s.tid, time: s.time, stack: &s.stack, branches, synth: 0 }
@@ -1603,43 +1397,6 @@ mod tests {
 
     type Joins = (i32, u64, Vec<BranchPair>);
     type Got = Rc<RefCell<Vec<Joins>>>;
-
-    #[test]
-    fn resolver_spans_resolve_alike() {
-        let info = |segs: &[(u64, u64)]| BinaryInfo {
-            exec_segments: segs.iter().map(|&(vaddr, memsz)| etm_profile::ExecSegment { vaddr, memsz, offset: 0 }).collect(),
-            ..Default::default()
-        };
-        let r = Resolver {
-            binaries: vec![
-                (0, info(&[(0x1000, 0x1000)])),
-                (1, info(&[(0x1800, 0x2000), (0x8000, 0x100)])),
-                (2, info(&[(0x0, 0x10000)])),
-                (3, info(&[(0x400, 0x400)])),
-            ],
-            places: vec![(0x2400, 0x2600, 0x100, 2), (0x9000, 0x9400, 0u64.wrapping_sub(0x9000), 2)],
-            placed: vec![false, false, true, false],
-        };
-        let truth = |a: u64| -> Option<(BinaryId, u64)> {
-            if let Some(&(_, _, bias, b)) = r.places.iter().find(|p| p.0 <= a && a < p.1) {
-                return Some((BinaryId(b), a.wrapping_add(bias)));
-            }
-            (0..r.binaries.len()).find(|&i| !r.placed[i] && r.binaries[i].1.in_exec_segment(a)).map(|i| (BinaryId(i as u32), a))
-        };
-        let grid: Vec<u64> = (0..0xa000).step_by(0x80).flat_map(|a| [a, a + 4]).collect();
-        let mut wide = 0;
-        for &a in &grid {
-            let got = r.resolve_span(a);
-            assert_eq!(got.as_ref().map(|g| (g.0, g.1)), truth(a), "{a:#x}");
-            let Some((b, link, span)) = got else { continue };
-            assert!(span.contains(&a), "{a:#x} {span:x?}");
-            wide += usize::from(span.end - span.start > 1);
-            for &x in grid.iter().filter(|x| span.contains(x)) {
-                assert_eq!(truth(x), Some((b, link.wrapping_add(x.wrapping_sub(a)))), "{a:#x} {x:#x} {span:x?}");
-            }
-        }
-        assert!(wide > 100, "{wide}");
-    }
 
     fn pipeline(cpus: &[i32]) -> (Pipeline, Got) {
         let cfg = PipelineConfig {
