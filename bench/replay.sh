@@ -103,7 +103,7 @@ a, b = incl(sys.argv[1]), incl(sys.argv[2])
 dw = float(sys.argv[4]) - float(sys.argv[3])
 rows = [
     ("pipeline: AUX bytes -> profile (Pipeline::push_aux)", "etm_session::pipeline::Pipeline::push_aux"),
-    ("  decode: deformat, parse, element decode, branch records (EtmWindowDecoder::feed)", "<etm_session::decoder::EtmWindowDecoder as etm_session::pipeline::WindowDecoder>::feed"),
+    ("  decode: deformat, parse, element decode, branch records (EtmWindowDecoder::feed)", "<etm_session::decoder::EtmWindowDecoder as etm_session::window::WindowDecoder>::feed"),
     ("  join at segment begin: resolve, validate, profile + trie (Joiner::resolve_front)", "etm_session::join::Joiner::resolve_front"),
     ("    validation (join::validate)", "etm_session::join::validate"),
     ("    profile + context trie (Sink::accept)", "etm_session::pipeline::Sink::accept"),
