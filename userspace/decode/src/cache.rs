@@ -51,8 +51,10 @@ struct Slot {
 /// Most atoms one [`Run`] covers.
 pub const RUN_MAX: usize = 8;
 
-/// Entries of the run cache (2^12).
+/// Entries of the run cache (2^12), whatever the size of the block cache: a constant, so a
+/// lookup needs no mask loaded and no bounds check.
 const RUN_BITS: u32 = 12;
+const RUN_SLOTS: usize = 1 << RUN_BITS;
 
 /// What a run of atoms from a known A64 address did, all its blocks cached: the ranges in
 /// order (their packet index to be filled in, see [`RunSlot::range`]), which of them pushed
@@ -86,8 +88,7 @@ struct RunSlot {
 pub struct BlockCache {
     slots: Box<[Slot]>,
     mask: usize,
-    runs: Box<[RunSlot]>,
-    run_mask: usize,
+    runs: Box<[RunSlot; RUN_SLOTS]>,
     hits: Cell<u64>,
     misses: Cell<u64>,
 }
@@ -96,19 +97,20 @@ impl BlockCache {
     /// A cache with `2^bits` entries.
     pub fn new(bits: u32) -> Self {
         let n = 1usize << bits.min(24);
+        let runs: Box<[RunSlot]> = (0..RUN_SLOTS)
+            .map(|_| RunSlot {
+                start: Cell::new(0),
+                tag: Cell::new(0),
+                atoms: Cell::new(0),
+                run: Cell::new(Run::default()),
+                ranges: Default::default(),
+            })
+            .collect();
+        let Ok(runs) = runs.try_into() else { unreachable!("RUN_SLOTS slots") };
         BlockCache {
             slots: (0..n).map(|_| Slot { key: Cell::new((0, 0)), block: Cell::new(Block::default()) }).collect(),
             mask: n - 1,
-            run_mask: (1usize << RUN_BITS.min(bits)) - 1,
-            runs: (0..1usize << RUN_BITS.min(bits))
-                .map(|_| RunSlot {
-                    start: Cell::new(0),
-                    tag: Cell::new(0),
-                    atoms: Cell::new(0),
-                    run: Cell::new(Run::default()),
-                    ranges: Default::default(),
-                })
-                .collect(),
+            runs,
             hits: Cell::new(0),
             misses: Cell::new(0),
         }
@@ -155,7 +157,7 @@ impl BlockCache {
     #[inline]
     fn run_slot(&self, start: u64, bits: u32, count: u8) -> &RunSlot {
         let h = (start >> 2) ^ (bits as u64).wrapping_mul(0x9e37_79b9) ^ ((count as u64) << 7);
-        &self.runs[h as usize & self.run_mask]
+        &self.runs[h as usize & (RUN_SLOTS - 1)]
     }
 
     /// Replays the run of the `count` atoms `bits` (oldest in bit 0, no bits above `count`)

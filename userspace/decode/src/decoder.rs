@@ -195,6 +195,16 @@ struct P0 {
     index: u64,
 }
 
+/// See [`Decoder::next_addr`]: the address, instruction set and packet index of a target
+/// address packet, valid when `set`.
+#[derive(Debug, Default, Clone, Copy)]
+struct NextAddr {
+    set: bool,
+    is: u8,
+    addr: u64,
+    index: u64,
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 struct ElemRes {
     commit: i64,
@@ -272,6 +282,13 @@ pub struct Decoder {
     state: State,
     unsync: UnsyncReason,
     p0: VecDeque<P0>,
+    /// A target address packet that [`address`](Self::address)'s fast path took with the P0
+    /// stack empty (address, instruction set, packet index), not applied yet: logically the
+    /// stack's one entry, kept out of the deque for the atom packet that usually follows
+    /// ([`atoms_now`](Self::atoms_now) applies it). Only set while `p0` is empty; `run` and
+    /// `finish` first put it onto the stack ([`spill_addr`](Self::spill_addr)). Plain fields
+    /// and a flag rather than an `Option`: the atom path then reads two and clears one byte.
+    next_addr: NextAddr,
     res: ElemRes,
     need_ctxt: bool,
     need_addr: bool,
@@ -332,6 +349,7 @@ impl Decoder {
             state: State::NoSync,
             unsync: UnsyncReason::InitDecoder,
             p0: VecDeque::with_capacity(64),
+            next_addr: NextAddr::default(),
             res: ElemRes::default(),
             need_ctxt: true,
             need_addr: true,
@@ -432,6 +450,9 @@ impl Decoder {
         if !self.need_addr {
             return Some(self.walk.addr);
         }
+        if self.next_addr.set {
+            return Some(self.next_addr.addr); // (the P0 stack is empty)
+        }
         for e in &self.p0 {
             match e.kind {
                 P0Kind::Addr { addr, .. } => return Some(addr),
@@ -469,6 +490,7 @@ impl Decoder {
         self.elem_pending_addr = false;
         self.prev_overflow = false;
         self.p0.clear();
+        self.next_addr.set = false;
         self.discard_out();
         self.res = ElemRes::default();
         self.ete_first_ts_marker = false;
@@ -547,8 +569,10 @@ impl Decoder {
         self.begin_packet(index);
         // the common case (the target of an indirect branch, nothing speculative or
         // pending): what `decode_packet` does with it, without the state machine
-        if self.settled() && self.p0.is_empty() && !self.elem_pending_addr {
-            self.push_addr(addr, index);
+        if self.settled() && self.p0.is_empty() && !self.next_addr.set && !self.elem_pending_addr {
+            // `push_addr`, into the field of its own
+            self.last_is = addr.is;
+            self.next_addr = NextAddr { set: true, is: addr.is, addr: addr.addr, index };
             return ControlFlow::Continue(());
         }
         self.run(index, &Packet::Address { addr, context: None, source: false }, mem, sink)
@@ -607,6 +631,15 @@ impl Decoder {
     /// it is applied directly instead of being stacked and popped.
     #[inline]
     fn atoms_now(&mut self) -> bool {
+        if self.next_addr.set {
+            // as for the stack's one address entry below (`p0` is empty)
+            self.next_addr.set = false;
+            self.ret.pop_pending = false;
+            self.ret.tinfo_wait_addr = false;
+            self.set_addr_isa(self.next_addr.addr, self.next_addr.is);
+            self.need_addr = false;
+            return true;
+        }
         match self.p0.len() {
             0 => true,
             1 => match self.p0[0].kind {
@@ -659,6 +692,7 @@ impl Decoder {
     ) -> ControlFlow<()> {
         // what `settled` caches may change from here on
         self.settled = false;
+        self.spill_addr();
         loop {
             match self.state {
                 State::NoSync => {
@@ -732,6 +766,7 @@ impl Decoder {
     /// End of trace: flushes what can be flushed and emits `EO_TRACE`.
     pub fn finish<S: ElementSink + ?Sized>(&mut self, sink: &mut S) -> ControlFlow<()> {
         self.stopped = false;
+        self.spill_addr();
         while let Some(e) = self.p0.front().copied() {
             match e.kind {
                 P0Kind::Atom { .. }
@@ -834,6 +869,17 @@ impl Decoder {
     fn push_addr(&mut self, addr: Address, index: u64) {
         self.last_is = addr.is;
         self.push(P0Kind::Addr { addr: addr.addr, is: addr.is }, false, index);
+    }
+
+    /// Puts [`next_addr`](Self::next_addr) onto the (empty) P0 stack, where the state machine
+    /// expects it.
+    #[inline]
+    fn spill_addr(&mut self) {
+        if self.next_addr.set {
+            self.next_addr.set = false;
+            let NextAddr { addr, is, index, .. } = self.next_addr;
+            self.push(P0Kind::Addr { addr, is }, false, index);
+        }
     }
 
     #[inline]
@@ -2011,6 +2057,43 @@ mod tests {
         assert_eq!(d.pending_target(), None, "indirect branch, address not yet traced");
         feed(&mut d, &[addr_pkt(0x1234)]);
         assert_eq!(d.pending_target(), Some(0x1234));
+    }
+
+    /// A target address packet the fast path keeps out of the P0 stack (`next_addr`) is
+    /// applied by the atom packet after it, whether that comes through `atoms` (which takes
+    /// it from the field) or `packet` (through `run`, which first puts it onto the stack); of
+    /// two address packets in a row the second counts; one left at the end is no range.
+    #[test]
+    fn target_address_then_atoms_either_entry() {
+        let img = image();
+        let ret = "OCSD_GEN_TRC_ELEM_INSTR_RANGE(exec range=0x2000:[0x2008] num_i(2) last_sz(4) (ISA=A64) E iBR A64:ret )";
+        let bl = "OCSD_GEN_TRC_ELEM_INSTR_RANGE(exec range=0x1000:[0x1008] num_i(2) last_sz(4) (ISA=A64) E BR  b+link )";
+        for via_atoms in [false, true] {
+            let mut d = Decoder::new(cfg(0));
+            let mut out = Vec::new();
+            let mut sink = |e: &Element| {
+                out.push(e.kind.to_string());
+                ControlFlow::Continue(())
+            };
+            let mut p = start_packets(0x1000);
+            // BL 0x2000, RET; then its target 0x1000 and BL; then 0x1000 and 0x2000, and RET
+            p.extend([atom(true), atom(true), addr_pkt(0x1000), atom(true), addr_pkt(0x1000), addr_pkt(0x2000), atom(true)]);
+            p.push(addr_pkt(0x1000));
+            for (i, pkt) in p.iter().enumerate() {
+                let i = i as u64;
+                if let (true, Packet::Atom { format, atoms }) = (via_atoms, pkt) {
+                    let _ = d.atoms(i, *format, *atoms, &img, &mut sink);
+                } else {
+                    let _ = d.packet(i, pkt, &img, &mut sink);
+                }
+            }
+            assert!(d.flush_held(&mut sink).is_continue());
+            assert_eq!(d.pending_target(), Some(0x1000), "via_atoms {via_atoms}");
+            assert!(d.finish(&mut sink).is_continue());
+            let ranges: Vec<&str> = out.iter().map(String::as_str).filter(|l| l.contains("RANGE")).collect();
+            assert_eq!(ranges, [bl, ret, bl, ret], "via_atoms {via_atoms}");
+            assert!(out.last().unwrap().contains("EO_TRACE"), "via_atoms {via_atoms}: {out:?}");
+        }
     }
 
     /// With TRCIDR0.TSMARK set, timestamps before the first marker are dropped (OpenCSD) unless
