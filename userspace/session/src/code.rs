@@ -381,16 +381,14 @@ impl CodeMap {
         CodeMap { arch, ..Default::default() }
     }
 
-    /// Registers a code image (`info`: its ELF description, `None` if it has none), placing its
-    /// exec segments at their link-time addresses until an MMAP2 moves them; `symbols` is set
-    /// already for an image without symbols. Returns its index.
-    pub(crate) fn add_image(
-        &mut self,
-        path: &str,
-        data: ImageBytes,
-        info: Option<&etm_profile::BinaryInfo>,
-        symbols: std::sync::OnceLock<Arc<etm_stacks::symtab::SymbolTable>>,
-    ) -> usize {
+    /// Registers a code image (`info`: its ELF description, `None` if it has none: then it has
+    /// no symbols either), placing its exec segments at their link-time addresses until an
+    /// MMAP2 moves them. Returns its index.
+    pub(crate) fn add_image(&mut self, path: &str, data: ImageBytes, info: Option<&etm_profile::BinaryInfo>) -> usize {
+        let symbols = std::sync::OnceLock::new();
+        if info.is_none() {
+            let _ = symbols.set(Arc::default());
+        }
         let idx = self.images.len();
         for s in info.iter().flat_map(|i| &i.exec_segments) {
             CodeMap::insert(

@@ -30,15 +30,15 @@ const EXACT_MAX_FUNCTIONS: usize = 1 << 18;
 /// symbol lookups are per distinct block, not per range).
 pub(crate) struct ExactState {
     pub(crate) counts: etm_profile::exact::ExactCounts,
-    pub(crate) open: CpuMap<crate::shadow::SegmentWalk>,
-    pub(crate) index: HashMap<(usize, u64), u32>,
+    open: CpuMap<crate::shadow::SegmentWalk>,
+    index: HashMap<(usize, u64), u32>,
     pub(crate) names: Vec<(String, String)>,
     /// (range start, its instructions, function, kind of its last instruction, the source of
     /// the last taken branch to it recorded for coverage).
-    pub(crate) cache: Vec<(u64, u32, u32, InsnKind, u64)>,
-    pub(crate) cache_gen: u64,
+    cache: Vec<(u64, u32, u32, InsnKind, u64)>,
+    cache_gen: u64,
     /// [`PipelineConfig::exact`].
-    pub(crate) enabled: bool,
+    enabled: bool,
 }
 
 const EXACT_CACHE: usize = 4096;
@@ -56,7 +56,7 @@ impl ExactState {
         }
     }
 
-    pub(crate) fn intern(&mut self, key: (usize, u64), binary: &str, name: &str) -> u32 {
+    fn intern(&mut self, key: (usize, u64), binary: &str, name: &str) -> u32 {
         if let Some(&i) = self.index.get(&key) {
             return i;
         }
@@ -71,7 +71,7 @@ impl ExactState {
     /// for coverage. The cache is valid for the code map's generation (`ranges` checks it once
     /// per batch).
     #[inline]
-    pub(crate) fn function(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
+    fn function(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
         let c = self.cache[(addr >> 2) as usize % EXACT_CACHE];
         if c.0 == addr && c.1 == n {
             return (c.2, c.3);
@@ -82,7 +82,7 @@ impl ExactState {
     /// [`function`](Self::function) when the cache does not have the range.
     #[cold]
     #[inline(never)]
-    pub(crate) fn function_miss(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
+    fn function_miss(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
         let slot = (addr >> 2) as usize % EXACT_CACHE;
         let k = code.read_u32(None, addr + 4 * u64::from(n.max(1) - 1)).map_or(InsnKind::Other, a64_kind);
         let c = self.cache[slot];

@@ -476,11 +476,7 @@ impl Pipeline {
         self.join_queued();
         let data: ImageBytes = data.into();
         let info = BinaryInfo::from_elf(path, &data).ok();
-        let symbols = std::sync::OnceLock::new();
-        if info.is_none() {
-            let _ = symbols.set(Arc::default());
-        }
-        let idx = self.code.add_image(path, data, info.as_ref(), symbols);
+        let idx = self.code.add_image(path, data, info.as_ref());
         if let Some(info) = info {
             self.resolver.binaries.push((idx, info));
         }
