@@ -473,8 +473,14 @@ impl ExactCounts {
     /// A call of `f` began in the open segment.
     #[inline]
     pub fn add_call(&mut self, f: FunctionIndex) {
+        self.add_calls(f, 1);
+    }
+
+    /// `n` calls of `f` began in the open segment.
+    #[inline]
+    pub fn add_calls(&mut self, f: FunctionIndex, n: u64) {
         if let Some(c) = self.cur(f) {
-            c.c += 1;
+            c.c += n;
         }
     }
 

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use etm_profile::AddressResolver;
 
 use crate::code::{CodeMap, Resolver};
-use crate::isa::a64_kind;
-use crate::join::{CpuMap, InsnKind};
+use crate::join::CpuMap;
+use crate::window::TraceRange;
 
 /// A function's exact count, named.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,31 +31,34 @@ const EXACT_MAX_FUNCTIONS: usize = 1 << 18;
 pub(crate) struct ExactState {
     pub(crate) counts: etm_profile::exact::ExactCounts,
     open: CpuMap<crate::shadow::SegmentWalk>,
-    index: HashMap<(usize, u64), u32>,
-    pub(crate) names: Vec<(String, String)>,
-    /// (range start, its instructions, function, kind of its last instruction, the source of
-    /// the last taken branch to it recorded for coverage).
-    cache: Vec<(u64, u32, u32, InsnKind, u64)>,
+    names: Names,
+    cache: Box<[CacheEntry; EXACT_CACHE]>,
     cache_gen: u64,
     /// [`PipelineConfig::exact`].
     enabled: bool,
 }
 
+/// The functions named so far: indices by (image, symbol start), and their (binary, name).
+#[derive(Default)]
+struct Names {
+    index: HashMap<(usize, u64), u32>,
+    names: Vec<(String, String)>,
+}
+
+/// A cache entry: a range's first instruction, its function, and the source of the last
+/// taken branch to it recorded for coverage.
+#[derive(Clone, Copy)]
+struct CacheEntry {
+    start: u64,
+    f: u32,
+    from: u64,
+}
+
+const EMPTY: CacheEntry = CacheEntry { start: u64::MAX, f: 0, from: u64::MAX };
+
 const EXACT_CACHE: usize = 4096;
 
-impl ExactState {
-    pub(crate) fn new(enabled: bool) -> Self {
-        ExactState {
-            enabled,
-            counts: etm_profile::exact::ExactCounts::new(EXACT_MAX_FUNCTIONS),
-            open: CpuMap::default(),
-            index: HashMap::new(),
-            names: Vec::new(),
-            cache: vec![(u64::MAX, 0, 0, InsnKind::Other, u64::MAX); EXACT_CACHE],
-            cache_gen: u64::MAX,
-        }
-    }
-
+impl Names {
     fn intern(&mut self, key: (usize, u64), binary: &str, name: &str) -> u32 {
         if let Some(&i) = self.index.get(&key) {
             return i;
@@ -66,31 +69,11 @@ impl ExactState {
         i
     }
 
-    /// The function of the range of `n` instructions at runtime address `addr`, and the kind
-    /// of its last instruction; a range seen for the first time (not in the cache) is recorded
-    /// for coverage. The cache is valid for the code map's generation (`ranges` checks it once
-    /// per batch).
-    #[inline]
-    fn function(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
-        let c = self.cache[(addr >> 2) as usize % EXACT_CACHE];
-        if c.0 == addr && c.1 == n {
-            return (c.2, c.3);
-        }
-        self.function_miss(resolver, code, addr, n)
-    }
-
-    /// [`function`](Self::function) when the cache does not have the range.
+    /// The function of the code at runtime address `addr`.
     #[cold]
     #[inline(never)]
-    fn function_miss(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64, n: u32) -> (u32, InsnKind) {
-        let slot = (addr >> 2) as usize % EXACT_CACHE;
-        let k = code.read_u32(None, addr + 4 * u64::from(n.max(1) - 1)).map_or(InsnKind::Other, a64_kind);
-        let c = self.cache[slot];
-        if c.0 == addr {
-            self.cache[slot] = (addr, n, c.2, k, c.4);
-            return (c.2, k);
-        }
-        let f = match resolver.resolve(addr) {
+    fn function(&mut self, resolver: &Resolver, code: &CodeMap, addr: u64) -> u32 {
+        match resolver.resolve(addr) {
             Some((b, link)) => {
                 let (img, info) = &resolver.binaries[b.0 as usize];
                 match code.symbols(*img).lookup(link) {
@@ -102,33 +85,59 @@ impl ExactState {
                 }
             }
             None => self.intern((usize::MAX, 0), "", "[unknown]"),
-        };
-        self.cache[slot] = (addr, n, f, k, u64::MAX);
-        self.counts.block(f, addr);
-        (f, k)
+        }
+    }
+}
+
+impl ExactState {
+    pub(crate) fn new(enabled: bool) -> Self {
+        ExactState {
+            enabled,
+            counts: etm_profile::exact::ExactCounts::new(EXACT_MAX_FUNCTIONS),
+            open: CpuMap::default(),
+            names: Names::default(),
+            cache: Box::new([EMPTY; EXACT_CACHE]),
+            cache_gen: u64::MAX,
+        }
     }
 
-    pub(crate) fn ranges(&mut self, cpu: i32, resolver: &Resolver, code: &CodeMap, rs: &[(u64, u32)]) {
+    /// The functions' (binary, name), by function index.
+    pub(crate) fn names(&self) -> &[(String, String)] {
+        &self.names.names
+    }
+
+    /// A batch of ranges of `cpu`'s open segment: each range's function (from the cache,
+    /// valid for the code map's generation, checked once per batch; a range start seen for
+    /// the first time is recorded for coverage), then the segment's walk.
+    pub(crate) fn ranges(&mut self, cpu: i32, resolver: &Resolver, code: &CodeMap, rs: &[TraceRange]) {
         if !self.enabled {
             return;
         }
         if self.cache_gen != code.generation {
-            self.cache.iter_mut().for_each(|c| c.0 = u64::MAX);
+            self.cache.fill(EMPTY);
             self.cache_gen = code.generation;
         }
-        let mut open = std::mem::take(self.open.entry(cpu));
-        for &(start, n) in rs {
-            let (f, last) = self.function(resolver, code, start, n);
-            if let Some((from, ff)) = open.range(f, start, n, last, &mut self.counts) {
-                // The cache entry of the target remembers its last recorded source.
-                let slot = &mut self.cache[(start >> 2) as usize % EXACT_CACHE];
-                if slot.4 != from {
-                    slot.4 = from;
-                    self.counts.branch(ff, from, start);
+        let ExactState { counts, open, names, cache, .. } = self;
+        let walk = open.entry(cpu);
+        walk.ranges(
+            rs,
+            counts,
+            &mut (&mut **cache, names),
+            |(cache, names), counts, start| {
+                let c = &mut cache[(start >> 2) as usize % EXACT_CACHE];
+                if c.start != start {
+                    let f = names.function(resolver, code, start);
+                    *c = CacheEntry { start, f, from: u64::MAX };
+                    counts.block(f, start);
                 }
-            }
-        }
-        *self.open.entry(cpu) = open;
+                (c.f, c.from)
+            },
+            |(cache, _), counts, from, ff, to| {
+                // The cache entry of the target remembers its last recorded source.
+                cache[(to >> 2) as usize % EXACT_CACHE].from = from;
+                counts.branch(ff, from, to);
+            },
+        );
     }
 
     /// The branch chain of `cpu` broke inside its segment (trace lost).
@@ -141,20 +150,20 @@ impl ExactState {
     /// The segment of `cpu` ended: one sampling unit.
     pub(crate) fn end_segment(&mut self, cpu: i32) {
         let Some(open) = self.open.get_mut(cpu) else { return };
-        if open.own.is_empty() {
+        if !open.end(&mut self.counts) {
             return;
         }
-        open.end(&mut self.counts);
-        for &(f, n) in &open.own {
+        let mut total = 0;
+        for &(f, n) in open.own() {
             self.counts.add(f, n);
+            total += n;
         }
         for &(f, n) in &open.inclusive {
             self.counts.add_inclusive(f, n);
         }
-        for &f in &open.calls {
-            self.counts.add_call(f);
+        for &(f, n) in open.calls() {
+            self.counts.add_calls(f, n);
         }
-        let total = open.own.iter().map(|o| o.1).sum();
         for &(f, ctx, own, inclusive) in &open.complete {
             self.counts.add_complete_call(f, ctx, own, inclusive, total);
         }

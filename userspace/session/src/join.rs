@@ -61,9 +61,10 @@ use std::marker::PhantomData;
 use crate::session::BranchPair;
 
 /// Instruction kinds the validation needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum InsnKind {
     /// Not a branch.
+    #[default]
     Other,
     /// Conditional direct branch (may be not taken).
     CondBranch,

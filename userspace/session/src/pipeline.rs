@@ -418,7 +418,7 @@ impl Pipeline {
             .functions()
             .into_iter()
             .map(|f| {
-                let (binary, function) = self.exact.names[f.function as usize].clone();
+                let (binary, function) = self.exact.names()[f.function as usize].clone();
                 ExactFunction { binary, function, count: f }
             })
             .collect()
@@ -427,14 +427,14 @@ impl Pipeline {
     /// The instructions of each calling context of the decoded trace (the windows' visible
     /// call paths, outermost first, by function name).
     pub fn exact_contexts(&self) -> Vec<(Vec<&str>, u64)> {
-        let name = |f: u32| self.exact.names[f as usize].1.as_str();
+        let name = |f: u32| self.exact.names()[f as usize].1.as_str();
         self.exact.counts.context_paths().into_iter().map(|(p, n)| (p.into_iter().map(name).collect(), n)).collect()
     }
 
     /// The calling contexts entered by a call in the decoded trace, by function name
     /// (outermost first), with their calls and instructions per call (most calls first).
     pub fn exact_context_calls(&self) -> Vec<(Vec<&str>, etm_profile::exact::ContextCalls)> {
-        let name = |f: &u32| self.exact.names[*f as usize].1.as_str();
+        let name = |f: &u32| self.exact.names()[*f as usize].1.as_str();
         self.exact.counts.context_calls().into_iter().map(|c| (c.path.iter().map(name).collect(), c)).collect()
     }
 
@@ -1312,7 +1312,7 @@ impl WindowSink for WinSink<'_, '_> {
         self.fast = Some((trace_id, cpu));
     }
 
-    fn ranges(&mut self, trace_id: Option<u8>, rs: &[(u64, u32)]) {
+    fn ranges(&mut self, trace_id: Option<u8>, rs: &[crate::window::TraceRange]) {
         let Some(cpu) = self.cpu(trace_id) else { return };
         let out = &mut *self.out;
         out.exact.ranges(cpu, out.resolver, out.code, rs);

@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 use crate::aux::{AuxPlan, run_step};
 use crate::code::CodeMap;
 use crate::session::{BranchPair, CpuTraceConfig};
-use crate::window::{CallSink, DecoderFactory, DecoderShared, Discontinuity, WindowDecoder, WindowSink};
+use crate::window::{CallSink, DecoderFactory, DecoderShared, Discontinuity, TraceRange, WindowDecoder, WindowSink};
 
 /// Jobs in flight per worker (the pipeline waits for the oldest before sending more).
 pub(crate) const JOBS_PER_WORKER: usize = 4;
@@ -57,7 +57,7 @@ enum Op {
 pub(crate) struct Tape {
     ops: Vec<Op>,
     branches: Vec<BranchPair>,
-    ranges: Vec<(u64, u32)>,
+    ranges: Vec<TraceRange>,
     /// Replay position in `ops`, `branches`, `ranges`.
     at: (usize, usize, usize),
     /// The job failed (a decoder panic, the worker gone): its data is lost.
@@ -118,7 +118,7 @@ impl WindowSink for Tape {
         self.branches.extend_from_slice(bs);
         self.ops.push(Op::Branches(trace_id, bs.len() as u32));
     }
-    fn ranges(&mut self, trace_id: Option<u8>, rs: &[(u64, u32)]) {
+    fn ranges(&mut self, trace_id: Option<u8>, rs: &[TraceRange]) {
         self.ranges.extend_from_slice(rs);
         self.ops.push(Op::Ranges(trace_id, rs.len() as u32));
     }

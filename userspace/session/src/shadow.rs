@@ -20,6 +20,7 @@
 use etm_profile::exact::{ContextIndex, ExactCounts, ROOT_CONTEXT};
 
 use crate::join::InsnKind;
+use crate::window::TraceRange;
 
 /// Frames kept; a deeper stack breaks the chain (its frames end there), so memory is bounded.
 const MAX_DEPTH: usize = 4096;
@@ -31,22 +32,66 @@ struct Frame {
     seen: u64,
     /// No frame of the same function below it.
     outermost: bool,
-    /// Entered by a call in this chain, and its own instructions so far.
+    /// Entered by a call in this chain.
     by_call: bool,
-    own: u64,
+    /// Instructions since `seen` that ran above it (in the frames it called, or before it
+    /// was seen on the stack): its own instructions are the rest.
+    above: u64,
     /// Its calling context (the path of the frames below it).
     node: ContextIndex,
 }
 
+/// Counts by function, summed through a small direct-mapped index of the entries (a segment
+/// usually touches a few functions, again and again); a function whose slot another one
+/// took gets another entry (the entries' sums stay right).
+#[derive(Debug)]
+struct Sums {
+    entries: Vec<(u32, u64)>,
+    slots: [u32; SUM_SLOTS],
+}
+
+const SUM_SLOTS: usize = 64;
+
+impl Default for Sums {
+    fn default() -> Self {
+        Sums { entries: Vec::new(), slots: [0; SUM_SLOTS] }
+    }
+}
+
+impl Sums {
+    #[inline]
+    fn add(&mut self, f: u32, n: u64) {
+        let s = &mut self.slots[f as usize % SUM_SLOTS];
+        match self.entries.get_mut(*s as usize) {
+            Some(e) if e.0 == f => e.1 += n,
+            _ => {
+                *s = self.entries.len() as u32;
+                self.entries.push((f, n));
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+    }
+}
+
 /// One CPU's open segment: its counts so far and its call stack.
+///
+/// The per-range work is kept to the common case, a range in the function of the range
+/// before: the instruction count moves on (`t`) and the rest waits. What a function or a
+/// frame ran is settled from `t` when it changes: the current function's run of own
+/// instructions when another function's range comes, a frame's own instructions when it
+/// ends (what ran since it was seen, less what ran above it: each frame that ends adds its
+/// duration to the frame below). The frame operations are out of line.
 #[derive(Debug, Default)]
 pub(crate) struct SegmentWalk {
-    /// Instructions by function (in order, consecutive ranges of one function summed).
-    pub(crate) own: Vec<(u32, u64)>,
+    /// Instructions by function.
+    own: Sums,
     /// Inclusive instructions by function of the frames ended so far.
     pub(crate) inclusive: Vec<(u32, u64)>,
-    /// The functions entered by a call.
-    pub(crate) calls: Vec<u32>,
+    /// Calls by the function they entered.
+    calls: Sums,
     /// Calls entered and returned in the segment: (function, its calling context, its own
     /// instructions, its inclusive instructions).
     pub(crate) complete: Vec<(u32, ContextIndex, u64, u64)>,
@@ -58,66 +103,154 @@ pub(crate) struct SegmentWalk {
     /// Instructions so far, and when the current chain began.
     t: u64,
     chain_start: u64,
-    /// The last range's last instruction, its kind and function.
-    prev: Option<(u64, InsnKind, u32)>,
+    /// A range came since the chain began; then the last one's last instruction and its
+    /// kind.
+    has_prev: bool,
+    prev_from: u64,
+    prev_kind: InsnKind,
+    /// The function of the last range (the top frame's, when there is one), whose run of
+    /// own instructions began at `own_since` (`has_own`: there is a run).
+    cur_f: u32,
+    has_own: bool,
+    own_since: u64,
 }
 
 impl SegmentWalk {
     /// The next range: `n` instructions from `start`, in function `f`, the last of kind
     /// `last`; its instructions go to their calling context in `ctx`. Returns the source of the
-    /// taken branch that led here and its function, if one did.
-    #[inline]
+    /// taken branch that led here and its function, if one did. (The one rule per range:
+    /// [`ranges`](Self::ranges) is this over a batch, with the walk's state in locals.)
+    #[cfg(test)]
     pub(crate) fn range(&mut self, f: u32, start: u64, n: u32, last: InsnKind, ctx: &mut ExactCounts) -> Option<(u64, u32)> {
         let mut taken = None;
-        match self.prev {
-            None => self.push(f, self.t, false, ctx),
-            Some((from, kind, from_f)) => {
-                if start != from.wrapping_add(4) {
-                    taken = Some((from, from_f));
-                }
-                match kind {
-                    InsnKind::Call => {
-                        self.push(f, self.t, true, ctx);
-                        self.calls.push(f);
-                        if let Some(fr) = self.stack.last() {
-                            ctx.add_context_call(fr.node);
-                        }
-                    }
-                    InsnKind::Return => {
-                        if let Some(fr) = self.pop(ctx)
-                            && fr.by_call
-                        {
-                            self.complete.push((fr.f, fr.node, fr.own, self.t - fr.seen));
-                        }
-                        if self.stack.is_empty() {
-                            self.push(f, self.chain_start, false, ctx);
-                        } else if self.top() != Some(f) {
-                            self.replace(f, ctx);
-                        }
-                    }
-                    _ if self.top() != Some(f) => self.replace(f, ctx),
-                    _ => {}
-                }
-            }
-        }
-        match self.own.last_mut() {
-            Some(o) if o.0 == f => o.1 += u64::from(n),
-            _ => self.own.push((f, u64::from(n))),
-        }
-        self.t += u64::from(n);
-        if let Some(fr) = self.stack.last_mut() {
-            // its context gets them when the frame ends (`pop`)
-            fr.own += u64::from(n);
-        }
-        self.prev = Some((start.wrapping_add(4 * u64::from(n.max(1) - 1)), last, f));
+        self.ranges(
+            &[TraceRange { start, n, kind: last }],
+            ctx,
+            &mut (),
+            |_, _, _| (f, u64::MAX),
+            |_, _, from, from_f, _| taken = Some((from, from_f)),
+        );
         taken
     }
 
-    fn top(&self) -> Option<u32> {
-        self.stack.last().map(|fr| fr.f)
+    /// A batch of ranges: each range's function and the source of the last taken branch to
+    /// it recorded for coverage from `function` (once per range, in order: it may keep that
+    /// source and be asked again); the instructions go to their calling context in `ctx`;
+    /// `taken(env, ctx, from, from_f, to)` for each range a taken branch led to whose source is
+    /// not the one `function` gave. Both get `env`.
+    ///
+    /// The common case, a range after a branch that is neither a call nor a return in the
+    /// same function, only moves the count on; the rest is the frame operations, out of line.
+    #[inline(always)]
+    pub(crate) fn ranges<E, F, T>(&mut self, rs: &[TraceRange], ctx: &mut ExactCounts, env: &mut E, mut function: F, mut taken: T)
+    where
+        F: FnMut(&mut E, &mut ExactCounts, u64) -> (u32, u64),
+        T: FnMut(&mut E, &mut ExactCounts, u64, u32, u64),
+    {
+        let mut t = self.t;
+        let mut prev_from = self.prev_from;
+        let mut prev_kind = self.prev_kind;
+        let mut cur_f = self.cur_f;
+        for r in rs {
+            let (f, seen_from) = function(env, ctx, r.start);
+            if self.has_prev {
+                if r.start != prev_from.wrapping_add(4) && seen_from != prev_from {
+                    taken(env, ctx, prev_from, cur_f, r.start);
+                }
+                if matches!(prev_kind, InsnKind::Call | InsnKind::Return) || f != cur_f {
+                    self.t = t;
+                    self.frame_op(f, prev_kind, ctx);
+                    cur_f = f;
+                }
+            } else {
+                self.t = t;
+                self.first(f, ctx);
+                cur_f = f;
+            }
+            t += u64::from(r.n);
+            prev_from = r.start.wrapping_add(4 * u64::from(r.n.max(1) - 1));
+            prev_kind = r.kind;
+        }
+        self.t = t;
+        self.prev_from = prev_from;
+        self.prev_kind = prev_kind;
+        debug_assert!(rs.is_empty() || self.cur_f == cur_f);
     }
 
+    /// The branch after a range whose last instruction was of kind `kind` led to another
+    /// function `f`, or was a call or a return.
+    #[inline(never)]
+    fn frame_op(&mut self, f: u32, kind: InsnKind, ctx: &mut ExactCounts) {
+        match kind {
+            InsnKind::Call => self.call(f, ctx),
+            InsnKind::Return => self.ret(f, ctx),
+            _ => self.replace(f, ctx),
+        }
+    }
+
+    /// The own instructions of the current function's run, ended: `f`'s begins (nothing if
+    /// it is the same function).
     #[inline]
+    fn own_to(&mut self, f: u32) {
+        if self.has_own {
+            if self.cur_f == f {
+                return;
+            }
+            self.own.add(self.cur_f, self.t - self.own_since);
+        }
+        self.has_own = true;
+        self.cur_f = f;
+        self.own_since = self.t;
+    }
+
+    /// The first range of a chain, in `f`.
+    #[inline(always)]
+    fn first(&mut self, f: u32, ctx: &mut ExactCounts) {
+        self.own_to(f);
+        self.push(f, self.t, false, ctx);
+        self.has_prev = true;
+    }
+
+    /// A call landed in `f`.
+    #[inline(always)]
+    fn call(&mut self, f: u32, ctx: &mut ExactCounts) {
+        self.own_to(f);
+        self.push(f, self.t, true, ctx);
+        self.calls.add(f, 1);
+        if let Some(fr) = self.stack.last() {
+            ctx.add_context_call(fr.node);
+        }
+    }
+
+    /// A return landed in `f`.
+    #[inline(always)]
+    fn ret(&mut self, f: u32, ctx: &mut ExactCounts) {
+        self.own_to(f);
+        if let Some((fr, own)) = self.pop(ctx)
+            && fr.by_call
+        {
+            self.complete.push((fr.f, fr.node, own, self.t - fr.seen));
+        }
+        match self.stack.last() {
+            None => self.push(f, self.chain_start, false, ctx),
+            Some(fr) if fr.f != f => {
+                self.pop(ctx);
+                self.push(f, self.t, false, ctx);
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// A branch that is neither a call nor a return went to another function `f` (a tail
+    /// call): its frame replaces the top one.
+    #[inline(always)]
+    fn replace(&mut self, f: u32, ctx: &mut ExactCounts) {
+        self.own_to(f);
+        self.pop(ctx);
+        self.push(f, self.t, false, ctx);
+    }
+
+    #[inline(always)]
     fn push(&mut self, f: u32, seen: u64, by_call: bool, ctx: &mut ExactCounts) {
         if self.stack.len() >= MAX_DEPTH {
             self.break_chain(ctx);
@@ -125,13 +258,20 @@ impl SegmentWalk {
         let node = ctx.context(self.stack.last().map_or(ROOT_CONTEXT, |fr| fr.node), f);
         // A scan, no map: the stack holds the frames seen since the chain began.
         let outermost = !self.stack.iter().any(|fr| fr.f == f);
-        self.stack.push(Frame { f, seen, outermost, by_call, own: 0, node });
+        self.stack.push(Frame { f, seen, outermost, by_call, above: self.t - seen, node });
     }
 
-    #[inline]
-    fn pop(&mut self, ctx: &mut ExactCounts) -> Option<Frame> {
+    /// The top frame ends: its own instructions to its context, its inclusive ones to its
+    /// function if it is the outermost frame of it. Returns it and its own instructions.
+    #[inline(always)]
+    fn pop(&mut self, ctx: &mut ExactCounts) -> Option<(Frame, u64)> {
         let fr = self.stack.pop()?;
-        ctx.add_context(fr.node, fr.own);
+        let ran = self.t - fr.seen;
+        let own = ran - fr.above;
+        if let Some(below) = self.stack.last_mut() {
+            below.above += ran;
+        }
+        ctx.add_context(fr.node, own);
         if fr.outermost {
             // Frames seen later than the chain's start begin after every earlier frame of
             // their function ended: nothing of theirs was credited yet.
@@ -140,35 +280,47 @@ impl SegmentWalk {
             } else {
                 0
             };
-            let n = (self.t - fr.seen).saturating_sub(done);
+            let n = ran.saturating_sub(done);
             if n > 0 {
                 self.inclusive.push((fr.f, n));
             }
         }
-        Some(fr)
-    }
-
-    #[inline]
-    fn replace(&mut self, f: u32, ctx: &mut ExactCounts) {
-        self.pop(ctx);
-        self.push(f, self.t, false, ctx);
+        Some((fr, own))
     }
 
     /// The chain broke (trace lost): every frame ends here; what follows is seen afresh.
+    #[inline(never)]
     pub(crate) fn break_chain(&mut self, ctx: &mut ExactCounts) {
         while !self.stack.is_empty() {
             self.pop(ctx);
         }
-        self.prev = None;
+        self.has_prev = false;
         self.chain_start = self.t;
         self.chain_inclusive = self.inclusive.len();
     }
 
-    /// The segment ends: every frame ends; the counts are left for the caller to take.
-    pub(crate) fn end(&mut self, ctx: &mut ExactCounts) {
+    /// The segment ends: every frame ends; the counts are left for the caller to take
+    /// ([`own`](Self::own) and the public fields). False if no range came in the segment.
+    pub(crate) fn end(&mut self, ctx: &mut ExactCounts) -> bool {
+        if !self.has_own {
+            return false;
+        }
         self.break_chain(ctx);
+        self.own.add(self.cur_f, self.t - self.own_since);
+        self.has_own = false;
         self.t = 0;
         self.chain_start = 0;
+        true
+    }
+
+    /// Instructions by function, after [`end`](Self::end).
+    pub(crate) fn own(&self) -> &[(u32, u64)] {
+        &self.own.entries
+    }
+
+    /// Calls by the function they entered.
+    pub(crate) fn calls(&self) -> &[(u32, u64)] {
+        &self.calls.entries
     }
 
     /// The caller took the counts: the next segment begins.
@@ -208,10 +360,10 @@ mod tests {
         w.range(3, 0x300, 4, Return, &mut c); // h
         w.range(2, 0x20c, 1, Return, &mut c); // f after the bl
         w.range(4, 0x404, 5, Other, &mut c); // m
-        w.end(&mut c);
-        assert_eq!(sums(&w.own), [(1, 3), (2, 3), (3, 4), (4, 5)].into());
+        assert!(w.end(&mut c));
+        assert_eq!(sums(w.own()), [(1, 3), (2, 3), (3, 4), (4, 5)].into());
         assert_eq!(sums(&w.inclusive), [(1, 3), (2, 10), (3, 4), (4, 15)].into());
-        assert_eq!(w.calls, [3]);
+        assert_eq!(w.calls(), [(3, 1)]);
         assert_eq!(w.complete.iter().map(|c| (c.0, c.2, c.3)).collect::<Vec<_>>(), [(3, 4, 4)]);
         // h's call in its context f;h.
         assert_eq!(c.context_calls().iter().map(|x| (x.path.clone(), x.calls)).collect::<Vec<_>>(), [(vec![2, 3], 1)]);
@@ -232,12 +384,12 @@ mod tests {
         w.range(2, 0x200, 4, Return, &mut c); // t returns into r
         w.range(1, 0x108, 1, Return, &mut c); // r returns into r
         w.range(1, 0x108, 1, Other, &mut c);
-        w.end(&mut c);
-        // Consecutive ranges of one function: one entry.
-        assert_eq!(w.own, [(1, 7), (2, 4), (1, 2)]);
+        assert!(w.end(&mut c));
+        // One entry per function.
+        assert_eq!(w.own(), [(1, 9), (2, 4)]);
         // r: every instruction (13) once; t: 4; calls: r, r.
         assert_eq!(sums(&w.inclusive), [(1, 13), (2, 4)].into());
-        assert_eq!(w.calls, [1, 1]);
+        assert_eq!(w.calls(), [(1, 2)]);
         // The innermost call of r ended by its tail call (not complete), the tail-called t was
         // entered by a jump (not a call); the middle call of r returned: own 2 + 1, inclusive
         // 2 + 3 + 4 + 1. The bottom frame was entered before the segment.
@@ -255,7 +407,7 @@ mod tests {
         w.range(1, 0x108, 2, Call, &mut c);
         w.range(2, 0x200, 1, Return, &mut c);
         w.range(1, 0x10c, 4, Other, &mut c);
-        w.end(&mut c);
+        assert!(w.end(&mut c));
         assert_eq!(sums(&w.inclusive), [(1, 12), (2, 1)].into());
     }
 
@@ -269,7 +421,7 @@ mod tests {
         w.break_chain(&mut c);
         w.range(3, 0x300, 4, Return, &mut c);
         w.range(1, 0x104, 1, Other, &mut c);
-        w.end(&mut c);
+        assert!(w.end(&mut c));
         // f1: 2 + 3 before the break, then seen again from the break: 4 + 1.
         assert_eq!(sums(&w.inclusive), [(1, 10), (2, 3), (3, 4)].into());
     }

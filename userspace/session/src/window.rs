@@ -5,7 +5,22 @@
 //! it; the pipeline, and the decode pool's workers, drive it.
 
 use crate::code::CodeMap;
+use crate::join::InsnKind;
 use crate::session::{BranchPair, CpuTraceConfig};
+
+/// A decoded instruction range as the exact counts take it: its first instruction, how many
+/// instructions it holds, and what its last instruction did to the call stack as the
+/// decoder's walk classified it ([`InsnKind::Call`], [`InsnKind::Return`], else
+/// [`InsnKind::Other`]: only calls and returns move the shadow call stack).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceRange {
+    /// First instruction.
+    pub start: u64,
+    /// Instructions.
+    pub n: u32,
+    /// The last instruction: call, return or other.
+    pub kind: InsnKind,
+}
 
 /// Why a decoder reported a discontinuity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,10 +55,9 @@ pub trait WindowSink {
             self.branch(trace_id, b.from, b.to);
         }
     }
-    /// Decoded instruction ranges of one trace ID, oldest first: (first instruction,
-    /// instructions). For the exact per-function counts; handed over in batches at the same
-    /// points as the branches.
-    fn ranges(&mut self, _trace_id: Option<u8>, _rs: &[(u64, u32)]) {}
+    /// Decoded instruction ranges of one trace ID, oldest first. For the exact per-function
+    /// counts; handed over in batches at the same points as the branches.
+    fn ranges(&mut self, _trace_id: Option<u8>, _rs: &[TraceRange]) {}
     /// The branch chain broke.
     fn discontinuity(&mut self, trace_id: Option<u8>, why: Discontinuity);
     /// The trace unit resynchronised (Trace Info): it was enabled, i.e. a window begins.
