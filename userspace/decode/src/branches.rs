@@ -81,12 +81,77 @@ impl BranchRing {
     }
 }
 
-/// Turns the elements of one trace source into branch records (perf's rules) and keeps the
+/// perf's rule, the one place for it: the branch chain of one trace source. When an
+/// instruction range follows a range whose last instruction was a taken branch (or that an
+/// exception followed), the record `{from: last instruction of the previous range, to: first
+/// instruction of the new range}` is made; a discontinuity breaks the chain. Both the
+/// element-level [`BranchBuilder`] and the live pipeline's decoder adapter
+/// (`etm_session::decoder`, which takes the decoder's ranges in runs) run it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BranchRule {
+    /// The last range since the last discontinuity: its last instruction's address and type.
+    prev: Option<(u64, InstrType)>,
+    /// That range ended in a taken branch, or an exception followed it.
+    prev_taken: bool,
+    /// `prev_taken` was set by an exception after the range (perf records the edge to the
+    /// handler), not by the range's own branch.
+    by_exception: bool,
+}
+
+impl BranchRule {
+    /// The next range: the record it completes, if any (`cs_etm__update_last_branch_rb` on
+    /// a range after a taken branch).
+    #[inline(always)]
+    pub fn range(&mut self, r: &InstrRange) -> Option<BranchRecord> {
+        let rec = match self.prev {
+            Some((from, _)) if self.prev_taken => Some(BranchRecord { from, to: r.start }),
+            _ => None,
+        };
+        self.prev = Some((r.last_instr_addr(), r.last_type));
+        self.prev_taken = r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect);
+        self.by_exception = false;
+        rec
+    }
+
+    /// An exception (or exception return) after the last range: the next range's start is
+    /// recorded as its target (`cs_etm__exception`).
+    #[inline]
+    pub fn exception(&mut self) {
+        if self.prev.is_some() {
+            if !self.prev_taken {
+                self.by_exception = true;
+            }
+            self.prev_taken = true;
+        }
+    }
+
+    /// A discontinuity (trace on, no sync, end of trace, overflow): the chain breaks.
+    #[inline]
+    pub fn break_chain(&mut self) {
+        *self = BranchRule::default();
+    }
+
+    /// A range came since the last discontinuity.
+    #[inline]
+    pub fn in_chain(&self) -> bool {
+        self.prev.is_some()
+    }
+
+    /// The last range's own taken branch, whose record waits for the next range: (its
+    /// address, its type). `None` when the last range did not end in a taken branch, or only
+    /// an exception followed it (there is no branch target then).
+    #[inline]
+    pub fn pending(&self) -> Option<(u64, InstrType)> {
+        self.prev.filter(|(_, ty)| self.prev_taken && !self.by_exception && matches!(ty, InstrType::Br | InstrType::BrIndirect))
+    }
+}
+
+/// Turns the elements of one trace source into branch records ([`BranchRule`]) and keeps the
 /// last-branch ring up to date.
 #[derive(Debug, Clone)]
 pub struct BranchBuilder {
-    prev: Option<InstrRange>,
-    prev_taken: bool,
+    rule: BranchRule,
+    last: Option<InstrRange>,
     ring: BranchRing,
     /// Records produced.
     pub records: u64,
@@ -97,7 +162,7 @@ pub struct BranchBuilder {
 impl BranchBuilder {
     /// A builder with a ring of `depth` records.
     pub fn new(depth: usize) -> Self {
-        BranchBuilder { prev: None, prev_taken: false, ring: BranchRing::new(depth), records: 0, breaks: 0 }
+        BranchBuilder { rule: BranchRule::default(), last: None, ring: BranchRing::new(depth), records: 0, breaks: 0 }
     }
 
     /// The ring (newest first).
@@ -105,21 +170,18 @@ impl BranchBuilder {
         &self.ring
     }
 
-    /// The last range seen since the last discontinuity, and whether it ended in a taken branch.
+    /// The last range seen since the last discontinuity, and whether it ended in a taken branch
+    /// (or an exception followed it).
     pub fn last_range(&self) -> Option<(InstrRange, bool)> {
-        self.prev.map(|r| (r, self.prev_taken))
+        self.last.map(|r| (r, self.rule.prev_taken))
     }
 
     /// Feeds one element; returns the branch record it completed, if any.
     pub fn element(&mut self, e: &Element) -> Option<BranchRecord> {
         match e.kind {
             ElementKind::InstrRange(r) => {
-                let rec = match self.prev {
-                    Some(p) if self.prev_taken => Some(BranchRecord { from: p.last_instr_addr(), to: r.start }),
-                    _ => None,
-                };
-                self.prev = Some(r);
-                self.prev_taken = r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect);
+                self.last = Some(r);
+                let rec = self.rule.range(&r);
                 if let Some(rec) = rec {
                     self.ring.push(rec);
                     self.records += 1;
@@ -127,14 +189,12 @@ impl BranchBuilder {
                 rec
             }
             ElementKind::Exception { .. } | ElementKind::ExceptionRet => {
-                if self.prev.is_some() {
-                    self.prev_taken = true;
-                }
+                self.rule.exception();
                 None
             }
             ElementKind::TraceOn(_) | ElementKind::NoSync(_) | ElementKind::EoTrace(_) => {
-                self.prev = None;
-                self.prev_taken = false;
+                self.rule.break_chain();
+                self.last = None;
                 self.ring.clear();
                 self.breaks += 1;
                 None

@@ -5,6 +5,7 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
+use etm_decode::branches::BranchRule;
 use etm_decode::decoder::ElementSink;
 use etm_decode::elements::{Element, ElementKind, InstrRange, Range, TraceOnReason, UnsyncReason};
 use etm_decode::frame::StreamFormat;
@@ -61,8 +62,8 @@ impl DecoderFactory for EtmFactory {
 }
 
 /// The real decoder for one AUX buffer: `etm_decode`'s deformatter, packet parser and element
-/// decoder, with branch records built from the elements by perf's rules
-/// (those of `etm_decode::branches::BranchBuilder`, inline), streamed to the window sink as the decoder emits
+/// decoder, with branch records built from the elements by perf's rule
+/// (`etm_decode::branches::BranchRule`), streamed to the window sink as the decoder emits
 /// them (no copy of the element stream; the ranges arrive in runs, `ElementSink::ranges`,
 /// with no element built for each).
 ///
@@ -104,14 +105,8 @@ struct Adapter {
 
 #[derive(Debug, Clone)]
 struct IdState {
-    /// The last range since the last discontinuity: (address of its last instruction, its
-    /// type), and whether it ended in a taken branch (or was followed by an exception): perf's
-    /// rules (`etm_decode::branches::BranchBuilder`), kept inline on this per-element path.
-    prev: Option<(u64, InstrType)>,
-    prev_taken: bool,
-    /// `prev_taken` was set by an exception after the range (perf records the edge to the
-    /// handler), not by the range's own branch: there is no branch target to complete.
-    taken_by_exception: bool,
+    /// The branch chain: perf's rule (`etm_decode::branches::BranchRule`).
+    rule: BranchRule,
     /// Instruction ranges seen (identifies the last range).
     ranges: u64,
     /// Trace index of the element of the last range.
@@ -129,8 +124,7 @@ impl IdState {
     /// The last range's taken branch whose record is not made yet: (from, type).
     #[inline]
     fn pending_branch(&self) -> Option<(u64, InstrType)> {
-        self.prev
-            .filter(|(_, ty)| self.prev_taken && !self.taken_by_exception && matches!(ty, InstrType::Br | InstrType::BrIndirect))
+        self.rule.pending()
     }
 
     /// perf's rule for a run of ranges, the previous range's taken branch ending at each: the
@@ -139,41 +133,26 @@ impl IdState {
     #[inline]
     fn ranges(&mut self, rs: &[Range], out: &mut Vec<BranchPair>, rout: &mut Vec<TraceRange>) {
         let Some(last) = rs.last() else { return };
-        // the chain in locals for the loop
-        let (mut prev, mut prev_taken) = (self.prev, self.prev_taken);
+        // the chain in a local for the loop
+        let mut rule = self.rule;
         let mut done = self.completed.take();
         for r in rs {
             let r = &r.range;
             rout.push(TraceRange { start: r.start, n: r.num_instr, kind: range_kind(r) });
-            let rec = match prev {
-                Some((from, _)) if prev_taken => Some((from, r.start)),
-                _ => None,
-            };
-            prev = Some((r.last_instr_addr(), r.last_type));
-            prev_taken = r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect);
-            if let Some(rec) = rec
-                && done != Some(rec)
+            if let Some(rec) = rule.range(r)
+                && done != Some((rec.from, rec.to))
             {
-                out.push(BranchPair { from: rec.0, to: rec.1 });
+                out.push(BranchPair { from: rec.from, to: rec.to });
             }
             done = None;
         }
-        (self.prev, self.prev_taken, self.taken_by_exception) = (prev, prev_taken, false);
+        self.rule = rule;
         self.ranges += rs.len() as u64;
         self.last_range_index = last.index;
     }
 
     fn new() -> Self {
-        IdState {
-            prev: None,
-            prev_taken: false,
-            taken_by_exception: false,
-            ranges: 0,
-            last_range_index: 0,
-            last_ts: None,
-            pending: None,
-            completed: None,
-        }
+        IdState { rule: BranchRule::default(), ranges: 0, last_range_index: 0, last_ts: None, pending: None, completed: None }
     }
 }
 
@@ -315,7 +294,7 @@ impl Adapter {
                 let st = self.ids[slot].as_mut().expect("checked");
                 st.last_ts = Some((e.index, ts));
                 // Inside a segment (after its first range) a timestamp dates it if nothing did.
-                if st.prev.is_some() {
+                if st.rule.in_chain() {
                     sink.timestamp(id, ts);
                 }
                 return;
@@ -372,21 +351,14 @@ impl Adapter {
                 {
                     st.pending = Some((st.ranges, ret_addr));
                 }
-                if st.prev.is_some() {
-                    if !st.prev_taken {
-                        st.taken_by_exception = true;
-                    }
-                    st.prev_taken = true;
-                }
+                st.rule.exception();
                 return;
             }
             _ => return,
         }
         // A discontinuity (trace on, no sync, end of trace) breaks the chain.
         let st = self.ids[slot].as_mut().expect("checked");
-        st.prev = None;
-        st.prev_taken = false;
-        st.taken_by_exception = false;
+        st.rule.break_chain();
     }
 }
 
