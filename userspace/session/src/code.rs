@@ -204,7 +204,36 @@ impl CodeMap {
     /// and is not a call.
     pub fn checked_depth(&self, pid: u32, stack: &[u64]) -> usize {
         for (i, &ret) in stack.iter().enumerate().skip(1) {
-            if !(0x1000..1 << 56).contains(&ret) || self.call_before(pid, ret) == Some(false) {
+            if !self.can_return_to(pid, ret) {
+                return i;
+            }
+        }
+        stack.len()
+    }
+
+    /// The check of one return address of [`checked_depth`](Self::checked_depth).
+    fn can_return_to(&self, pid: u32, ret: u64) -> bool {
+        (0x1000..1 << 56).contains(&ret) && self.call_before(pid, ret) != Some(false)
+    }
+
+    /// [`checked_depth`](Self::checked_depth), each return address's answer kept in `cache`
+    /// for the map's generation (a profile's stacks pass through the same few hundred).
+    #[inline]
+    pub(crate) fn checked_depth_cached(&self, pid: u32, stack: &[u64], cache: &mut CallerCache) -> usize {
+        if cache.generation != self.generation {
+            cache.slots.fill((0, 0, false));
+            cache.generation = self.generation;
+        }
+        for (i, &ret) in stack.iter().enumerate().skip(1) {
+            let slot = &mut cache.slots[(ret.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - CALLER_BITS)) as usize];
+            let ok = if slot.0 == pid && slot.1 == ret && ret != 0 {
+                slot.2
+            } else {
+                let ok = self.can_return_to(pid, ret);
+                *slot = (pid, ret, ok);
+                ok
+            };
+            if !ok {
                 return i;
             }
         }
@@ -456,6 +485,21 @@ impl AddressResolver for Resolver {
     }
 }
 
+const CALLER_BITS: u32 = 10;
+
+/// [`CodeMap::checked_depth_cached`]'s answers: (process, return address, may be returned to)
+/// by address, direct-mapped, for one generation of the map (address 0 never is one).
+pub(crate) struct CallerCache {
+    generation: u64,
+    slots: Box<[(u32, u64, bool); 1 << CALLER_BITS]>,
+}
+
+impl Default for CallerCache {
+    fn default() -> Self {
+        CallerCache { generation: u64::MAX, slots: Box::new([(0, 0, false); 1 << CALLER_BITS]) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -543,5 +587,55 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&n| n > 0), "all three outcomes covered: {seen:?}");
+    }
+
+    /// The cached callers check gives `checked_depth`'s answer for random stacks over two
+    /// processes' calls, non-calls, unmapped and kernel addresses, many more distinct return
+    /// addresses than the cache has slots, and after the code changed (a new generation
+    /// with other code at the same addresses).
+    #[test]
+    fn cached_callers_check_agrees() {
+        const BL: u32 = 0x9400_0010;
+        const NOP: u32 = 0xD503_201F;
+        let image = |flip: bool| {
+            let v: Vec<u8> = (0..8192u32).flat_map(|i| if (i % 3 == 0) != flip { BL } else { NOP }.to_le_bytes()).collect();
+            Arc::new(Image { path: "img".into(), data: Arc::new(v).into(), symbols: Default::default(), arch: None })
+        };
+        let mut code = CodeMap { arch: Some(CodeArch::Aarch64), ..Default::default() };
+        code.images.push(image(false));
+        code.by_pid.push((7, vec![Mapping { start: 0x10000, end: 0x18000, pgoff: 0, image: 0 }]));
+        code.by_pid.push((8, vec![Mapping { start: 0x20000, end: 0x28000, pgoff: 0, image: 0 }]));
+        let mut cache = CallerCache::default();
+        let mut x: u64 = 12345;
+        let mut rnd = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut cut, mut whole) = (0, 0);
+        for round in 0..2 {
+            if round == 1 {
+                code.images[0] = image(true);
+                code.generation += 1;
+            }
+            for _ in 0..20_000 {
+                let pid = 7 + (rnd() % 2) as u32;
+                let base = if pid == 7 { 0x10000 } else { 0x20000 };
+                let n = 1 + (rnd() % 6) as usize;
+                let stack: Vec<u64> = (0..n)
+                    .map(|_| match rnd() % 40 {
+                        0 => 0x800,
+                        1 => 1 << 60,
+                        2 => 0x30000 + 4 * (rnd() % 64),
+                        _ => base + 4 + 4 * (rnd() % 0x1ffe),
+                    })
+                    .collect();
+                let want = code.checked_depth(pid, &stack);
+                assert_eq!(code.checked_depth_cached(pid, &stack, &mut cache), want, "{pid} {stack:x?}");
+                if want < n { cut += 1 } else { whole += 1 }
+            }
+        }
+        assert!(cut > 1000 && whole > 1000, "{cut} cut, {whole} whole");
     }
 }

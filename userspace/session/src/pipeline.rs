@@ -343,6 +343,7 @@ pub struct Pipeline {
     trie: ContextTrie,
     frames: FrameTable,
     frame_cache: crate::frame_cache::FrameCache,
+    callers: crate::code::CallerCache,
     namer: Box<dyn FrameNamer>,
     stats: PipelineStats,
     /// Per CPU: a trace-on was seen and the window has not been begun yet.
@@ -395,6 +396,7 @@ impl Pipeline {
             resolver: Resolver::default(),
             frames: FrameTable::new(),
             frame_cache: crate::frame_cache::FrameCache::default(),
+            callers: crate::code::CallerCache::default(),
             namer: Box::new(DefaultFrameNamer),
             stats: PipelineStats::default(),
             pending_begin: CpuMap::default(),
@@ -570,6 +572,7 @@ impl Pipeline {
             trie,
             frames,
             frame_cache,
+            callers,
             namer,
             stats,
             trace_cpu,
@@ -589,6 +592,7 @@ impl Pipeline {
             trie,
             frames,
             frame_cache,
+            callers,
             namer: namer.as_mut(),
             code,
             stats,
@@ -646,6 +650,7 @@ impl Pipeline {
             trie,
             frames,
             frame_cache,
+            callers,
             namer,
             stats,
             trace_cpu,
@@ -665,6 +670,7 @@ impl Pipeline {
             trie,
             frames,
             frame_cache,
+            callers,
             namer: namer.as_mut(),
             code,
             stats,
@@ -873,6 +879,7 @@ impl Pipeline {
             trie,
             frames,
             frame_cache,
+            callers,
             namer,
             stats,
             trace_cpu,
@@ -901,6 +908,7 @@ impl Pipeline {
             trie,
             frames,
             frame_cache,
+            callers,
             namer: namer.as_mut(),
             code,
             stats,
@@ -959,6 +967,7 @@ impl Pipeline {
             trie,
             frames,
             frame_cache,
+            callers,
             namer,
             stats,
             cfg,
@@ -976,6 +985,7 @@ impl Pipeline {
             trie,
             frames,
             frame_cache,
+            callers,
             namer: namer.as_mut(),
             code,
             stats,
@@ -1053,6 +1063,7 @@ impl Pipeline {
                     trie,
                     frames,
                     frame_cache,
+                    callers,
                     namer,
                     stats,
                     scratch_branches,
@@ -1067,6 +1078,7 @@ impl Pipeline {
                     trie,
                     frames,
                     frame_cache,
+                    callers,
                     namer: namer.as_mut(),
                     code,
                     stats,
@@ -1131,6 +1143,7 @@ struct Sink<'a> {
     trie: &'a mut ContextTrie,
     frames: &'a mut FrameTable,
     frame_cache: &'a mut crate::frame_cache::FrameCache,
+    callers: &'a mut crate::code::CallerCache,
     namer: &'a mut dyn FrameNamer,
     code: &'a CodeMap,
     stats: &'a mut PipelineStats,
@@ -1146,7 +1159,7 @@ impl Sink<'_> {
             o(j);
         }
         // Callers checked: a return address not after a call ends the stack there.
-        let keep = self.code.checked_depth(j.pid, j.stack);
+        let keep = self.code.checked_depth_cached(j.pid, j.stack, self.callers);
         let stack = &j.stack[..keep];
         let truncated = keep < j.stack.len();
         self.scratch_branches.clear();
