@@ -146,8 +146,8 @@ impl BinaryInfo {
 
 /// Maps runtime addresses of the sampled process to `(binary, link-time address)`.
 ///
-/// Implemented by `etm_stacks::AddressSpace` (maps + ELF headers), [`IdentityResolver`]
-/// (static non-PIE binaries) and [`MmapResolver`] (perf MMAP2 events).
+/// Implemented by the pipeline's code map (`etm_session`), [`IdentityResolver`] (static
+/// non-PIE binaries) and [`MmapResolver`] (perf MMAP2 events, for `convert`).
 pub trait AddressResolver {
     /// The binary and link-time address of a runtime address, or `None` if unmapped/unknown.
     fn resolve(&self, addr: u64) -> Option<(BinaryId, u64)>;

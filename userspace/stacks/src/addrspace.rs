@@ -1,22 +1,22 @@
-//! A process address space: `/proc/PID/maps` text plus the ELF program headers of each mapped
-//! file, mapping runtime addresses to `(binary, link-time address)`.
+//! The pieces of a process address space: `/proc/PID/maps` text ([`parse_maps`]) and the ELF
+//! program headers of a mapped file ([`parse_elf`], [`Binary`]). The live driver turns the
+//! maps into MMAP2 sideband; the one resolver from runtime to link-time addresses is the
+//! pipeline's (`etm_session`'s code map), fed by that sideband in both drivers.
 //!
 //! For a file-backed mapping `[start, end)` at file offset `off`, a runtime address `a` is at
 //! file offset `f = a - start + off`; the `PT_LOAD` segment containing `f` gives the link-time
-//! (ELF virtual) address `f - p_offset + p_vaddr`. File offsets and virtual addresses differ in
-//! PIE executables, shared libraries and most Rust binaries, so both are needed.
+//! (ELF virtual) address `f - p_offset + p_vaddr` ([`Binary::file_offset_to_vaddr`]). File
+//! offsets and virtual addresses differ in PIE executables, shared libraries and most Rust
+//! binaries, so both are needed.
 //!
-//! I/O-free: the caller passes the maps text and a callback returning the bytes of a mapped
-//! file (e.g. read through `/proc/PID/map_files/` or `/proc/PID/root/`).
+//! I/O-free: the caller passes the maps text and the bytes of a mapped file.
 
-use std::collections::HashMap;
 
 use object::{Object, ObjectSegment, SegmentFlags};
 
-/// Index of a binary in an [`AddressSpace`] (stable for the life of the space): the
-/// `etm_profile` id, so the space can serve as an [`etm_profile::AddressResolver`].
+/// The `etm_profile` id of a binary.
 pub use etm_profile::BinaryId;
-use etm_profile::{AddressResolver, BinaryInfo};
+use etm_profile::BinaryInfo;
 
 /// Errors of ELF parsing.
 #[derive(Debug, thiserror::Error)]
@@ -173,151 +173,6 @@ impl Binary {
     }
 }
 
-/// A runtime address resolved to its binary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Resolved {
-    /// The binary.
-    pub binary: BinaryId,
-    /// Link-time (ELF virtual) address; the file offset if the ELF headers are unknown.
-    pub link_addr: u64,
-    /// File offset of the address.
-    pub file_offset: u64,
-}
-
-#[derive(Debug, Clone)]
-struct Mapping {
-    start: u64,
-    end: u64,
-    offset: u64,
-    binary: BinaryId,
-}
-
-/// Counters of address-space maintenance.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AddrSpaceStats {
-    /// `update` calls.
-    pub updates: u64,
-    /// Malformed maps lines skipped.
-    pub bad_maps_lines: u64,
-    /// Files whose ELF headers could not be read or parsed.
-    pub unreadable_binaries: u64,
-}
-
-/// The address space of one process (see the module docs).
-#[derive(Debug, Clone, Default)]
-pub struct AddressSpace {
-    mappings: Vec<Mapping>,
-    binaries: Vec<Binary>,
-    by_key: HashMap<String, BinaryId>,
-    stats: AddrSpaceStats,
-}
-
-impl AddressSpace {
-    /// An empty address space.
-    pub fn new() -> AddressSpace {
-        AddressSpace::default()
-    }
-
-    /// Replaces the mappings with those in `maps_text` (all of `/proc/PID/maps`). Binaries are
-    /// kept across updates (ids stay valid); `read_file` is called once per new file-backed
-    /// executable mapping to get the file's bytes. Returns the number of new binaries.
-    pub fn update(&mut self, maps_text: &str, read_file: &mut dyn FnMut(&MapsEntry) -> Option<Vec<u8>>) -> usize {
-        self.stats.updates += 1;
-        let (entries, bad) = parse_maps(maps_text);
-        self.stats.bad_maps_lines += bad as u64;
-        let before = self.binaries.len();
-        let mut mappings = Vec::with_capacity(entries.len());
-        for e in &entries {
-            let pseudo = e.path.starts_with('[') && e.path != "[heap]" && e.path != "[stack]";
-            if !(e.is_exec() && (e.is_file() || pseudo)) {
-                continue;
-            }
-            let key = format!("{}:{}:{}", e.dev, e.inode, e.path);
-            let id = match self.by_key.get(&key) {
-                Some(&id) => id,
-                None => {
-                    let bytes = if e.is_file() { read_file(e) } else { None };
-                    let info = bytes.as_deref().and_then(|b| parse_elf(b).ok());
-                    let profile_info =
-                        bytes.as_deref().and_then(|b| BinaryInfo::from_elf(&e.path, b).ok()).unwrap_or_else(|| BinaryInfo {
-                            path: e.path.clone(),
-                            build_id: info.as_ref().and_then(|i| i.build_id.clone()),
-                            ..Default::default()
-                        });
-                    if e.is_file() && info.is_none() {
-                        self.stats.unreadable_binaries += 1;
-                        log::debug!("cannot read ELF headers of {}", e.path);
-                    }
-                    let id = BinaryId(self.binaries.len() as u32);
-                    let elf_ok = info.is_some();
-                    let info = info.unwrap_or_default();
-                    self.binaries.push(Binary {
-                        path: e.path.clone(),
-                        build_id: info.build_id,
-                        segments: info.segments,
-                        load_addresses: Vec::new(),
-                        elf_ok,
-                        info: profile_info,
-                    });
-                    self.by_key.insert(key, id);
-                    id
-                }
-            };
-            let la = &mut self.binaries[id.0 as usize].load_addresses;
-            if let Err(pos) = la.binary_search(&e.start) {
-                la.insert(pos, e.start);
-            }
-            mappings.push(Mapping { start: e.start, end: e.end, offset: e.offset, binary: id });
-        }
-        mappings.sort_by_key(|m| m.start);
-        self.mappings = mappings;
-        self.binaries.len() - before
-    }
-
-    /// Resolves a runtime address; `None` if no executable mapping contains it.
-    pub fn resolve(&self, addr: u64) -> Option<Resolved> {
-        let i = self.mappings.partition_point(|m| m.start <= addr);
-        let m = self.mappings.get(i.checked_sub(1)?)?;
-        if addr >= m.end {
-            return None;
-        }
-        let file_offset = addr - m.start + m.offset;
-        let b = &self.binaries[m.binary.0 as usize];
-        let link_addr = b.file_offset_to_vaddr(file_offset).unwrap_or(file_offset);
-        Some(Resolved { binary: m.binary, link_addr, file_offset })
-    }
-
-    /// The binary `id`.
-    pub fn binary(&self, id: BinaryId) -> Option<&Binary> {
-        self.binaries.get(id.0 as usize)
-    }
-
-    /// All binaries seen so far, indexed by `BinaryId.0`.
-    pub fn binaries(&self) -> &[Binary] {
-        &self.binaries
-    }
-
-    /// Number of executable mappings currently known.
-    pub fn mapping_count(&self) -> usize {
-        self.mappings.len()
-    }
-
-    /// Counters.
-    pub fn stats(&self) -> AddrSpaceStats {
-        self.stats
-    }
-}
-
-impl AddressResolver for AddressSpace {
-    fn resolve(&self, addr: u64) -> Option<(BinaryId, u64)> {
-        AddressSpace::resolve(self, addr).map(|r| (r.binary, r.link_addr))
-    }
-
-    fn binary(&self, id: BinaryId) -> Option<&BinaryInfo> {
-        self.binaries.get(id.0 as usize).map(|b| &b.info)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,55 +200,6 @@ garbage line
         assert_eq!(e[5].path, "/tmp/with space (deleted)");
     }
 
-    /// Runtime addresses go through file offset and the PT_LOAD segment to link-time addresses.
-    #[test]
-    fn resolves_through_segments() {
-        let demo = ElfInfo {
-            segments: vec![
-                LoadSegment { offset: 0, vaddr: 0, filesz: 0x1000, executable: false },
-                // An executable segment whose vaddr differs from its file offset.
-                LoadSegment { offset: 0x1000, vaddr: 0x401000, filesz: 0x1000, executable: true },
-            ],
-            build_id: Some(vec![0xab, 0xcd]),
-        };
-        let mut space = AddressSpace::new();
-        let mut calls = 0;
-        let new = space.update(MAPS, &mut |e| {
-            calls += 1;
-            (e.path == "/usr/bin/demo").then(|| synth_elf_bytes(&demo))
-        });
-        // demo, libc (unreadable), [vdso], deleted file (unreadable)
-        assert_eq!(new, 4);
-        assert_eq!(calls, 3);
-        let r = space.resolve(0x5581c7a01234).unwrap();
-        assert_eq!(r.file_offset, 0x1234);
-        assert_eq!(r.link_addr, 0x401234);
-        let b = space.binary(r.binary).unwrap();
-        assert_eq!(b.build_id_hex().as_deref(), Some("abcd"));
-        assert_eq!(b.load_addresses, vec![0x5581c7a01000]);
-        // Unknown ELF: the file offset stands in for the link-time address.
-        let r = space.resolve(0x7f1000028010).unwrap();
-        assert_eq!(r.link_addr, 0x28010);
-        assert!(space.resolve(0x7f0000000010).is_none(), "anonymous rw memory");
-        assert!(space.resolve(0x10).is_none());
-        assert_eq!(space.stats().unreadable_binaries, 2);
-        // A second update re-reads no known file and keeps ids.
-        let again = space.update(MAPS, &mut |_| panic!("re-read a known binary"));
-        assert_eq!(again, 0);
-        assert_eq!(space.resolve(0x5581c7a01234).unwrap().binary, r_binary(&space));
-        // The etm_profile resolver view agrees, with the binary's path and build id.
-        let dynres: &dyn AddressResolver = &space;
-        let (id, link) = dynres.resolve(0x5581c7a01234).unwrap();
-        assert_eq!(link, 0x401234);
-        let info = dynres.binary(id).unwrap();
-        assert_eq!(info.path, "/usr/bin/demo");
-        assert_eq!(info.build_id.as_deref(), Some(&[0xab, 0xcd][..]));
-    }
-
-    fn r_binary(s: &AddressSpace) -> BinaryId {
-        s.resolve(0x5581c7a01000).unwrap().binary
-    }
-
     /// The ELF parser reads the segments and build id of a real binary (this test executable).
     #[test]
     fn parses_real_elf() {
@@ -401,53 +207,5 @@ garbage line
         let info = parse_elf(&exe).unwrap();
         assert!(info.segments.iter().any(|s| s.executable));
         assert!(parse_elf(b"not an elf").is_err());
-    }
-
-    /// Builds a minimal ELF64 file with the given load segments and a build-id note, written
-    /// byte by byte from the ELF spec (independent of the parser under test).
-    fn synth_elf_bytes(info: &ElfInfo) -> Vec<u8> {
-        let phnum = info.segments.len() + 1;
-        let ph_off = 64usize;
-        let note_off = ph_off + 56 * phnum;
-        let id = info.build_id.clone().unwrap_or_default();
-        let desc_pad = id.len().div_ceil(4) * 4;
-        let note_len = 12 + 4 + desc_pad;
-        let mut b = vec![0u8; (note_off + note_len).max(0x2000)];
-        b[0..4].copy_from_slice(b"\x7fELF");
-        b[4] = 2; // ELFCLASS64
-        b[5] = 1; // little endian
-        b[6] = 1; // EV_CURRENT
-        b[16..18].copy_from_slice(&3u16.to_le_bytes()); // ET_DYN
-        b[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
-        b[20..24].copy_from_slice(&1u32.to_le_bytes());
-        b[32..40].copy_from_slice(&(ph_off as u64).to_le_bytes()); // e_phoff
-        b[52..54].copy_from_slice(&64u16.to_le_bytes()); // e_ehsize
-        b[54..56].copy_from_slice(&56u16.to_le_bytes()); // e_phentsize
-        b[56..58].copy_from_slice(&(phnum as u16).to_le_bytes());
-        b[58..60].copy_from_slice(&64u16.to_le_bytes()); // e_shentsize
-        let mut ph = ph_off;
-        let put = |b: &mut Vec<u8>, ph: usize, typ: u32, flags: u32, off: u64, va: u64, sz: u64| {
-            b[ph..ph + 4].copy_from_slice(&typ.to_le_bytes());
-            b[ph + 4..ph + 8].copy_from_slice(&flags.to_le_bytes());
-            b[ph + 8..ph + 16].copy_from_slice(&off.to_le_bytes());
-            b[ph + 16..ph + 24].copy_from_slice(&va.to_le_bytes());
-            b[ph + 24..ph + 32].copy_from_slice(&va.to_le_bytes());
-            b[ph + 32..ph + 40].copy_from_slice(&sz.to_le_bytes());
-            b[ph + 40..ph + 48].copy_from_slice(&sz.to_le_bytes());
-            b[ph + 48..ph + 56].copy_from_slice(&0x1000u64.to_le_bytes());
-        };
-        for s in &info.segments {
-            put(&mut b, ph, 1, if s.executable { 5 } else { 4 }, s.offset, s.vaddr, s.filesz);
-            ph += 56;
-        }
-        put(&mut b, ph, 4, 4, note_off as u64, note_off as u64, note_len as u64); // PT_NOTE
-        b[ph + 48..ph + 56].copy_from_slice(&4u64.to_le_bytes()); // note p_align
-        let n = note_off;
-        b[n..n + 4].copy_from_slice(&4u32.to_le_bytes()); // namesz
-        b[n + 4..n + 8].copy_from_slice(&(id.len() as u32).to_le_bytes());
-        b[n + 8..n + 12].copy_from_slice(&3u32.to_le_bytes()); // NT_GNU_BUILD_ID
-        b[n + 12..n + 16].copy_from_slice(b"GNU\0");
-        b[n + 16..n + 16 + id.len()].copy_from_slice(&id);
-        b
     }
 }

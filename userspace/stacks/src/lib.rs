@@ -5,10 +5,8 @@
 //!   when full, new contexts are folded into an `[other]` child of their deepest known caller
 //!   (or into that caller itself once the spare budget is used), and every folded sample is
 //!   counted in [`trie::TrieStats`].
-//! * [`addrspace::AddressSpace`]: a process address space built from `/proc/PID/maps` text and
-//!   the ELF program headers of each mapped file, mapping a runtime address to
-//!   `(binary, link-time address)` (file offset != virtual address in PIE binaries); it
-//!   implements `etm_profile::AddressResolver`.
+//! * [`addrspace`]: `/proc/PID/maps` text and the ELF program headers of a mapped file (file
+//!   offset != virtual address in PIE binaries), which the live driver turns into sideband.
 //! * [`folded`] stacks (`outermost;...;leaf count`), read and written; the pprof and flame
 //!   graph writers are in `etm-write`.
 //!
@@ -35,6 +33,6 @@ pub mod frames;
 pub mod symtab;
 pub mod trie;
 
-pub use addrspace::{AddressSpace, BinaryId};
+pub use addrspace::BinaryId;
 pub use frames::{Frame, FrameId, FrameTable};
 pub use trie::ContextTrie;
