@@ -860,6 +860,9 @@ impl Joiner {
         // A context switch on this CPU since the previous pause: an undated segment without a
         // traced context cannot be placed before or after it.
         let switched = c.switch_ins.iter().any(|&(t, _)| prev.is_none_or(|p| t > p) && t <= s.time);
+        // The newest branches that came from one segment: consecutive records of one decoded
+        // chain, the straight code between them walked by the decoder.
+        let mut walked: Option<usize> = None;
         let verdict = if n == 0 {
             Err(RejectReason::NoWindow)
         } else if self.cfg.max_window_age.is_some_and(|a| s.time - c.segs[n - 1].time > a) {
@@ -900,6 +903,9 @@ impl Joiner {
                 }
                 let room = self.cfg.depth - self.scratch.len().min(self.cfg.depth);
                 self.scratch.extend(g.oldest_first().rev().take(room));
+                if walked.is_none() {
+                    walked = Some(self.scratch.len());
+                }
                 if self.scratch.len() >= self.cfg.depth || g.window_start {
                     break;
                 }
@@ -933,7 +939,8 @@ impl Joiner {
         }
         let verdict = verdict.and_then(|()| {
             if self.cfg.validate {
-                validate(&s.stack, &self.scratch, &[], false, s.pid, oracle, &self.cfg, &mut self.shadow, &mut self.code_cache)
+                let walked = Walked { chain: walked.unwrap_or(0), leaf: false };
+                validate(&s.stack, &self.scratch, &[], walked, s.pid, oracle, &self.cfg, &mut self.shadow, &mut self.code_cache)
             } else {
                 Ok(Check::default())
             }
@@ -989,7 +996,7 @@ impl Joiner {
         } else if branches.is_empty() || !self.cfg.validate {
             Ok(Check::default())
         } else {
-            validate(stack, branches, types, false, pid, oracle, &self.cfg, &mut self.shadow, &mut self.code_cache)
+            validate(stack, branches, types, Walked::NOTHING, pid, oracle, &self.cfg, &mut self.shadow, &mut self.code_cache)
         };
         match r {
             Ok(c) => {
@@ -1287,7 +1294,7 @@ fn synthesize(
         let check = if cfg.validate && stop.is_some() {
             // its leaf and branches lie in the segment the decoder walked: the straight code
             // between them is proven
-            match validate(buf.stack, buf.branches, &[], true, pid, oracle, &vcfg, shadow, cache) {
+            match validate(buf.stack, buf.branches, &[], Walked::ALL, pid, oracle, &vcfg, shadow, cache) {
                 Ok(c) => c,
                 Err(r) => {
                     stats.synth_rejected.bump(r);
@@ -1327,16 +1334,32 @@ fn straight_line(pid: u32, from: u64, to: u64, oracle: &dyn CodeOracle, max: u64
     }
 }
 
+/// What the decoder's walk of a sample's trace proved: the straight code between each pair of
+/// the newest `chain` branches (consecutive records of one decoded segment: the ranges
+/// between them were walked), and, with `leaf`, from the newest branch's target to the leaf
+/// (the leaf lies in that segment too: a synthesized sample's point).
+#[derive(Debug, Clone, Copy)]
+struct Walked {
+    chain: usize,
+    leaf: bool,
+}
+
+impl Walked {
+    /// Nothing walked (branches from a branch unit: LBR, BRBE).
+    const NOTHING: Walked = Walked { chain: 0, leaf: false };
+    /// The leaf and every branch in one walked segment.
+    const ALL: Walked = Walked { chain: usize::MAX, leaf: true };
+}
+
 /// Validate a hybrid sample; `branches` newest first, `types` empty or one per branch.
-/// `walked`: the leaf and the branches lie in one decoded trace segment, whose walk of the
-/// code proved the straight code from each branch's target to the next branch (and to the
-/// leaf), so those checks are not repeated; the calls and returns are checked all the same.
+/// `walked`: what the decoder's walk proved (see [`Walked`]); those straight-code checks are
+/// not repeated. The calls and returns are checked all the same.
 #[allow(clippy::too_many_arguments)]
 fn validate(
     stack: &[u64],
     branches: &[BranchPair],
     types: &[Option<InsnKind>],
-    walked: bool,
+    walked: Walked,
     pid: u32,
     oracle: &dyn CodeOracle,
     cfg: &JoinConfig,
@@ -1345,7 +1368,7 @@ fn validate(
 ) -> Result<Check, RejectReason> {
     cache.prepare(oracle);
     let mut check = Check::default();
-    if !walked {
+    if !walked.leaf {
         let leaf = stack[0];
         let target = branches[0].to;
         if leaf < target || leaf - target > cfg.max_straight_line {
@@ -1356,14 +1379,15 @@ fn validate(
             Ok(false) => check.unverified = true,
             Err(()) => return Err(RejectReason::LeafNotReachable),
         }
-        // The chain: between consecutive branches (older.to .. newer.from) only straight code.
-        for w in branches.windows(2) {
-            let (newer, older) = (w[0], w[1]);
-            match straight_line(pid, older.to, newer.from, oracle, cfg.max_straight_line, cache) {
-                Ok(true) => {}
-                Ok(false) => check.unverified = true,
-                Err(()) => return Err(RejectReason::BrokenChain),
-            }
+    }
+    // The chain: between consecutive branches (older.to .. newer.from) only straight code;
+    // pairs the walk proved are skipped.
+    for w in branches.windows(2).skip(walked.chain.saturating_sub(1)) {
+        let (newer, older) = (w[0], w[1]);
+        match straight_line(pid, older.to, newer.from, oracle, cfg.max_straight_line, cache) {
+            Ok(true) => {}
+            Ok(false) => check.unverified = true,
+            Err(()) => return Err(RejectReason::BrokenChain),
         }
     }
     // Calls and returns, oldest first.
@@ -1713,8 +1737,8 @@ mod tests {
             (vec![0x1020], vec![bp(0x2050, 0x1018)], Some(RejectReason::ReturnNotAfterCall)),
             // Return out of the window after the call at 0x1010.
             (vec![0x1020], vec![bp(0x2050, 0x1014)], None),
-            // A chain with a call (0x2020) between two consecutive branches is inconsistent.
-            (vec![0x2044, 0x1014], vec![bp(0x1010, 0x2000), bp(0x2030, 0x2040)], Some(RejectReason::BrokenChain)),
+            // (A chain with a call between two consecutive branches of one segment cannot come
+            // from the decoder; across segments it is rejected: `chain_checked_across_segments_only`.)
         ];
         // Strict mode: the leaf frame must be present.
         let strict = JoinConfig { allow_missing_leaf_frame: false, ..Default::default() };
@@ -1810,6 +1834,30 @@ mod tests {
         let (got, st) = run_segs(&[(10, &w[..3], false), (20, &w[3..], true)]);
         assert!(got.is_empty());
         assert_eq!(st.rejected.get(RejectReason::BrokenWindow), 1);
+    }
+
+    /// The straight code between branches is checked where the chain crosses from one
+    /// segment to the next (the trace restarted: nothing was walked between), not between the
+    /// records of one segment, which the decoder made from ranges it walked.
+    #[test]
+    fn chain_checked_across_segments_only() {
+        let oracle = toy();
+        // A call (0x2020) lies between 0x2000 and 0x2030: no straight code.
+        let (a, b) = (bp(0x1010, 0x2000), bp(0x2030, 0x2040));
+        let run = |segs: &[&[BranchPair]]| {
+            let mut j = Joiner::new(JoinConfig::default());
+            let mut n = 0;
+            let mut out = |_: &Joined<'_>| n += 1;
+            for (i, brs) in segs.iter().enumerate() {
+                j.begin_segment(0, 10 * (i as u64 + 1), true, &oracle, &mut out);
+                j.branches(0, brs);
+            }
+            j.sample(0, 1, 1, 100, &[0x2044, 0x1014], &oracle, &mut out);
+            j.flush(&oracle, &mut out);
+            (n, j.stats().rejected.get(RejectReason::BrokenChain))
+        };
+        assert_eq!(run(&[&[a], &[b]]), (0, 1), "across a restart the code is asked");
+        assert_eq!(run(&[&[a, b]]), (1, 0), "one decoded segment: the walk is the proof");
     }
 
     /// An idle CPU's sample is resolved by the driver's "trace complete until" watermark
@@ -1957,7 +2005,8 @@ mod tests {
             j.flush(&oracle, &mut out);
             let vcfg = JoinConfig { allow_missing_leaf_frame: false, ..cfg };
             for (k, stack, branches) in got.iter().filter(|g| g.0 > 0) {
-                let r = validate(stack, branches, &[], true, 1, &oracle, &vcfg, &mut Vec::new(), &mut CodeCache::default());
+                let r =
+                    validate(stack, branches, &[], Walked::ALL, 1, &oracle, &vcfg, &mut Vec::new(), &mut CodeCache::default());
                 assert!(r.is_ok_and(|c| !c.unverified && !c.leaf_frame_missing), "sample {k}: {r:?} {stack:x?} {branches:x?}");
             }
             let st = j.stats();

@@ -11,7 +11,6 @@
 //!
 //! I/O-free: the caller passes the maps text and the bytes of a mapped file.
 
-
 use object::{Object, ObjectSegment, SegmentFlags};
 
 /// The `etm_profile` id of a binary.
