@@ -79,11 +79,11 @@ impl Sums {
 /// One CPU's open segment: its counts so far and its call stack.
 ///
 /// The per-range work is kept to the common case, a range in the function of the range
-/// before: the instruction count moves on (`t`) and the rest waits. What a function or a
-/// frame ran is settled from `t` when it changes: the current function's run of own
-/// instructions when another function's range comes, a frame's own instructions when it
-/// ends (what ran since it was seen, less what ran above it: each frame that ends adds its
-/// duration to the frame below). The frame operations are out of line.
+/// before: the instruction count moves on (`t`) and the rest waits. A frame's own
+/// instructions are settled when it ends: what ran since it was seen, less what ran above it
+/// (each frame that ends adds its duration to the frame below); every instruction runs in the
+/// top frame, so a function's own instructions are its frames'. The frame operations are out
+/// of line.
 #[derive(Debug, Default)]
 pub(crate) struct SegmentWalk {
     /// Instructions by function.
@@ -108,11 +108,10 @@ pub(crate) struct SegmentWalk {
     has_prev: bool,
     prev_from: u64,
     prev_kind: InsnKind,
-    /// The function of the last range (the top frame's, when there is one), whose run of
-    /// own instructions began at `own_since` (`has_own`: there is a run).
+    /// The function of the last range (the top frame's, when there is one).
     cur_f: u32,
-    has_own: bool,
-    own_since: u64,
+    /// A range came in the segment.
+    any: bool,
 }
 
 impl SegmentWalk {
@@ -188,33 +187,19 @@ impl SegmentWalk {
         }
     }
 
-    /// The own instructions of the current function's run, ended: `f`'s begins (nothing if
-    /// it is the same function).
-    #[inline]
-    fn own_to(&mut self, f: u32) {
-        if self.has_own {
-            if self.cur_f == f {
-                return;
-            }
-            self.own.add(self.cur_f, self.t - self.own_since);
-        }
-        self.has_own = true;
-        self.cur_f = f;
-        self.own_since = self.t;
-    }
-
     /// The first range of a chain, in `f`.
     #[inline(always)]
     fn first(&mut self, f: u32, ctx: &mut ExactCounts) {
-        self.own_to(f);
+        self.cur_f = f;
         self.push(f, self.t, false, ctx);
         self.has_prev = true;
+        self.any = true;
     }
 
     /// A call landed in `f`.
     #[inline(always)]
     fn call(&mut self, f: u32, ctx: &mut ExactCounts) {
-        self.own_to(f);
+        self.cur_f = f;
         self.push(f, self.t, true, ctx);
         self.calls.add(f, 1);
         if let Some(fr) = self.stack.last() {
@@ -225,7 +210,7 @@ impl SegmentWalk {
     /// A return landed in `f`.
     #[inline(always)]
     fn ret(&mut self, f: u32, ctx: &mut ExactCounts) {
-        self.own_to(f);
+        self.cur_f = f;
         if let Some((fr, own)) = self.pop(ctx)
             && fr.by_call
         {
@@ -245,7 +230,7 @@ impl SegmentWalk {
     /// call): its frame replaces the top one.
     #[inline(always)]
     fn replace(&mut self, f: u32, ctx: &mut ExactCounts) {
-        self.own_to(f);
+        self.cur_f = f;
         self.pop(ctx);
         self.push(f, self.t, false, ctx);
     }
@@ -271,6 +256,7 @@ impl SegmentWalk {
         if let Some(below) = self.stack.last_mut() {
             below.above += ran;
         }
+        self.own.add(fr.f, own);
         ctx.add_context(fr.node, own);
         if fr.outermost {
             // Frames seen later than the chain's start begin after every earlier frame of
@@ -302,12 +288,11 @@ impl SegmentWalk {
     /// The segment ends: every frame ends; the counts are left for the caller to take
     /// ([`own`](Self::own) and the public fields). False if no range came in the segment.
     pub(crate) fn end(&mut self, ctx: &mut ExactCounts) -> bool {
-        if !self.has_own {
+        if !self.any {
             return false;
         }
         self.break_chain(ctx);
-        self.own.add(self.cur_f, self.t - self.own_since);
-        self.has_own = false;
+        self.any = false;
         self.t = 0;
         self.chain_start = 0;
         true
