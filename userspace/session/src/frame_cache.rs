@@ -1,21 +1,54 @@
 //! The context trie's frames of each stack address, cached: a function and the callees inlined
-//! at the address (outermost first) are named once per address, not once per sample.
+//! at the address (outermost first) are named once per address, not once per sample; and the
+//! trie node of each whole stack, so a stack seen before is one lookup, not one per frame.
 
 use std::collections::HashMap;
 
 use etm_stacks::FrameId;
+use etm_stacks::trie::NodeId;
 
 /// Addresses kept at most (beyond: named again every time).
 const MAX_ADDRS: usize = 1 << 20;
 /// Frames kept at most over all addresses (inline chains are short: a few per address).
 const MAX_FRAMES: usize = 1 << 22;
 
-/// Runtime address -> its frames, bounded by [`MAX_ADDRS`] and [`MAX_FRAMES`].
+/// Return addresses of a stack kept in [`FrameCache::stack_node`]'s slots at most (deeper
+/// stacks are named frame by frame).
+const STACK_MAX: usize = 32;
+/// Slots of the stack cache (direct-mapped).
+const STACK_SLOTS: usize = 1024;
+
+/// A stack and its trie node: (process, stack cut by the callers check, its length), the
+/// trie's compaction count the node belongs to, the node and the stack's words.
+#[derive(Debug, Clone, Copy)]
+struct StackSlot {
+    pid: u32,
+    cut: bool,
+    len: u8,
+    epoch: u64,
+    node: NodeId,
+    words: [u64; STACK_MAX],
+}
+
+const EMPTY_SLOT: StackSlot = StackSlot { pid: 0, cut: false, len: 0, epoch: u64::MAX, node: 0, words: [0; STACK_MAX] };
+
+/// Runtime address -> its frames, bounded by [`MAX_ADDRS`] and [`MAX_FRAMES`]; and whole
+/// stacks -> their trie node ([`STACK_SLOTS`] of at most [`STACK_MAX`] addresses).
 #[derive(Debug, Default)]
 pub(crate) struct FrameCache {
     /// Address -> (first, count) in `frames`.
-    spans: HashMap<u64, (u32, u32)>,
+    spans: HashMap<u64, (u32, u32), std::hash::BuildHasherDefault<etm_profile::exact::IntHasher>>,
     frames: Vec<FrameId>,
+    stacks: Vec<StackSlot>,
+}
+
+/// The stack cache's slot of a stack.
+fn stack_slot(pid: u32, cut: bool, stack: &[u64]) -> usize {
+    let mut h = u64::from(pid) << 1 | u64::from(cut);
+    for &w in stack {
+        h = (h.rotate_left(23) ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    (h >> (64 - STACK_SLOTS.trailing_zeros())) as usize
 }
 
 impl FrameCache {
@@ -35,10 +68,36 @@ impl FrameCache {
         self.spans.insert(addr, (at, frames.len() as u32));
     }
 
-    /// Forgets every address.
+    /// The trie node of `stack` (of process `pid`, `cut` by the callers check) kept by
+    /// [`keep_stack`](Self::keep_stack) while the trie's ids are those of compaction `epoch`.
+    #[inline]
+    pub(crate) fn stack_node(&self, pid: u32, cut: bool, stack: &[u64], epoch: u64) -> Option<NodeId> {
+        if stack.len() > STACK_MAX || self.stacks.is_empty() {
+            return None;
+        }
+        let s = &self.stacks[stack_slot(pid, cut, stack)];
+        (s.epoch == epoch && s.pid == pid && s.cut == cut && s.words[..usize::from(s.len)] == *stack).then_some(s.node)
+    }
+
+    /// Keeps `node` as the trie node of `stack` (see [`stack_node`](Self::stack_node)): every
+    /// frame of the stack was named from a resolved address, and the node is the whole path.
+    pub(crate) fn keep_stack(&mut self, pid: u32, cut: bool, stack: &[u64], epoch: u64, node: NodeId) {
+        if stack.len() > STACK_MAX {
+            return;
+        }
+        if self.stacks.is_empty() {
+            self.stacks = vec![EMPTY_SLOT; STACK_SLOTS];
+        }
+        let s = &mut self.stacks[stack_slot(pid, cut, stack)];
+        *s = StackSlot { pid, cut, len: stack.len() as u8, epoch, node, words: [0; STACK_MAX] };
+        s.words[..stack.len()].copy_from_slice(stack);
+    }
+
+    /// Forgets every address and stack.
     pub(crate) fn clear(&mut self) {
         self.spans.clear();
         self.frames.clear();
+        self.stacks.clear();
     }
 }
 

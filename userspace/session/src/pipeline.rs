@@ -1176,16 +1176,27 @@ impl Sink<'_> {
             return;
         }
         self.stats.profiled += 1;
-        // Context trie: root first.
-        self.scratch_frames.clear();
         if truncated {
             self.stats.stacks_truncated += 1;
+        }
+        // Context trie: a stack seen before goes to its node at once.
+        let epoch = self.trie.compactions();
+        if let Some(node) = self.frame_cache.stack_node(j.pid, truncated, stack, epoch) {
+            self.trie.add_at(node, 1);
+            return;
+        }
+        // Else its frames, root first.
+        self.scratch_frames.clear();
+        if truncated {
             self.scratch_frames.push(self.frames.intern(Frame::new(TRUNCATED_FRAME, None)));
         }
+        let mut resolved = true;
         for (i, &a) in stack.iter().enumerate().rev() {
             // Return addresses point after the call: name the call site.
             let a2 = if i == 0 { a } else { a.saturating_sub(1) };
-            match self.frame_cache.get(a) {
+            // (cached by the address named: a return address and the same address as a leaf
+            // name different instructions)
+            match self.frame_cache.get(a2) {
                 Some(ids) => self.scratch_frames.extend_from_slice(ids),
                 None => {
                     let r = self.resolver.resolve(a2);
@@ -1198,12 +1209,18 @@ impl Sink<'_> {
                     let start = self.scratch_frames.len();
                     self.namer.frame_ids(bin, sym, link, a2, self.frames, self.scratch_frames);
                     if r.is_some() {
-                        self.frame_cache.insert(a, &self.scratch_frames[start..]);
+                        self.frame_cache.insert(a2, &self.scratch_frames[start..]);
+                    } else {
+                        // (named again when next seen: its mapping may arrive later)
+                        resolved = false;
                     }
                 }
             }
         }
-        self.trie.add(self.scratch_frames, 1);
+        let node = self.trie.add(self.scratch_frames, 1);
+        if resolved && self.trie.node(node).depth as usize == self.scratch_frames.len() {
+            self.frame_cache.keep_stack(j.pid, truncated, stack, self.trie.compactions(), node);
+        }
     }
 }
 
