@@ -1895,7 +1895,30 @@ mod tests {
         p.push(SessionEvent::Sample(&s));
         p.finish();
         assert_eq!(asked.borrow().len(), 3, "named again after the clear: {:?}", asked.borrow());
-        assert_eq!(paths(&p), vec![(5, vec![other]), (6, vec![leaf, "inlined".into()])]);
+        assert_eq!(paths(&p), vec![(5, vec![other.clone()]), (6, vec![leaf.clone(), "inlined".into()])]);
+        // The same address as a return address names its call, the instruction before: named
+        // apart from the address as a leaf, also when the leaf was named first. (x: the
+        // address after the first call instruction of the segment.)
+        let text = &std::fs::read(std::env::current_exe().unwrap()).unwrap()[seg.offset as usize..];
+        let mut at = 0usize;
+        let x = loop {
+            let (kind, len) = crate::isa::x86_decode(&text[at..], code + at as u64).unwrap_or((InsnKind::Other, 1));
+            at += len as usize;
+            if kind == InsnKind::Call {
+                break code + at as u64;
+            }
+        };
+        let sx = PauseSample { stack: vec![x], pid: 1, tid: 1, ..Default::default() };
+        let s3 = PauseSample { stack: vec![code + 0x40, x], pid: 1, tid: 1, ..Default::default() };
+        asked.borrow_mut().clear();
+        for ev in [&sx, &s3, &s3, &sx] {
+            p.push(SessionEvent::Sample(ev));
+        }
+        p.finish();
+        assert_eq!(*asked.borrow(), vec![x, x - 1, code + 0x40], "each named once");
+        let ps = paths(&p);
+        assert!(ps.contains(&(2, vec![format!("f{:x}", x - 1), other])), "{ps:?}");
+        assert!(ps.contains(&(2, vec![format!("f{x:x}")])), "{ps:?}");
     }
 
     /// x86-64 code at 0x40_0000 of process 1: `call 0x400010` (5 bytes), nops; at 0x400010
