@@ -725,6 +725,11 @@ impl Joiner {
             && c.open
             && let Some(g) = c.segs.back_mut()
         {
+            if g.ring.len() + bs.len() <= cap {
+                // (the common case: the ring has room, nothing wraps)
+                g.ring.extend_from_slice(bs);
+                return;
+            }
             let skip = bs.len().saturating_sub(cap);
             if skip > 0 {
                 g.dropped = true;
