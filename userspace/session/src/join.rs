@@ -1239,32 +1239,7 @@ fn synthesize(
     callers.extend(w.s.stack[1..].iter().rev());
     let cache = buf.cache;
     cache.prepare(oracle);
-    let undo = |i: usize, callers: &mut Vec<u64>, cache: &mut CodeCache| -> Result<(), SynthStop> {
-        let b = ring[i];
-        let f = cache.facts(pid, b, oracle);
-        match f.kind {
-            None => Err(SynthStop::UnknownCode),
-            Some(InsnKind::Call) => {
-                let ret = f.ret.ok_or(SynthStop::UnknownCode)?;
-                if callers.last() == Some(&ret) {
-                    callers.pop();
-                    Ok(())
-                } else {
-                    Err(SynthStop::CallMismatch)
-                }
-            }
-            Some(InsnKind::Return) => match f.after_call {
-                Some(true) => {
-                    callers.push(b.to);
-                    Ok(())
-                }
-                Some(false) => Err(SynthStop::ReturnNotAfterCall),
-                None => Err(SynthStop::UnknownCode),
-            },
-            Some(InsnKind::Exception | InsnKind::Flow) => Err(SynthStop::ExceptionFlow),
-            Some(InsnKind::Other | InsnKind::CondBranch | InsnKind::Jump) => Ok(()),
-        }
-    };
+    let mut walk = UndoWalk { ring, pid, oracle, last: None };
     // The stack is rebuilt from a complete pause stack: its leaf frame cannot be missing.
     let vcfg = JoinConfig { allow_missing_leaf_frame: false, ..*cfg };
     // Branches ring[undone..] are undone: the stack is the one before ring[undone] ran.
@@ -1272,12 +1247,9 @@ fn synthesize(
     for k in 1..=cfg.synth_samples {
         // The point: the source of branch p, before it ran.
         let Some(p) = m.checked_sub(k * d).filter(|&p| p >= 1) else { break };
-        while undone > p {
-            undone -= 1;
-            if let Err(r) = undo(undone, callers, cache) {
-                stats.synth_stops.bump(r);
-                return;
-            }
+        if let Err(r) = walk.undo_to(&mut undone, p, callers, cache) {
+            stats.synth_stops.bump(r);
+            return;
         }
         buf.stack.clear();
         buf.stack.push(ring[p].from);
@@ -1288,14 +1260,7 @@ fn synthesize(
         // its validation would check: every call matched by its return or the top return
         // address of the stack, every return landing after a call, all code known. Only where
         // that walk stops is the sample validated (and the next one, if any, not made).
-        let mut stop = None;
-        while undone > p.saturating_sub(d) {
-            undone -= 1;
-            if let Err(r) = undo(undone, callers, cache) {
-                stop = Some(r);
-                break;
-            }
-        }
+        let stop = walk.undo_to(&mut undone, p.saturating_sub(d), callers, cache).err();
         let check = if cfg.validate && stop.is_some() {
             // its leaf and branches lie in the segment the decoder walked: the straight code
             // between them is proven
@@ -1323,6 +1288,55 @@ fn synthesize(
     }
     if let Some(r) = w.more {
         stats.synth_stops.bump(r);
+    }
+}
+
+/// The synthesized samples' backward walk over a window's branches (oldest first in `ring`),
+/// with the last branch's facts kept (a loop's branch recurs back to back).
+struct UndoWalk<'a> {
+    ring: &'a [BranchPair],
+    pid: u32,
+    oracle: &'a dyn CodeOracle,
+    last: Option<(BranchPair, Facts)>,
+}
+
+impl UndoWalk<'_> {
+    /// Undoes `ring[to..*undone]`, newest first, moving `undone` down: the stack (`callers`,
+    /// the innermost last) becomes the one before `ring[to]` ran. Stops at the first branch
+    /// that cannot be undone (it counts as undone).
+    #[inline(always)]
+    fn undo_to(&mut self, undone: &mut usize, to: usize, callers: &mut Vec<u64>, cache: &mut CodeCache) -> Result<(), SynthStop> {
+        while *undone > to {
+            *undone -= 1;
+            let b = self.ring[*undone];
+            let f = match self.last {
+                Some((lb, lf)) if lb == b => lf,
+                _ => {
+                    let f = cache.facts(self.pid, b, self.oracle);
+                    self.last = Some((b, f));
+                    f
+                }
+            };
+            match f.kind {
+                Some(InsnKind::Other | InsnKind::CondBranch | InsnKind::Jump) => {}
+                None => return Err(SynthStop::UnknownCode),
+                Some(InsnKind::Call) => {
+                    let ret = f.ret.ok_or(SynthStop::UnknownCode)?;
+                    if callers.last() == Some(&ret) {
+                        callers.pop();
+                    } else {
+                        return Err(SynthStop::CallMismatch);
+                    }
+                }
+                Some(InsnKind::Return) => match f.after_call {
+                    Some(true) => callers.push(b.to),
+                    Some(false) => return Err(SynthStop::ReturnNotAfterCall),
+                    None => return Err(SynthStop::UnknownCode),
+                },
+                Some(InsnKind::Exception | InsnKind::Flow) => return Err(SynthStop::ExceptionFlow),
+            }
+        }
+        Ok(())
     }
 }
 
