@@ -27,7 +27,7 @@ FREQ_GHZ=${FREQ_GHZ:-3}
 PROG=${PROG:-indirect}
 case $PROG in
     indirect) SHORT=${SHORT:-30000}; LONG=${LONG:-150000} ;;
-    loops) SHORT=${SHORT:-4}; LONG=${LONG:-20} ;;
+    loops) SHORT=${SHORT:-20}; LONG=${LONG:-100} ;;
     *) echo "PROG must be indirect or loops"; exit 2 ;;
 esac
 # RETSTACK=0 turns return-stack compression off in the generated trace (default on, as
