@@ -231,8 +231,16 @@ impl SegmentWalk {
     #[inline(always)]
     fn replace(&mut self, f: u32, ctx: &mut ExactCounts) {
         self.cur_f = f;
-        self.pop(ctx);
-        self.push(f, self.t, false, ctx);
+        let Some(&top) = self.stack.last() else {
+            self.push(f, self.t, false, ctx);
+            return;
+        };
+        // The top frame ends and the new one takes its place (its slot, its caller).
+        let at = self.stack.len() - 1;
+        self.end_frame(top, at.checked_sub(1), ctx);
+        let node = ctx.context(at.checked_sub(1).map_or(ROOT_CONTEXT, |i| self.stack[i].node), f);
+        let outermost = !self.stack[..at].iter().any(|fr| fr.f == f);
+        self.stack[at] = Frame { f, seen: self.t, outermost, by_call: false, above: 0, node };
     }
 
     #[inline(always)]
@@ -251,10 +259,18 @@ impl SegmentWalk {
     #[inline(always)]
     fn pop(&mut self, ctx: &mut ExactCounts) -> Option<(Frame, u64)> {
         let fr = self.stack.pop()?;
+        let below = self.stack.len().checked_sub(1);
+        Some((fr, self.end_frame(fr, below, ctx)))
+    }
+
+    /// Frame `fr` ends, the one at `below` in the stack under it: what [`pop`](Self::pop)
+    /// counts of it. Returns its own instructions.
+    #[inline(always)]
+    fn end_frame(&mut self, fr: Frame, below: Option<usize>, ctx: &mut ExactCounts) -> u64 {
         let ran = self.t - fr.seen;
         let own = ran - fr.above;
-        if let Some(below) = self.stack.last_mut() {
-            below.above += ran;
+        if let Some(i) = below {
+            self.stack[i].above += ran;
         }
         self.own.add(fr.f, own);
         ctx.add_context(fr.node, own);
@@ -271,7 +287,7 @@ impl SegmentWalk {
                 self.inclusive.push((fr.f, n));
             }
         }
-        Some((fr, own))
+        own
     }
 
     /// The chain broke (trace lost): every frame ends here; what follows is seen afresh.
