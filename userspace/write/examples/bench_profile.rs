@@ -113,7 +113,7 @@ fn main() {
     let ps = t.stop();
     let t = Clock::start();
     let f = std::io::BufWriter::new(std::fs::File::create(dir.join("app.unsym.txt")).unwrap());
-    write_unsymbolized(&p, 0, None, f).unwrap();
+    write_unsymbolized(&p, 0, f).unwrap();
     let un = t.stop();
     let t = Clock::start();
     let f = std::io::BufWriter::new(std::fs::File::create(dir.join("app.bolt.pa")).unwrap());
