@@ -793,8 +793,7 @@ impl BinaryAgg {
         // The common case in one pass: every branch end is external or code, so BOLT's and
         // llvm-profgen's lists are one; commonest, every end is in this binary.
         let done = match (dropped, all_in) {
-            (true, _) if (0..pairs.len()).all(|i| pairs.in_view(i)) => Walk::Unclean,
-            (true, _) => Walk::OutOfView,
+            (true, _) => Walk::Unclean,
             (false, true) => self.walk_fast(pairs, usize::MAX, count, budget, sc),
             (false, false) => self.walk(pairs, usize::MAX, count, budget, sc),
         };
@@ -806,7 +805,11 @@ impl BinaryAgg {
                 }
                 n > 0
             }
-            Walk::Unclean => self.add_slow(pairs, branch_only, dropped, count, budget, sc),
+            // The slow path takes every pair as given: only where they are said to be.
+            Walk::Unclean if (0..pairs.len()).all(|i| pairs.in_view(i)) => {
+                self.add_slow(pairs, branch_only, dropped, count, budget, sc)
+            }
+            Walk::Unclean => return Err(()),
             Walk::OutOfView => return Err(()),
         })
     }

@@ -355,6 +355,8 @@ impl HybridProfile {
         self.add_inner(&[ip], branches, FLAG_BRANCH_ONLY, resolver, count, false)
     }
 
+    /// Every sample goes through here (one function for the benchmarks' breakdown).
+    #[inline(never)]
     fn add_inner(
         &mut self,
         stack: &[u64],
