@@ -107,7 +107,8 @@ rows = [
     ("  join at segment begin: resolve, validate, profile + trie (Joiner::resolve_front)", "etm_session::join::Joiner::resolve_front"),
     ("    validation (join::validate)", "etm_session::join::validate"),
     ("    profile + context trie (Sink::accept)", "etm_session::pipeline::Sink::accept"),
-    ("      profile add (HybridProfile::add)", "etm_profile::model::HybridProfile::add"),
+    ("      profile add, pause and synthesized samples (HybridProfile::add_inner)", "etm_profile::model::HybridProfile::add_inner"),
+    ("        llvm-profgen's unwinder, one binary's branches (BinaryAgg::walk_fast)", "etm_profile::agg::BinaryAgg::walk_fast"),
     ("reading events.jsonl (replay only: SessionReader::next_event)", "etm_session::session::SessionReader::next_event"),
 ]
 print("callgrind breakdown, instructions per window (inclusive; indented rows are parts of the row above):")

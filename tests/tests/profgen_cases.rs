@@ -8,13 +8,16 @@
 //!   context-insensitive (`--ignore-stack-samples`, or a branch-only input), with
 //!   `--ignore-stack-samples` dropped (our unsymbolized dump is already context-free);
 //! * for DWARF (non-probe) binaries with hybrid samples `<bin>.unsym.txt` is the
-//!   context-sensitive form and replaces the input of every context-sensitive run
-//!   (`--ignore-stack-samples` runs are then covered by the perf-script dump only);
+//!   context-sensitive form (the profile's online counters) and replaces the input of every
+//!   context-sensitive run, and `<bin>.autofdo.unsym.txt` beside it the input of the
+//!   `--ignore-stack-samples` runs;
 //! * with `--skip-symbolization` the unsymbolized outputs themselves are compared (CS
 //!   unwinder output only for runs with llvm-profgen's default unwinder options).
 //!
 //! Normalization: none beyond forcing `--format=text` (binary formats are compared through
-//! their text form); outputs must be byte-identical.
+//! their text form); outputs must be byte-identical, except that a profile read from a CS
+//! unsymbolized file is compared with the ContextWasInlined attribute bit cleared (the format
+//! cannot carry it; llvm-profgen's own round trip loses it too, and is checked byte-identical).
 
 mod common_profgen;
 
@@ -170,13 +173,15 @@ fn profgen_cases_match_llvm_profgen() {
             .or_insert_with(|| {
                 let d = work.join(format!("dump{next}"));
                 let files = convert(&bin, &r.input, &[&r.binary], &d);
-                assert_eq!(files.len(), 3, "convert of {} listed {files:?}", r.input.display());
+                // perfscript, unsym.txt, bolt.pa, and autofdo.unsym.txt beside a CS unsym.txt
+                assert!(files.len() == 3 || files.len() == 4, "convert of {} listed {files:?}", r.input.display());
                 d
             })
             .clone();
         let name = r.binary.file_name().unwrap().to_string_lossy().into_owned();
         let ours_ps = dump.join(format!("{name}.perfscript"));
         let ours_unsym = dump.join(format!("{name}.unsym.txt"));
+        let ours_autofdo = dump.join(format!("{name}.autofdo.unsym.txt"));
         let label = format!(
             "{} {} {}",
             r.dir.file_name().unwrap().to_string_lossy(),
@@ -208,11 +213,16 @@ fn profgen_cases_match_llvm_profgen() {
             ));
             continue;
         }
-        if ours_cs {
-            if context_free {
-                cs_ignore_stack += 1;
-                continue; // a CS dump cannot answer an --ignore-stack-samples run; the perfscript dump did
-            }
+        if ours_cs != ours_autofdo.is_file() {
+            failures.push(format!("{label}: context-free dump beside a CS={ours_cs} unsymbolized dump: {}", !ours_cs));
+            continue;
+        }
+        // The context-free unsymbolized dump: the CS dump's companion, or the dump itself.
+        let cf_unsym = if ours_cs { &ours_autofdo } else { &ours_unsym };
+        if ours_cs && context_free {
+            cs_ignore_stack += 1;
+        }
+        if ours_cs && !context_free {
             if r.opts.iter().any(|o| o == "--skip-symbolization") {
                 // Unwinder output: only llvm-profgen's default unwinder options are reproduced.
                 let neutral = |o: &String| {
@@ -285,7 +295,7 @@ fn profgen_cases_match_llvm_profgen() {
         }
         let absolute = r.opts.iter().any(|o| o == "--use-offset=0");
         if r.opts.iter().any(|o| o == "--skip-symbolization") && !absolute {
-            let ours = std::fs::read_to_string(&ours_unsym).unwrap_or_default();
+            let ours = std::fs::read_to_string(cf_unsym).unwrap_or_default();
             if ours == expected {
                 checked_unsym += 1;
             } else {
@@ -311,18 +321,19 @@ fn profgen_cases_match_llvm_profgen() {
         } else {
             expected
         };
-        match profgen(&pg, "--unsymbolized-profile", &ours_unsym, &r.binary, &opts, &work.join(format!("un{n}"))) {
+        match profgen(&pg, "--unsymbolized-profile", cf_unsym, &r.binary, &opts, &work.join(format!("un{n}"))) {
             Ok(t) if t == expected => checked_unsym += 1,
             Ok(t) => failures.push(format!("{label}: unsymbolized dump differs: {}", first_diff(&expected, &t))),
             Err(e) => failures.push(format!("{label}: unsymbolized dump: {e}")),
         }
     }
     eprintln!(
-        "profgen cases: {} runs over {} inputs; identical via perfscript: {checked_ps}, via context-free unsymbolized: {checked_unsym}, via CS unsymbolized: {checked_cs_unsym} (+{cs_ignore_stack} --ignore-stack-samples runs on CS DWARF inputs: perfscript only)",
+        "profgen cases: {} runs over {} inputs; identical via perfscript: {checked_ps}, via context-free unsymbolized: {checked_unsym} ({cs_ignore_stack} of them --ignore-stack-samples runs on CS DWARF inputs, through .autofdo.unsym.txt), via CS unsymbolized: {checked_cs_unsym}",
         runs.len(),
         dumps.len()
     );
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(cs_ignore_stack >= 2, "expected --ignore-stack-samples runs on CS DWARF inputs, got {cs_ignore_stack}");
     assert!(
         checked_cs_unsym >= 10,
         "expected the DWARF CS runs to be checked through the CS unsymbolized dump, got {checked_cs_unsym}"

@@ -2,18 +2,22 @@
 //! `clang-22 --target=aarch64-linux-gnu` (static, DWARF and pseudo-probe variants), make a
 //! synthetic ETE session of its real execution (`etm-bpf synth`, qemu-aarch64 ground truth),
 //! `etm-bpf replay` it (our decoder, join and profile), and drive the real consumers with the
-//! dumps:
-//! * llvm-profgen-22 reads our perf-script dump (`--ignore-stack-samples`: AutoFDO) and gives
-//!   the same profile as from our unsymbolized dump;
+//! dumps (a DWARF binary gets the context-sensitive `.unsym.txt` and the context-free
+//! `.autofdo.unsym.txt` from the profile's counters, a pseudo-probe binary the `.perfscript`
+//! and a context-free `.unsym.txt`):
+//! * llvm-profgen-22 gives the same AutoFDO profile from our context-free unsymbolized dump as
+//!   from the samples (`--ignore-stack-samples` on the perf-script dump, kept for the DWARF
+//!   binary with `--perfscript all`);
 //! * the hot path in it is the one the program's structure says (work under caller_a);
 //! * clang-22 `-fprofile-sample-use` inlines work at its hot caller_a call site "to match
 //!   profiling context", and the optimized program computes the same result under
 //!   qemu-aarch64.
 //!
-//! * llvm-profgen-22's context-sensitive profile from the perf-script dump is non-empty with
-//!   the hot contexts through caller_a: in a static binary the root frames are glibc code
-//!   without debug info, which llvm-profgen would let empty every context; our writer marks
-//!   them external (`ElfCodeFacts`), as a shared libc's frames are.
+//! * llvm-profgen-22's context-sensitive profile (from the CS unsymbolized dump of the DWARF
+//!   binary, the perf-script dump of the probe binary) is non-empty with the hot contexts
+//!   through caller_a: in a static binary the root frames are glibc code without debug info,
+//!   which llvm-profgen would let empty every context; the code facts mark them external
+//!   (`ElfCodeFacts`), as a shared libc's frames are.
 
 mod common_profgen;
 
@@ -74,10 +78,22 @@ fn aarch64_etm_end_to_end() {
         let dump = dir.join("dump");
         run_ok(Command::new(&etm).arg("replay").arg(&sess).arg("--headless").arg("--dump-dir").arg(&dump));
         let manifest = std::fs::read_to_string(dump.join("manifest.json")).unwrap_or_default();
-        for f in ["prog.perfscript", "prog.unsym.txt", "prog.bolt.pa"] {
+        let probe = variant == "probe";
+        let files: &[&str] = if probe {
+            &["prog.perfscript", "prog.unsym.txt", "prog.bolt.pa"]
+        } else {
+            &["prog.unsym.txt", "prog.autofdo.unsym.txt", "prog.bolt.pa"]
+        };
+        for f in files {
             assert!(dump.join(f).is_file(), "{variant}: replay wrote no {f}");
-            assert!(manifest.is_empty() || manifest.contains(f), "{variant}: manifest does not list {f}");
+            assert!(manifest.contains(f), "{variant}: manifest does not list {f}");
         }
+        assert_eq!(dump.join("prog.perfscript").is_file(), probe, "{variant}: a perf-script dump only where needed");
+        // The samples themselves, for the DWARF binary too.
+        let samples = dir.join("samples");
+        run_ok(
+            Command::new(&etm).arg("replay").arg(&sess).args(["--headless", "--perfscript", "all", "--dump-dir"]).arg(&samples),
+        );
 
         let profgen = |flag: &str, input: &Path, out: &str, opts: &[&str]| {
             run_ok(
@@ -90,16 +106,21 @@ fn aarch64_etm_end_to_end() {
             );
             std::fs::read_to_string(dir.join(out)).unwrap()
         };
-        let afdo = profgen("--perfscript", &dump.join("prog.perfscript"), "afdo.prof", &["--ignore-stack-samples"]);
-        let afdo_unsym = profgen("--unsymbolized-profile", &dump.join("prog.unsym.txt"), "afdo-unsym.prof", &[]);
-        assert_eq!(afdo_unsym, afdo, "{variant}: unsymbolized dump and perf-script dump disagree");
+        let afdo = profgen("--perfscript", &samples.join("prog.perfscript"), "afdo.prof", &["--ignore-stack-samples"]);
+        let cf = dump.join(if probe { "prog.unsym.txt" } else { "prog.autofdo.unsym.txt" });
+        let afdo_unsym = profgen("--unsymbolized-profile", &cf, "afdo-unsym.prof", &[]);
+        assert_eq!(afdo_unsym, afdo, "{variant}: unsymbolized dump and the samples disagree");
         let (hot_a, hot_b) = (context_total(&afdo, "caller_a"), context_total(&afdo, "caller_b"));
         eprintln!("{variant}: samples through caller_a {hot_a}, through caller_b {hot_b}");
         assert!(hot_a > 10 * hot_b.max(1), "{variant}: caller_a ({hot_a}) not hotter than caller_b ({hot_b})");
 
-        // Context-sensitive: the static glibc root frames are written as external, so the
-        // contexts survive; the hot one runs through caller_a.
-        let cs = profgen("--perfscript", &dump.join("prog.perfscript"), "cs.prof", &[]);
+        // Context-sensitive: the static glibc root frames are external, so the contexts
+        // survive; the hot one runs through caller_a.
+        let cs = if probe {
+            profgen("--perfscript", &dump.join("prog.perfscript"), "cs.prof", &[])
+        } else {
+            profgen("--unsymbolized-profile", &dump.join("prog.unsym.txt"), "cs.prof", &[])
+        };
         let (cs_a, cs_b) = (context_total(&cs, "caller_a"), context_total(&cs, "caller_b"));
         eprintln!("{variant}: CS contexts through caller_a {cs_a}, through caller_b {cs_b}");
         assert!(cs_a > 10 * cs_b.max(1), "{variant}: CS profile: caller_a ({cs_a}) not hotter than caller_b ({cs_b}):\n{cs}");

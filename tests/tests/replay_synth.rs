@@ -85,7 +85,8 @@ fn replay_with(session: &Path, work: &Path, tag: &str, extra: &[&str]) -> Replay
     let samples_path = work.join(format!("{tag}.samples.jsonl"));
     let dumps = work.join(format!("{tag}.dumps"));
     let mut c = Command::new(etm_bpf_bin());
-    c.arg("replay").arg(session).args(["--headless", "--json", "--depth", &DEPTH.to_string()]);
+    // Every binary's perf-script dump: the tests read the samples in it.
+    c.arg("replay").arg(session).args(["--headless", "--json", "--perfscript", "all", "--depth", &DEPTH.to_string()]);
     c.arg("--samples-out").arg(&samples_path).arg("--dump-dir").arg(&dumps).args(extra);
     let stats: serde_json::Value = serde_json::from_str(&run(&mut c)).expect("--json summary");
     let text = std::fs::read_to_string(&samples_path).expect("samples written");

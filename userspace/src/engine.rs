@@ -55,6 +55,8 @@ pub struct LoadTimes {
     pub unwind_us: u64,
     pub symbols_us: u64,
     pub first_named_ms: Option<u64>,
+    /// Its code facts for the PGO counters (disassembly), when the profile first met it.
+    pub facts_us: Option<u64>,
 }
 
 impl LoadTimes {
@@ -62,7 +64,7 @@ impl LoadTimes {
     pub fn json(&self) -> serde_json::Value {
         serde_json::json!({
             "image_us": self.image_us, "register_us": self.register_us, "unwind_us": self.unwind_us,
-            "symbols_us": self.symbols_us, "first_named_ms": self.first_named_ms,
+            "symbols_us": self.symbols_us, "first_named_ms": self.first_named_ms, "facts_us": self.facts_us,
         })
     }
 }
@@ -137,6 +139,8 @@ pub struct Engine {
     unwind_mode: UnwindMode,
     /// The sample a stack copy was unwound into, reused.
     unwound: PauseSample,
+    /// The images' code facts, for the profile's counters.
+    facts: crate::facts::FactsSource,
 }
 
 /// Stack-depth statistics (how deep the frame-pointer chains are).
@@ -182,7 +186,10 @@ impl Engine {
             ..Default::default()
         }));
         pipeline.set_frame_namer(Box::new(SymNamer(names.clone())));
+        let facts = crate::facts::FactsSource::default();
+        pipeline.set_profile_facts(facts.provider());
         Engine {
+            facts,
             pipeline,
             names,
             loader,
@@ -243,6 +250,7 @@ impl Engine {
         if self.unwind.is_some() {
             self.images.insert(path.to_string(), data.clone());
         }
+        self.facts.add_image(path, data.clone());
         self.pipeline.add_image(path, data);
         if let Some(l) = self.names.borrow_mut().load.get_mut(id as usize) {
             l.register_us = micros(t0);
@@ -251,7 +259,8 @@ impl Engine {
 
     /// What loading each binary cost, in [`Engine::binaries`] order.
     pub fn load_times(&self) -> Vec<LoadTimes> {
-        self.names.borrow().load.clone()
+        let n = self.names.borrow();
+        n.load.iter().zip(&n.bins).map(|(l, b)| LoadTimes { facts_us: self.facts.facts_us(&b.path), ..*l }).collect()
     }
 
     /// Whether an image is registered under `path`.
@@ -399,7 +408,6 @@ pub fn unwind_counts(e: &Engine) -> serde_json::Value {
 /// The pipeline's counters as JSON (replay summary, `run` manifest).
 pub fn pipeline_json(p: &Pipeline) -> serde_json::Value {
     let st = p.stats();
-    let ps = p.profile().stats();
     serde_json::json!({
         "aux": {
             "records": st.aux_records, "bytes": st.aux_bytes, "truncated": st.aux_truncated,
@@ -438,13 +446,34 @@ pub fn pipeline_json(p: &Pipeline) -> serde_json::Value {
             "switches": st.switches, "throttles": st.throttles, "window_ends": st.window_ends,
             "trace_complete": st.trace_complete,
         },
-        "profile": {
-            "samples": ps.samples, "distinct": p.profile().distinct_samples(), "folded": ps.folded,
-            "dropped": ps.dropped, "unresolved_addresses": ps.unresolved_addresses,
-            // How full the store of distinct samples is: past the budget new samples fold.
-            "bytes": p.profile().bytes_used(), "budget_bytes": p.profile().limits().max_bytes,
-        },
+        "profile": profile_json(p.profile()),
         "contexts": p.trie().0.len().saturating_sub(1),
+    })
+}
+
+/// The profile's counters as JSON (`pipeline.profile` of the replay summary and the `run`
+/// manifest, `profile` of `convert`'s).
+pub fn profile_json(p: &etm_profile::HybridProfile) -> serde_json::Value {
+    let ps = p.stats();
+    let (mut tuples, mut contexts, mut counts) = (0, 0, 0);
+    for b in 0..p.binaries().len() {
+        let a = p.agg(b);
+        tuples += a.tuples().len();
+        contexts += a.context_count();
+        counts += a.count_entries();
+    }
+    serde_json::json!({
+        "samples": ps.samples, "unresolved_addresses": ps.unresolved_addresses,
+        // The counters (memory bounded by code and contexts) and what their budget did.
+        "tuples": tuples, "contexts": contexts, "counts": counts, "stacks": p.stacks().count(),
+        "bytes": p.bytes_used(), "accounted_bytes": p.accounted_bytes(), "budget_bytes": p.limits().max_bytes,
+        "samples_not_counted": ps.agg.samples_dropped, "counts_folded": ps.agg.counts_folded,
+        "counts_dropped": ps.agg.counts_dropped, "contexts_folded": ps.agg.contexts_folded,
+        "stacks_folded": ps.stacks_folded, "stacks_dropped": ps.stacks_dropped,
+        // The store of distinct samples the .perfscript dump is written from: past its
+        // budget new samples fold to their leaf, then are dropped (the counters have them).
+        "distinct": p.distinct_samples(), "sample_store_bytes": p.sample_bytes(),
+        "sample_budget_bytes": p.limits().max_sample_bytes, "folded": ps.folded, "dropped": ps.dropped,
     })
 }
 
@@ -517,7 +546,7 @@ pub fn write_snapshot_files(
     if s.pgo {
         let image = |b: &BinaryInfo| s.images.iter().find(|(p, _)| *p == b.path).map(|(_, d)| d.as_slice());
         files.extend(
-            crate::cmd::convert::write_profile_dumps_cached(&s.profile, dir, &image, false, facts)?
+            crate::cmd::convert::write_profile_dumps_cached(&s.profile, dir, &image, facts)?
                 .iter()
                 .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())),
         );
@@ -719,10 +748,10 @@ fn pprof_of(s: &DumpSnapshot, meta: &etm_write::pprof::PprofMeta, symbols: &mut 
     };
     let st = s.profile.stats();
     let mut meta = meta.clone();
-    if st.folded + st.dropped > 0 {
+    if st.stacks_folded + st.stacks_dropped > 0 {
         meta.comments.push(format!(
-            "the profile store's budget cut {} samples to their leaf and dropped {}; profile.folded keeps their contexts",
-            st.folded, st.dropped
+            "the profile's budget cut {} samples to their leaf and dropped {}; profile.folded keeps their contexts",
+            st.stacks_folded, st.stacks_dropped
         ));
     }
     etm_write::pprof::build_address_profile(&s.profile, &mut symbolize, "[unknown]", &meta)
@@ -861,9 +890,10 @@ mod tests {
         let (trie, frames) = e.pipeline().trie();
         let folded = etm_stacks::folded::folded_lines(trie, frames);
         assert_eq!(folded, vec!["main;a;outer;leaf 1".to_string()]);
-        // The counters say how full the sample store is.
+        // The counters say how full the profile is: one sampled stack, no branches (nothing
+        // counted for the PGO dumps, no sample kept for a perf-script dump).
         let pj = pipeline_json(e.pipeline());
-        assert_eq!(pj["profile"]["distinct"], 1);
+        assert_eq!((pj["profile"]["stacks"].as_u64(), pj["profile"]["distinct"].as_u64()), (Some(1), Some(0)));
         assert_eq!(pj["profile"]["bytes"].as_u64(), Some(e.pipeline().profile().bytes_used() as u64));
         assert!(pj["profile"]["bytes"].as_u64().unwrap() > 0);
         assert_eq!(pj["profile"]["budget_bytes"].as_u64(), Some(etm_profile::ProfileLimits::default().max_bytes as u64));
@@ -882,12 +912,26 @@ mod tests {
         e2.add_image("/opt/t", &exe, Arc::new(std::fs::read(&exe).unwrap()));
         e2.push(SessionEvent::Sideband(&mmap));
         let br = vec![BranchPair { from: base + call_outer, to: base + outer }];
-        e2.push(SessionEvent::Sample(&PauseSample { branches: Some(br), ..s }));
+        e2.push(SessionEvent::Sample(&PauseSample { branches: Some(br.clone()), ..s.clone() }));
         assert!(e2.has_branches());
         let files = write_profile_files(out.path(), &e2, &meta, e2.has_branches()).unwrap();
+        // A DWARF binary: its context-sensitive profile is the counters' (no perf-script
+        // dump needed), with the context-free one beside it.
+        assert_eq!(files[..4], ["t.unsym.txt", "t.autofdo.unsym.txt", "t.bolt.pa", "profile.folded"], "{files:?}");
+        let bolt = std::fs::read_to_string(out.path().join("t.bolt.pa")).unwrap();
+        // The PGO dumps use link-time addresses (the MMAP2 bias removed).
+        assert_eq!(bolt, format!("B {call_outer:x} {outer:x} 1 0\n"));
+        // With every sample kept, the perf-script dump too.
+        let mut cfg = PipelineConfig::default();
+        cfg.join.validate = false;
+        cfg.profile.keep_samples = etm_profile::KeepSamples::All;
+        let mut e3 = Engine::new(cfg, None);
+        e3.add_image("/opt/t", &exe, Arc::new(std::fs::read(&exe).unwrap()));
+        e3.push(SessionEvent::Sideband(&mmap));
+        e3.push(SessionEvent::Sample(&PauseSample { branches: Some(br), ..s }));
+        let files = write_profile_files(out.path(), &e3, &meta, e3.has_branches()).unwrap();
         assert!(files.iter().any(|f| f == "t.perfscript"), "{files:?}");
         let ps = std::fs::read_to_string(out.path().join("t.perfscript")).unwrap();
-        // The PGO dumps use link-time addresses (the MMAP2 bias removed).
         assert!(ps.contains(&format!(" {call_outer:#x}/{outer:#x}/")), "{ps}");
     }
 }

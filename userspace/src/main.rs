@@ -6,6 +6,7 @@ mod cmd;
 mod dump;
 mod dumper;
 mod engine;
+mod facts;
 mod launch;
 mod live;
 mod logging;

@@ -4,59 +4,75 @@
 //! A *hybrid sample* is a user call stack (leaf first: `[0]` is the sampled IP, the rest are
 //! return addresses) plus the last taken branches at the same instant (newest first), all in
 //! runtime addresses of the sampled process. [`HybridProfile::add`] resolves every address to
-//! `(binary, link-time address)` through an [`AddressResolver`] and aggregates the sample.
+//! `(binary, link-time address)` through an [`AddressResolver`] and counts the sample.
 //!
-//! # Model: deduplicated raw samples
+//! # Model: counters per calling context, computed online
 //!
-//! The profile stores *raw aggregated samples*: each distinct (resolved stack, resolved
-//! branch stack) is kept once with a repeat count, in a flat word arena with an open-addressing
-//! index. We chose this over storing unwound ranges because
-//! * the aggregated perf-script writer (what llvm-profgen reads for CSSPGO, DWARF and
-//!   pseudo-probe binaries alike) is then *exact*: llvm-profgen unwinds our file the way it
-//!   would unwind the original samples (it aggregates identical samples itself too), so it
-//!   yields the same final profile, and
-//! * the other outputs are derivable at dump time: range and branch counts
-//!   (unsymbolized profile, BOLT `-pa`) come from consecutive branch pairs, and the per-context
-//!   sample counts from the stacks ([`HybridProfile::context_counts`]).
+//! What the PGO tools derive from samples is computed as the samples arrive and kept as
+//! counters, so the profile's memory grows with code and calling contexts, not with samples
+//! or run time ([`agg`] has the rules and why they are exact):
 //!
-//! Aggregating an already-seen sample allocates nothing: the key is built in a reused scratch
-//! buffer, hashed, and looked up in place.
+//! * per binary, the *tuples* (a branch with the target of the branch before it: one taken
+//!   branch and the fall-through range ending at it) with llvm-profgen's facts about them,
+//!   the calling contexts llvm-profgen's virtual unwinder sees (address stacks), and a count
+//!   per (context, tuple). The context-sensitive unsymbolized profile (what `llvm-profgen
+//!   --skip-symbolization` writes), the context-free one (`--ignore-stack-samples`) and BOLT's
+//!   `perf2bolt -pa` input are written from these counts; only the splitting of ranges by
+//!   inline context and the naming of contexts (DWARF) are left to dump time, and both commute
+//!   with the sums.
+//! * the sampled stacks (`profile.pb.gz`): each distinct resolved stack with a count;
+//!   synthesized samples ([`HybridProfile::add_synthesized`]) are not sampled instants and are
+//!   not counted there.
+//! * a bounded store of distinct hybrid samples for the aggregated perf-script dump, the one
+//!   input llvm-profgen takes for context-sensitive profiles of pseudo-probe binaries (LLVM 22
+//!   crashes on a context-sensitive unsymbolized profile for them). It holds the samples that
+//!   fit its budget ([`ProfileLimits::max_sample_bytes`]); the counters hold them all.
 //!
-//! # Memory bound: cold-context policy
+//! The aggregation needs llvm-profgen's facts about each binary's code (which addresses are
+//! instructions, calls, returns, prologs and epilogs): a [`facts::CodeFacts`] per binary,
+//! given by a [`FactsProvider`] when the binary is first met. This crate decodes no
+//! instructions and reads no DWARF.
 //!
-//! [`ProfileLimits`] bounds the arena (in bytes), the stack depth and the branch depth.
-//! Stacks deeper than `max_stack_depth` keep their leaf-most frames; branch stacks keep the
-//! newest `max_branches`. When a *new* sample would push the arena past `max_bytes`, it is
-//! folded to its base context: its stack is cut to the leaf frame (the IP), which llvm-profgen
-//! treats as a context rooted at the leaf function, and the branch stack is kept. If even the
-//! folded sample is new and the arena is past `max_bytes + max_bytes / 8` (the fold reserve),
-//! the sample is dropped. Both are counted in [`ProfileStats`]; already-seen samples always
-//! count exactly. Hot samples arrive first and often, so the policy mostly costs cold contexts.
+//! # Memory bound
+//!
+//! [`ProfileLimits::max_bytes`] bounds the counters and the sampled stacks. Past it a new
+//! calling context is counted in the empty context (its branches and ranges stay exact for
+//! the context-free and BOLT outputs; the context-sensitive one loses that context), a new
+//! sampled stack is cut to its leaf; past an eighth more, new entries are dropped. The sample
+//! store has its own budget and the same fold-then-drop policy. All of it is counted in
+//! [`ProfileStats`]; already-seen entries always count exactly. Stacks deeper than
+//! `max_stack_depth` keep their leaf-most frames, branch stacks their newest `max_branches`.
 //!
 //! # Merge
 //!
-//! [`HybridProfile::merge`] adds another profile's samples (binaries matched by build-id and
-//! path); without folding, the result equals a profile built from the union of the samples.
+//! [`HybridProfile::merge`] adds another profile (binaries matched by build-id and path);
+//! within the budgets the result equals a profile built from the union of the samples.
 //!
 //! # Writers
 //!
-//! The files the PGO tools read are written from this model by the `etm-write` crate, with the
-//! code analysis they need (ELF code facts, DWARF symbolizer, llvm-profgen's unwinder); this
-//! crate reads no DWARF and decodes no instructions.
+//! The files the PGO tools read are written from this model by the `etm-write` crate, with
+//! the DWARF symbolizer the context-sensitive profile needs; aggregating an already-seen
+//! sample allocates nothing.
 //!
 //! [`perfscript`] reads `perf script -F ip,brstack` text (hybrid or branch-only, plain or
 //! aggregated, MMAP2 lines) into the same model, following llvm-profgen's parser.
-//! Stack-only samples (no branches) are kept in the model but appear in none of these files.
+//! Stack-only samples (no branches) are counted in the sampled stacks only.
 
+pub mod agg;
 pub mod elf;
 pub mod exact;
+pub mod facts;
 mod model;
 pub mod perfscript;
 pub mod resolve;
+mod store;
 
+pub use agg::{AggStats, BinaryAgg};
 pub use elf::ElfError;
-pub use model::{HybridProfile, Loc, ProfileBinary, ProfileLimits, ProfileStats, SampleRef};
+pub use facts::{CodeFacts, EXTERNAL_ADDR, SectionFacts};
+pub use model::{FactsProvider, HybridProfile, KeepSamples, ProfileLimits, ProfileStats};
 pub use resolve::{IdentityResolver, MmapResolver};
+pub use store::{Loc, ProfileBinary, SampleRef};
 
 /// One taken branch, `from` the branch instruction `to` its target (runtime addresses in a
 /// [`HybridSample`], link-time addresses inside the profile).

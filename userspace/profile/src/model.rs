@@ -1,22 +1,36 @@
-//! The aggregated sample store behind [`HybridProfile`].
+//! [`HybridProfile`]: resolves each sample's addresses once, then counts it in the per-binary
+//! aggregation ([`crate::agg`]), the sampled-stack store (`profile.pb.gz`) and the bounded
+//! sample store (the perf-script dump).
 
-use hashbrown::HashTable;
+use std::sync::Arc;
 
+use crate::agg::{AggStats, BinaryAgg, Budget, Scratch};
+use crate::facts::{CodeFacts, SectionFacts};
+use crate::store::{ADDR_BITS, ADDR_MASK, FLAG_BRANCH_ONLY, FLAG_CUT, ProfileBinary, SampleRef, Store, Stored};
 use crate::{AddressResolver, BinaryId, BinaryInfo, Branch, HybridSample};
 
-/// Bits of an encoded address holding the link-time address.
-const ADDR_BITS: u32 = 48;
-const ADDR_MASK: u64 = (1 << ADDR_BITS) - 1;
-/// Header flag: the sample has no call stack (branch-only / LBR-only sample); `stack[0]` is
-/// the leading IP.
-const FLAG_BRANCH_ONLY: u64 = 1 << 32;
-const FLAG_CUT: u64 = 1 << 33;
+/// Which samples the sample store (the perf-script dump) keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KeepSamples {
+    /// Samples touching a binary whose code facts say it needs them
+    /// ([`CodeFacts::needs_samples`]: pseudo-probe binaries, binaries without code facts).
+    #[default]
+    Needed,
+    /// Every sample with branches.
+    All,
+}
 
 /// Bounds on what one profile may hold (see the crate docs for the policy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProfileLimits {
-    /// Soft bound on the sample store in bytes; new samples past it are folded.
+    /// Budget in bytes of the aggregated counters, and separately of the sampled stacks (see
+    /// the crate docs for what happens past it; all counted in [`ProfileStats`]).
     pub max_bytes: usize,
+    /// Budget in bytes of the store of distinct hybrid samples the perf-script dump is written
+    /// from: past it, new samples fold to their leaf frame, then are dropped. 0 keeps none.
+    pub max_sample_bytes: usize,
+    /// Which samples the sample store keeps.
+    pub keep_samples: KeepSamples,
     /// Frames kept per stack (leaf-most).
     pub max_stack_depth: usize,
     /// Branches kept per sample (newest).
@@ -25,19 +39,34 @@ pub struct ProfileLimits {
 
 impl Default for ProfileLimits {
     fn default() -> Self {
-        Self { max_bytes: 512 << 20, max_stack_depth: 256, max_branches: 64 }
+        Self {
+            max_bytes: 512 << 20,
+            max_sample_bytes: 512 << 20,
+            keep_samples: KeepSamples::Needed,
+            max_stack_depth: 256,
+            max_branches: 64,
+        }
     }
 }
 
 /// Counters of what [`HybridProfile`] did with its input.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProfileStats {
-    /// Samples accepted (including their repeat counts), folded ones included.
+    /// Samples accepted (including their repeat counts).
     pub samples: u64,
-    /// Samples whose stack was cut to the leaf frame because the store was full.
+    /// Samples the sample store (perf-script dump) keeps with their stack cut to the leaf
+    /// frame because it was full.
     pub folded: u64,
-    /// Samples dropped because even the folded sample did not fit.
+    /// Samples the sample store does not keep because even the folded sample did not fit (or
+    /// it keeps none: [`ProfileLimits::max_sample_bytes`] 0). The counters have them.
     pub dropped: u64,
+    /// Samples with branches the sample store does not keep because no binary of theirs
+    /// needs them ([`KeepSamples::Needed`]).
+    pub not_kept: u64,
+    /// Sampled stacks kept cut to their leaf frame (budget).
+    pub stacks_folded: u64,
+    /// Sampled stacks not kept (budget).
+    pub stacks_dropped: u64,
     /// Samples with an empty stack and no branches (nothing to record).
     pub empty: u64,
     /// Samples whose stack was deeper than `max_stack_depth`.
@@ -46,99 +75,55 @@ pub struct ProfileStats {
     pub branches_truncated: u64,
     /// Addresses the resolver did not map to a binary.
     pub unresolved_addresses: u64,
+    /// The aggregation's budget counters, summed over binaries.
+    pub agg: AggStats,
 }
 
-/// Index of a binary inside one [`HybridProfile`] (see [`HybridProfile::binaries`]).
-pub type ProfileBinary = usize;
+/// Code facts for a binary the profile meets for the first time (`None`: only its sections
+/// are known, [`SectionFacts`]).
+pub type FactsProvider = Arc<dyn Fn(&BinaryInfo) -> Option<Arc<dyn CodeFacts>> + Send + Sync>;
 
-/// A resolved address: the binary (index into [`HybridProfile::binaries`]) and link-time
-/// address, or `None` and the low 48 bits of the runtime address when unresolved.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Loc {
-    /// Binary index, or `None` when the address was not mapped.
-    pub binary: Option<ProfileBinary>,
-    /// Link-time address (or truncated runtime address when unresolved).
-    pub addr: u64,
+/// Runtime addresses that resolve alike (`lo .. lo + len`, every one of them within the 48
+/// link-time address bits), the offset to their link-time address and the binary's tag (see
+/// [`HybridProfile::encode`]).
+#[derive(Clone, Copy, Default)]
+struct Span {
+    lo: u64,
+    len: u64,
+    off: u64,
+    tag: u64,
 }
 
-impl Loc {
-    fn decode(w: u64) -> Self {
-        let tag = (w >> ADDR_BITS) as usize;
-        Loc { binary: tag.checked_sub(1), addr: w & ADDR_MASK }
-    }
-    /// Link-time address if this location is in binary `b`.
-    pub fn in_binary(&self, b: ProfileBinary) -> Option<u64> {
-        (self.binary == Some(b)).then_some(self.addr)
-    }
-}
-
-/// One aggregated sample as stored in the profile.
-#[derive(Clone, Copy, Debug)]
-pub struct SampleRef<'a> {
-    words: &'a [u64],
-    /// How many times this exact sample was seen.
-    pub count: u64,
-}
-
-impl<'a> SampleRef<'a> {
-    fn n_stack(&self) -> usize {
-        (self.words[0] & 0xffff) as usize
-    }
-    fn n_br(&self) -> usize {
-        ((self.words[0] >> 16) & 0xffff) as usize
-    }
-    /// True for a branch-only (LBR-only, no call stack) sample: [`SampleRef::stack`] then
-    /// holds just the leading IP.
-    pub fn is_branch_only(&self) -> bool {
-        self.words[0] & FLAG_BRANCH_ONLY != 0
-    }
-    /// True when the stack was cut at a return address that follows no call (its real
-    /// callers are unknown): viewers mark such stacks `[truncated]`.
-    pub fn is_cut(&self) -> bool {
-        self.words[0] & FLAG_CUT != 0
-    }
-    /// Stack, leaf first (`[0]` the IP, then return addresses).
-    pub fn stack(&self) -> impl ExactSizeIterator<Item = Loc> + 'a {
-        let n = self.n_stack();
-        self.words[1..1 + n].iter().map(|&w| Loc::decode(w))
-    }
-    /// Branches newest first, as (from, to).
-    pub fn branches(&self) -> impl ExactSizeIterator<Item = (Loc, Loc)> + 'a {
-        let s = 1 + self.n_stack();
-        self.words[s..s + 2 * self.n_br()].chunks_exact(2).map(|p| (Loc::decode(p[0]), Loc::decode(p[1])))
-    }
-    /// Whether any address of this sample lies in binary `b`.
-    pub fn touches(&self, b: ProfileBinary) -> bool {
-        let tag = (b as u64 + 1) << ADDR_BITS;
-        self.words[1..].iter().any(|&w| w & !ADDR_MASK == tag)
-    }
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Entry {
-    off: usize,
-    len: u32,
-    hash: u64,
-    count: u64,
-}
-
-/// Runtime addresses that resolve alike, the offset to their link-time address and the
-/// binary's tag (see [`HybridProfile::encode`]).
-type Span = (std::ops::Range<u64>, u64, u64);
-
-/// Per-binary, per-context aggregated hybrid samples. See the crate docs.
-#[derive(Debug, Clone)]
+/// The profile (crate docs).
+#[derive(Clone)]
 pub struct HybridProfile {
     limits: ProfileLimits,
     binaries: Vec<BinaryInfo>,
-    arena: Vec<u64>,
-    entries: Vec<Entry>,
-    index: HashTable<u32>,
+    aggs: Vec<BinaryAgg>,
+    samples: Store,
+    stacks: Store,
     stats: ProfileStats,
+    provider: Option<FactsProvider>,
     scratch: Vec<u64>,
+    stack_key: Vec<u64>,
+    tags: Vec<u64>,
+    agg_scratch: Scratch,
     /// Resolver BinaryId -> our index + 1 (0 = not interned yet), for the last resolver.
     id_cache: Vec<u32>,
     last_resolver: usize,
+}
+
+impl std::fmt::Debug for HybridProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HybridProfile")
+            .field("limits", &self.limits)
+            .field("binaries", &self.binaries)
+            .field("aggs", &self.aggs)
+            .field("samples", &self.samples.len())
+            .field("stacks", &self.stacks.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
 }
 
 impl Default for HybridProfile {
@@ -147,28 +132,30 @@ impl Default for HybridProfile {
     }
 }
 
-fn hash_words(words: &[u64]) -> u64 {
-    let mut h: u64 = 0x243f_6a88_85a3_08d3;
-    for &w in words {
-        h = (h.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-    h ^ (h >> 29)
-}
-
 impl HybridProfile {
     /// An empty profile with the given limits.
     pub fn new(limits: ProfileLimits) -> Self {
         Self {
             limits,
             binaries: Vec::new(),
-            arena: Vec::new(),
-            entries: Vec::new(),
-            index: HashTable::new(),
+            aggs: Vec::new(),
+            samples: Store::new(limits.max_sample_bytes),
+            stacks: Store::new(limits.max_bytes),
             stats: ProfileStats::default(),
+            provider: None,
             scratch: Vec::with_capacity(256),
+            stack_key: Vec::with_capacity(256),
+            tags: Vec::with_capacity(8),
+            agg_scratch: Scratch::default(),
             id_cache: Vec::new(),
             last_resolver: 0,
         }
+    }
+
+    /// Where the code facts of binaries met from now on come from (the aggregation needs them
+    /// online; without, a binary gets [`SectionFacts`]).
+    pub fn set_facts_provider(&mut self, p: FactsProvider) {
+        self.provider = Some(p);
     }
 
     /// The limits this profile enforces.
@@ -178,44 +165,81 @@ impl HybridProfile {
 
     /// What happened to the input so far.
     pub fn stats(&self) -> ProfileStats {
-        self.stats
+        let mut s = self.stats;
+        for a in &self.aggs {
+            let o = a.stats();
+            s.agg.samples_dropped += o.samples_dropped;
+            s.agg.counts_folded += o.counts_folded;
+            s.agg.counts_dropped += o.counts_dropped;
+            s.agg.contexts_folded += o.contexts_folded;
+        }
+        s
     }
 
-    /// Binaries seen so far; a [`Loc::binary`] indexes this slice.
+    /// Binaries seen so far; a [`crate::Loc::binary`] indexes this slice.
     pub fn binaries(&self) -> &[BinaryInfo] {
         &self.binaries
     }
 
-    /// Number of distinct stored samples.
+    /// The aggregated counters of binary `b`.
+    pub fn agg(&self, b: ProfileBinary) -> &BinaryAgg {
+        &self.aggs[b]
+    }
+
+    /// Number of distinct samples in the sample store.
     pub fn distinct_samples(&self) -> usize {
-        self.entries.len()
+        self.samples.len()
     }
 
-    /// Total sample count (sum of repeat counts).
+    /// Distinct entries of the aggregation (tuples, contexts and counts of every binary) and
+    /// of the sampled-stack store: what the profile grows by.
+    pub fn distinct_entries(&self) -> usize {
+        self.stacks.len() + self.aggs.iter().map(|a| a.tuples().len() + a.context_count() + a.count_entries()).sum::<usize>()
+    }
+
+    /// Samples accepted (sum of repeat counts).
     pub fn total_samples(&self) -> u64 {
-        self.entries.iter().map(|e| e.count).sum()
+        self.stats.samples
     }
 
-    /// Approximate bytes used by the sample store.
+    /// Approximate bytes allocated by the profile.
     pub fn bytes_used(&self) -> usize {
-        self.arena.capacity() * 8
-            + self.entries.capacity() * std::mem::size_of::<Entry>()
-            + self.index.capacity() * (std::mem::size_of::<u32>() + 1)
+        self.samples.bytes_used() + self.stacks.bytes_used() + self.aggs.iter().map(BinaryAgg::bytes_used).sum::<usize>()
     }
 
-    /// Bytes the budget policy accounts for (stored words and entries, not spare capacity).
+    /// Bytes the counters' budget accounts for.
     pub fn accounted_bytes(&self) -> usize {
-        self.arena.len() * 8 + self.entries.len() * (std::mem::size_of::<Entry>() + 2 * std::mem::size_of::<u32>())
+        self.aggs.iter().map(BinaryAgg::accounted_bytes).sum::<usize>()
     }
 
-    /// Iterate over the stored samples, in first-seen order.
+    /// Bytes the sampled stacks' budget accounts for.
+    pub fn stack_bytes(&self) -> usize {
+        self.stacks.accounted_bytes()
+    }
+
+    /// Bytes the sample store accounts for.
+    pub fn sample_bytes(&self) -> usize {
+        self.samples.accounted_bytes()
+    }
+
+    /// The stored hybrid samples (the perf-script dump's), in first-seen order.
     pub fn samples(&self) -> impl Iterator<Item = SampleRef<'_>> + '_ {
-        self.entries.iter().map(|e| SampleRef { words: &self.arena[e.off..e.off + e.len as usize], count: e.count })
+        self.samples.samples()
+    }
+
+    /// The sampled stacks (no branches; synthesized samples not included), in first-seen
+    /// order.
+    pub fn stacks(&self) -> impl Iterator<Item = SampleRef<'_>> + '_ {
+        self.stacks.samples()
     }
 
     /// Index of a binary, adding it if new (matched by build-id when both have one, else by
     /// path).
     pub fn intern_binary(&mut self, info: &BinaryInfo) -> ProfileBinary {
+        self.intern_binary_with(info, None)
+    }
+
+    fn intern_binary_with(&mut self, info: &BinaryInfo, facts: Option<Arc<dyn CodeFacts>>) -> ProfileBinary {
         let found = self.binaries.iter().position(|b| match (&b.build_id, &info.build_id) {
             (Some(x), Some(y)) => x == y,
             _ => b.path == info.path,
@@ -223,7 +247,11 @@ impl HybridProfile {
         match found {
             Some(i) => i,
             None => {
+                let facts = facts
+                    .or_else(|| self.provider.as_ref().and_then(|p| p(info)))
+                    .unwrap_or_else(|| Arc::new(SectionFacts::new(info)));
                 self.binaries.push(info.clone());
+                self.aggs.push(BinaryAgg::new(facts, self.binaries.len()));
                 self.binaries.len() - 1
             }
         }
@@ -234,11 +262,8 @@ impl HybridProfile {
     /// link-time address, our binary tag), tried before the resolver.
     #[inline(always)]
     fn encode(&mut self, addr: u64, r: &dyn AddressResolver, span: &mut Span) -> u64 {
-        if span.0.contains(&addr) {
-            let link = addr.wrapping_add(span.1);
-            if link <= ADDR_MASK {
-                return span.2 | link;
-            }
+        if addr.wrapping_sub(span.lo) < span.len {
+            return span.tag | addr.wrapping_add(span.off);
         }
         self.encode_new_span(addr, r, span)
     }
@@ -263,7 +288,18 @@ impl HybridProfile {
                     self.stats.unresolved_addresses += 1;
                     return addr & ADDR_MASK;
                 };
-                *span = (range, link.wrapping_sub(addr), ours << ADDR_BITS);
+                // The span's part whose link-time addresses fit 48 bits (the address is in it):
+                // a maps to a - addr + link.
+                let off = link.wrapping_sub(addr);
+                let mut lo = range.start.max(addr.saturating_sub(link));
+                let mut hi = range.end.min(addr.saturating_add(ADDR_MASK - link).saturating_add(1));
+                if !(lo <= addr && addr < hi) {
+                    (lo, hi) = (addr, addr + 1);
+                }
+                *span = Span { lo, len: hi - lo, off, tag: ours << ADDR_BITS };
+                if !self.tags.contains(&(ours << ADDR_BITS)) {
+                    self.tags.push(ours << ADDR_BITS);
+                }
                 (ours << ADDR_BITS) | link
             }
             _ => {
@@ -292,27 +328,44 @@ impl HybridProfile {
     /// Aggregate one hybrid sample (runtime addresses) once. The resolver's `BinaryId`s must be
     /// stable while it is used with this profile (see [`HybridProfile::forget_resolver`]).
     pub fn add(&mut self, sample: &HybridSample<'_>, resolver: &dyn AddressResolver) {
-        self.add_counted(sample, resolver, 1)
+        self.add_inner(sample.stack, sample.branches, 0, resolver, 1, false)
     }
 
     /// Aggregate one hybrid sample seen `count` times.
     pub fn add_counted(&mut self, sample: &HybridSample<'_>, resolver: &dyn AddressResolver, count: u64) {
-        self.add_inner(sample.stack, sample.branches, 0, resolver, count)
+        self.add_inner(sample.stack, sample.branches, 0, resolver, count, false)
     }
 
     /// [`add`](Self::add) of a sample whose stack was cut at a return address that follows no
     /// call ([`SampleRef::is_cut`]).
     pub fn add_cut(&mut self, sample: &HybridSample<'_>, resolver: &dyn AddressResolver) {
-        self.add_inner(sample.stack, sample.branches, FLAG_CUT, resolver, 1)
+        self.add_inner(sample.stack, sample.branches, FLAG_CUT, resolver, 1, false)
+    }
+
+    /// [`add`](Self::add) (`cut`: [`add_cut`](Self::add_cut)) of a sample that stands for a
+    /// point inside a trace window rather than a sampled instant (ETM's synthesized samples):
+    /// counted for the PGO dumps, not in the sampled stacks.
+    pub fn add_synthesized(&mut self, sample: &HybridSample<'_>, resolver: &dyn AddressResolver, cut: bool) {
+        self.add_inner(sample.stack, sample.branches, if cut { FLAG_CUT } else { 0 }, resolver, 1, true)
     }
 
     /// Aggregate a branch-only sample (no call stack: LBR/BRBE without stacks, perf script
     /// `-F ip,brstack`), `ip` being the sampled IP, seen `count` times.
     pub fn add_branch_only(&mut self, ip: u64, branches: &[Branch], resolver: &dyn AddressResolver, count: u64) {
-        self.add_inner(&[ip], branches, FLAG_BRANCH_ONLY, resolver, count)
+        self.add_inner(&[ip], branches, FLAG_BRANCH_ONLY, resolver, count, false)
     }
 
-    fn add_inner(&mut self, stack: &[u64], branches: &[Branch], flags: u64, r: &dyn AddressResolver, count: u64) {
+    /// Every sample goes through here (one function for the benchmarks' breakdown).
+    #[inline(never)]
+    fn add_inner(
+        &mut self,
+        stack: &[u64],
+        branches: &[Branch],
+        flags: u64,
+        r: &dyn AddressResolver,
+        count: u64,
+        synthesized: bool,
+    ) {
         if count == 0 {
             return;
         }
@@ -329,245 +382,155 @@ impl HybridProfile {
         if nb < branches.len() {
             self.stats.branches_truncated += count;
         }
+        self.stats.samples += count;
+        self.tags.clear();
         let mut key = std::mem::take(&mut self.scratch);
         key.clear();
-        key.push(ns as u64 | (nb as u64) << 16 | flags);
-        let mut span: Span = (0..0, 0, 0);
-        for &a in &stack[..ns] {
-            let w = self.encode(a, r, &mut span);
-            key.push(w);
+        key.resize(1 + ns, 0);
+        key[0] = ns as u64 | (nb as u64) << 16 | flags;
+        let mut span = Span::default();
+        for (k, &a) in key[1..].iter_mut().zip(&stack[..ns]) {
+            *k = self.encode(a, r, &mut span);
         }
-        for b in &branches[..nb] {
-            let f = self.encode(b.from, r, &mut span);
-            let t = self.encode(b.to, r, &mut span);
-            key.push(f);
-            key.push(t);
+        let branches = &branches[..nb];
+        let branch_only = flags & FLAG_BRANCH_ONLY != 0;
+        // Commonest: every branch end in the span of the first one (one binary, one offset).
+        let first = branches.first().map(|b| self.encode(b.from, r, &mut span) & !ADDR_MASK);
+        let in_span = first.is_some_and(|t| t != 0);
+        let mut encoded = false;
+        let done = in_span && {
+            let b = (span.tag >> ADDR_BITS) as usize - 1;
+            let budget = self.budget(b);
+            let pairs = crate::agg::InSpan { branches, off: span.off, lo: span.lo, len: span.len };
+            let stack = &key[1..1 + ns];
+            self.aggs[b].add(stack, span.tag, &pairs, true, branch_only, count, budget, &mut self.agg_scratch).is_ok()
+        };
+        if !done && !branches.is_empty() {
+            self.encode_branches(&mut key, branches, r);
+            encoded = true;
+            self.aggregate(&key, ns, branch_only, count);
         }
-        self.insert_key(&mut key, count);
+        if !synthesized {
+            let mut sk = std::mem::take(&mut self.stack_key);
+            sk.clear();
+            sk.push(ns as u64 | flags);
+            sk.extend_from_slice(&key[1..1 + ns]);
+            match self.stacks.insert(&mut sk, count) {
+                Stored::Exact => {}
+                Stored::Folded => self.stats.stacks_folded += count,
+                Stored::Dropped => self.stats.stacks_dropped += count,
+            }
+            self.stack_key = sk;
+        }
+        if !branches.is_empty() {
+            let keep = match self.limits.keep_samples {
+                KeepSamples::All => true,
+                KeepSamples::Needed => {
+                    self.tags.iter().any(|&t| self.aggs[(t >> ADDR_BITS) as usize - 1].facts().needs_samples())
+                }
+            };
+            if !keep {
+                self.stats.not_kept += count;
+            } else if self.limits.max_sample_bytes == 0 {
+                self.stats.dropped += count;
+            } else {
+                if !encoded {
+                    self.encode_branches(&mut key, branches, r);
+                }
+                match self.samples.insert(&mut key, count) {
+                    Stored::Exact => {}
+                    Stored::Folded => self.stats.folded += count,
+                    Stored::Dropped => self.stats.dropped += count,
+                }
+            }
+        }
         self.scratch = key;
     }
 
-    /// Insert an encoded key with the budget policy; may rewrite `key` when folding.
-    fn insert_key(&mut self, key: &mut Vec<u64>, count: u64) {
-        self.stats.samples += count;
-        let hash = hash_words(key);
-        if self.bump(hash, key, count) {
-            return;
-        }
-        let max = self.limits.max_bytes;
-        if self.accounted_bytes() + key.len() * 8 <= max {
-            self.push_new(hash, key, count);
-            return;
-        }
-        // Fold to the base context: keep the leaf frame only.
-        let ns = (key[0] & 0xffff) as usize;
-        if ns > 1 {
-            key.drain(2..1 + ns);
-            key[0] = (key[0] & !0xffff) | 1;
-        }
-        self.stats.folded += count;
-        let hash = hash_words(key);
-        if self.bump(hash, key, count) {
-            return;
-        }
-        if self.accounted_bytes() + key.len() * 8 <= max + max / 8 {
-            self.push_new(hash, key, count);
-        } else {
-            self.stats.dropped += count;
-            self.stats.samples -= count;
-            self.stats.folded -= count;
+    /// Appends the encoded branch words to `key` (header and stack words already in it).
+    fn encode_branches(&mut self, key: &mut Vec<u64>, branches: &[Branch], r: &dyn AddressResolver) {
+        let at = key.len();
+        key.resize(at + 2 * branches.len(), 0);
+        let mut span = Span::default();
+        for (k, b) in key[at..].chunks_exact_mut(2).zip(branches) {
+            k[0] = self.encode(b.from, r, &mut span);
+            k[1] = self.encode(b.to, r, &mut span);
         }
     }
 
-    fn bump(&mut self, hash: u64, key: &[u64], count: u64) -> bool {
-        let (arena, entries) = (&self.arena, &self.entries);
-        let hit = self.index.find(hash, |&i| {
-            let e = &entries[i as usize];
-            e.hash == hash && &arena[e.off..e.off + e.len as usize] == key
-        });
-        match hit {
-            Some(&i) => {
-                let e = &mut self.entries[i as usize];
-                e.count = e.count.saturating_add(count);
-                true
-            }
-            None => false,
+    /// The budget left to binary `b`'s counters.
+    fn budget(&self, b: usize) -> Budget {
+        let others = self.aggs.iter().enumerate().filter(|&(i, _)| i != b).map(|(_, a)| a.accounted_bytes()).sum::<usize>();
+        Budget { others, max: self.limits.max_bytes }
+    }
+
+    /// The per-binary aggregation of an encoded sample (`key`: header, `ns` stack words,
+    /// branch word pairs), for every binary one of its addresses lies in (`self.tags`,
+    /// collected while encoding).
+    fn aggregate(&mut self, key: &[u64], ns: usize, branch_only: bool, count: u64) {
+        let (stack, branches) = (&key[1..1 + ns], &key[1 + ns..]);
+        let tags = std::mem::take(&mut self.tags);
+        for &t in &tags {
+            let b = (t >> ADDR_BITS) as usize - 1;
+            let budget = self.budget(b);
+            let all_in = branches.iter().all(|&w| w & !ADDR_MASK == t);
+            let pairs = crate::agg::Words { words: branches, tag: t };
+            // Words are always in view.
+            let _ = self.aggs[b].add(stack, t, &pairs, all_in, branch_only, count, budget, &mut self.agg_scratch);
         }
+        self.tags = tags;
     }
 
-    fn push_new(&mut self, hash: u64, key: &[u64], count: u64) {
-        let off = self.arena.len();
-        self.arena.extend_from_slice(key);
-        let idx = self.entries.len() as u32;
-        self.entries.push(Entry { off, len: key.len() as u32, hash, count });
-        let entries = &self.entries;
-        self.index.insert_unique(hash, idx, |&i| entries[i as usize].hash);
-    }
-
-    /// Add every sample of `other` (binaries matched by build-id/path). Without folding the
-    /// result equals the profile of the union of both inputs.
+    /// Add another profile (binaries matched by build-id and path). The result equals a
+    /// profile built from the union of both inputs (within the budgets).
     pub fn merge(&mut self, other: &HybridProfile) {
-        let map: Vec<u64> = other.binaries.iter().map(|b| self.intern_binary(b) as u64 + 1).collect();
+        let map: Vec<u64> = other
+            .binaries
+            .iter()
+            .zip(&other.aggs)
+            .map(|(b, a)| self.intern_binary_with(b, Some(a.facts_arc())) as u64 + 1)
+            .collect();
+        for (i, a) in other.aggs.iter().enumerate() {
+            let b = map[i] as usize - 1;
+            let budget = self.budget(b);
+            self.aggs[b].merge(a, budget);
+        }
+        let remap = |w: u64| {
+            let tag = (w >> ADDR_BITS) as usize;
+            if tag == 0 { w } else { (map[tag - 1] << ADDR_BITS) | (w & ADDR_MASK) }
+        };
         let mut key = std::mem::take(&mut self.scratch);
-        for s in other.samples() {
+        for s in other.samples.samples() {
             key.clear();
             key.push(s.words[0]);
-            for &w in &s.words[1..] {
-                let tag = (w >> ADDR_BITS) as usize;
-                key.push(if tag == 0 { w } else { (map[tag - 1] << ADDR_BITS) | (w & ADDR_MASK) });
+            key.extend(s.words[1..].iter().map(|&w| remap(w)));
+            match self.samples.insert(&mut key, s.count) {
+                Stored::Exact => {}
+                Stored::Folded => self.stats.folded += s.count,
+                Stored::Dropped => self.stats.dropped += s.count,
             }
-            self.insert_key(&mut key, s.count);
+        }
+        for s in other.stacks.samples() {
+            key.clear();
+            key.push(s.words[0]);
+            key.extend(s.words[1..].iter().map(|&w| remap(w)));
+            match self.stacks.insert(&mut key, s.count) {
+                Stored::Exact => {}
+                Stored::Folded => self.stats.stacks_folded += s.count,
+                Stored::Dropped => self.stats.stacks_dropped += s.count,
+            }
         }
         self.scratch = key;
         let o = other.stats;
+        self.stats.samples += o.samples;
         self.stats.empty += o.empty;
         self.stats.dropped += o.dropped;
+        self.stats.not_kept += o.not_kept;
         self.stats.folded += o.folded;
+        self.stats.stacks_dropped += o.stacks_dropped;
+        self.stats.stacks_folded += o.stacks_folded;
         self.stats.stack_truncated += o.stack_truncated;
         self.stats.branches_truncated += o.branches_truncated;
         self.stats.unresolved_addresses += o.unresolved_addresses;
-    }
-
-    /// Sample count per calling context of binary `b`: the context is the sample's stack
-    /// (root first, leaf last) as locations; branch-only samples count under their IP alone.
-    pub fn context_counts(&self, b: ProfileBinary) -> std::collections::BTreeMap<Vec<Loc>, u64> {
-        let mut out = std::collections::BTreeMap::new();
-        for s in self.samples().filter(|s| s.touches(b)) {
-            let mut ctx: Vec<Loc> = s.stack().collect();
-            ctx.reverse();
-            *out.entry(ctx).or_insert(0) += s.count;
-        }
-        out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::IdentityResolver;
-
-    fn bin() -> IdentityResolver {
-        IdentityResolver::new(vec![BinaryInfo {
-            path: "/x/app".into(),
-            build_id: Some(vec![1, 2]),
-            exec_segments: vec![crate::ExecSegment { vaddr: 0x1000, memsz: 0x1000, offset: 0x1000 }],
-            code_ranges: vec![(0x1000, 0x2000)],
-            is_pie: false,
-        }])
-    }
-
-    /// Repeated identical samples aggregate into one entry whose count is the repeat count.
-    #[test]
-    fn dedups_identical_samples() {
-        let r = bin();
-        let mut p = HybridProfile::default();
-        let br = [Branch { from: 0x1010, to: 0x1100 }];
-        for _ in 0..3 {
-            p.add(&HybridSample { stack: &[0x1104, 0x1014], branches: &br }, &r);
-        }
-        p.add(&HybridSample { stack: &[0x1108, 0x1014], branches: &br }, &r);
-        assert_eq!(p.distinct_samples(), 2);
-        assert_eq!(p.total_samples(), 4);
-        let s = p.samples().next().unwrap();
-        assert_eq!(s.count, 3);
-        assert_eq!(s.stack().map(|l| l.addr).collect::<Vec<_>>(), vec![0x1104, 0x1014]);
-        assert_eq!(s.branches().next().unwrap().1, Loc { binary: Some(0), addr: 0x1100 });
-    }
-
-    /// A resolver reporting spans ([`AddressResolver::resolve_span`]) gives the profile the
-    /// same words and counts as one resolving each address alone: two binaries, one at a bias
-    /// that takes part of its span past the 48 address bits, and unmapped addresses.
-    #[test]
-    fn spans_encode_like_single_addresses() {
-        struct Spans(bool, Vec<BinaryInfo>);
-        impl AddressResolver for Spans {
-            fn resolve(&self, a: u64) -> Option<(BinaryId, u64)> {
-                self.resolve_span(a).map(|(b, l, _)| (b, l))
-            }
-            fn resolve_span(&self, a: u64) -> Option<(BinaryId, u64, std::ops::Range<u64>)> {
-                let (b, lo, hi, bias) = match a {
-                    0x1000..0x2000 => (0, 0x1000, 0x2000, 0u64),
-                    0x5000..0x6000 => (1, 0x5000, 0x6000, ADDR_MASK - 0x5800),
-                    _ => return None,
-                };
-                let span = if self.0 { lo..hi } else { a..a + 1 };
-                Some((BinaryId(b), a.wrapping_add(bias), span))
-            }
-            fn binary(&self, id: BinaryId) -> Option<&BinaryInfo> {
-                self.1.get(id.0 as usize)
-            }
-        }
-        let infos = vec![bin().binary(BinaryId(0)).unwrap().clone(), BinaryInfo { path: "/x/lib".into(), ..Default::default() }];
-        let (wide, alone) = (Spans(true, infos.clone()), Spans(false, infos));
-        let (mut p, mut q) = (HybridProfile::default(), HybridProfile::default());
-        let addrs = [0x1100, 0x5100, 0x5900, 0x1200, 0x9000, 0x57fc, 0x5800, 0x1ffc, 0x5804, 0x2000];
-        for i in 0..addrs.len() {
-            let br: Vec<Branch> = addrs.windows(2).skip(i).map(|w| Branch { from: w[0], to: w[1] }).collect();
-            let sample = HybridSample { stack: &addrs[i..], branches: &br };
-            p.add(&sample, &wide);
-            q.add(&sample, &alone);
-        }
-        let words = |p: &HybridProfile| p.samples().map(|s| (s.words.to_vec(), s.count)).collect::<Vec<_>>();
-        assert_eq!(words(&p), words(&q));
-        assert_eq!(p.stats(), q.stats());
-        assert!(p.stats().unresolved_addresses > 10, "{:?}", p.stats());
-    }
-
-    /// Unmapped addresses are kept as unresolved and counted.
-    #[test]
-    fn unresolved_addresses_are_counted() {
-        let r = bin();
-        let mut p = HybridProfile::default();
-        p.add(&HybridSample { stack: &[0x1104, 0x7f00_0000_1234], branches: &[] }, &r);
-        assert_eq!(p.stats().unresolved_addresses, 1);
-        let s = p.samples().next().unwrap();
-        assert_eq!(s.stack().nth(1).unwrap().binary, None);
-    }
-
-    /// Past the byte budget new samples fold to their leaf frame, and are dropped past the
-    /// reserve, while seen samples keep counting exactly.
-    #[test]
-    fn budget_folds_then_drops() {
-        let r = bin();
-        let mut p = HybridProfile::new(ProfileLimits { max_bytes: 4096, ..Default::default() });
-        let mut i = 0u64;
-        while p.stats().folded == 0 {
-            p.add(&HybridSample { stack: &[0x1100, 0x1000 + i % 0x1000, 0x1000 + i / 0x1000], branches: &[] }, &r);
-            i += 1;
-        }
-        let folded = p.samples().last().unwrap();
-        assert_eq!(folded.stack().len(), 1);
-        let first = HybridSample { stack: &[0x1100, 0x1000, 0x1000], branches: &[] };
-        let before = p.samples().next().unwrap().count;
-        p.add(&first, &r);
-        assert_eq!(p.samples().next().unwrap().count, before + 1);
-        for j in 0..10_000u64 {
-            p.add(&HybridSample { stack: &[0x1000 + j % 0x1000, 0x1000 + j / 0x1000 + 7], branches: &[] }, &r);
-        }
-        assert!(p.stats().dropped > 0);
-        assert!(p.accounted_bytes() <= 4096 + 4096 / 8, "bytes {}", p.accounted_bytes());
-        assert_eq!(p.stats().samples, p.total_samples());
-    }
-
-    /// Merging two profiles gives the same samples and counts as adding both inputs to one.
-    #[test]
-    fn merge_equals_union() {
-        let r = bin();
-        let s1 = HybridSample { stack: &[0x1100, 0x1010], branches: &[Branch { from: 0x1010, to: 0x1100 }] };
-        let s2 = HybridSample { stack: &[0x1200], branches: &[] };
-        let (mut a, mut b, mut u) = (HybridProfile::default(), HybridProfile::default(), HybridProfile::default());
-        a.add(&s1, &r);
-        b.add(&s1, &r);
-        b.add(&s2, &r);
-        for s in [&s1, &s1, &s2] {
-            u.add(s, &r);
-        }
-        a.merge(&b);
-        let dump = |p: &HybridProfile| {
-            let mut v: Vec<_> = p.samples().map(|s| (s.words.to_vec(), s.count)).collect();
-            v.sort();
-            v
-        };
-        assert_eq!(dump(&a), dump(&u));
     }
 }

@@ -18,10 +18,26 @@ impl IdentityResolver {
     }
 }
 
+/// The runtime range of `seg` under `off` (runtime = link - `off`), if none of `earlier`'s
+/// claims (runtime ranges) overlaps it; else just `addr`.
+fn span_unless_claimed(addr: u64, lo: u64, hi: u64, earlier: impl Iterator<Item = (u64, u64)>) -> std::ops::Range<u64> {
+    let mut earlier = earlier;
+    if lo <= addr && addr < hi && !earlier.any(|(a, b)| a < hi && lo < b) { lo..hi } else { addr..addr.saturating_add(1) }
+}
+
 impl AddressResolver for IdentityResolver {
     fn resolve(&self, addr: u64) -> Option<(BinaryId, u64)> {
         let i = self.binaries.iter().position(|b| b.in_exec_segment(addr))?;
         Some((BinaryId(i as u32), addr))
+    }
+    /// The executable segment (no earlier binary's segment overlapping it).
+    fn resolve_span(&self, addr: u64) -> Option<(BinaryId, u64, std::ops::Range<u64>)> {
+        let i = self.binaries.iter().position(|b| b.in_exec_segment(addr))?;
+        let seg = self.binaries[i].exec_segment(addr)?;
+        let earlier =
+            self.binaries[..i].iter().flat_map(|b| b.exec_segments.iter().map(|s| (s.vaddr, s.vaddr.saturating_add(s.memsz))));
+        let span = span_unless_claimed(addr, seg.vaddr, seg.vaddr.saturating_add(seg.memsz), earlier);
+        Some((BinaryId(i as u32), addr, span))
     }
     fn binary(&self, id: BinaryId) -> Option<&BinaryInfo> {
         self.binaries.get(id.0 as usize)
@@ -85,6 +101,30 @@ impl AddressResolver for MmapResolver {
         }
         None
     }
+    /// The runtime range of the executable segment holding the address (no earlier binary
+    /// claiming any of it).
+    fn resolve_span(&self, addr: u64) -> Option<(BinaryId, u64, std::ops::Range<u64>)> {
+        let (id, link) = self.resolve(addr)?;
+        let i = id.0 as usize;
+        let seg = self.binaries[i].exec_segment(link)?;
+        let off = link.wrapping_sub(addr);
+        let (lo, hi) = (seg.vaddr.wrapping_sub(off), seg.vaddr.wrapping_add(seg.memsz).wrapping_sub(off));
+        let claims = |j: usize| {
+            let b = &self.binaries[j];
+            let first = b.exec_segments.first().map_or(0, |s| s.vaddr & !PAGE);
+            let off = match self.bases[j] {
+                Some(base) => first.wrapping_sub(base),
+                None => 0,
+            };
+            b.exec_segments
+                .iter()
+                .map(move |s| (s.vaddr.wrapping_sub(off), s.vaddr.wrapping_add(s.memsz).wrapping_sub(off)))
+                .collect::<Vec<_>>()
+        };
+        let earlier: Vec<(u64, u64)> = (0..i).flat_map(claims).collect();
+        let span = if lo < hi { span_unless_claimed(addr, lo, hi, earlier.into_iter()) } else { addr..addr.saturating_add(1) };
+        Some((id, link, span))
+    }
     fn binary(&self, id: BinaryId) -> Option<&BinaryInfo> {
         self.binaries.get(id.0 as usize)
     }
@@ -114,6 +154,33 @@ mod tests {
         assert_eq!(r.resolve(0x5555_5555_5500), Some((BinaryId(0), 0x1500)));
         assert_eq!(r.resolve(0x1500), None);
         assert_eq!(r.on_mmap(0x7000_0000, 0, "/lib/libc.so.6"), None);
+    }
+
+    /// Every address of a reported span resolves as the address it was asked for does (same
+    /// binary, same offset), for both resolvers, with overlapping binaries and a moved base.
+    #[test]
+    fn spans_resolve_alike() {
+        let other = BinaryInfo {
+            path: "/b/lib".into(),
+            exec_segments: vec![ExecSegment { vaddr: 0x2800, memsz: 0x1000, offset: 0x1000 }],
+            ..Default::default()
+        };
+        let id = IdentityResolver::new(vec![pie(), other.clone()]);
+        let mut mm = MmapResolver::new(vec![pie(), other]);
+        mm.on_mmap(0x5000, 0x1000, "/x/lib");
+        let check = |r: &dyn AddressResolver| {
+            for a in (0..0x8000u64).step_by(0x40) {
+                let Some((b, link, span)) = r.resolve_span(a) else { continue };
+                assert!(span.contains(&a));
+                for x in [span.start, span.end - 1, (span.start + span.end) / 2] {
+                    assert_eq!(r.resolve(x), Some((b, x.wrapping_add(link.wrapping_sub(a)))), "{a:#x} span {span:x?} at {x:#x}");
+                }
+            }
+        };
+        check(&id);
+        check(&mm);
+        let s = id.resolve_span(0x1500).unwrap().2;
+        assert!(s.end - s.start > 1, "{s:x?}");
     }
 
     /// Identity resolution only accepts addresses inside an executable segment.

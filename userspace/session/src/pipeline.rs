@@ -511,6 +511,13 @@ impl Pipeline {
         &self.profile
     }
 
+    /// Where the profile gets the code facts of the binaries it meets from now on
+    /// ([`HybridProfile::set_facts_provider`]).
+    pub fn set_profile_facts(&mut self, p: etm_profile::FactsProvider) {
+        self.join_queued();
+        self.profile.set_facts_provider(p);
+    }
+
     /// The calling-context trie and its frame table.
     pub fn trie(&self) -> (&ContextTrie, &FrameTable) {
         (&self.trie, &self.frames)
@@ -1165,15 +1172,16 @@ impl Sink<'_> {
         self.scratch_branches.clear();
         self.scratch_branches.extend(j.branches.iter().map(|b| Branch { from: b.from, to: b.to }));
         let sample = HybridSample { stack, branches: self.scratch_branches };
+        if j.synth > 0 {
+            // Synthesized samples feed the PGO dumps only: the sampled stacks (trie, folded,
+            // pprof, live view) stay one per pause, proportional to time.
+            self.profile.add_synthesized(&sample, self.resolver, truncated);
+            return;
+        }
         if truncated {
             self.profile.add_cut(&sample, self.resolver)
         } else {
             self.profile.add(&sample, self.resolver)
-        }
-        if j.synth > 0 {
-            // Synthesized samples feed the PGO dumps only: the sampled stacks (trie, folded,
-            // pprof, live view) stay one per pause, proportional to time.
-            return;
         }
         self.stats.profiled += 1;
         if truncated {

@@ -8,9 +8,9 @@ use anyhow::{Context, bail};
 
 use crate::dump::write_atomic;
 use etm_profile::{BinaryInfo, HybridProfile, MmapResolver, ProfileLimits, perfscript};
-use etm_write::pgo::{self, CodeFacts};
-use etm_write::symbolize::{DwarfSymbolizer, Symbolizer};
-use etm_write::unwind::{self, InstFacts};
+use etm_write::pgo;
+use etm_write::symbolize::DwarfSymbolizer;
+use etm_write::unwind;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -28,7 +28,9 @@ pub struct ConvertArgs {
     /// Directory to write the dumps and manifest.json into (created if missing).
     #[arg(long)]
     pub dump_dir: PathBuf,
-    /// Memory budget of the sample store in MiB (new contexts past it are folded).
+    /// Memory budget in MiB of the counters (new contexts past it are counted in the empty
+    /// context) and of the store of samples the `.perfscript` dump is written from (new
+    /// samples past it are folded to their leaf, then dropped), each.
     #[arg(long, default_value_t = 512)]
     pub max_mb: usize,
 }
@@ -61,20 +63,29 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<ExitCode> {
     }
     let mut infos = Vec::new();
     let mut images = Vec::new();
+    let facts = crate::facts::FactsSource::default();
     for p in &paths {
         let data = etm_session::image::ImageBytes::map(p).with_context(|| format!("reading binary {}", p.display()))?;
         let info =
             BinaryInfo::from_elf(&p.to_string_lossy(), &data).with_context(|| format!("parsing binary {}", p.display()))?;
+        facts.add_image(&info.path, data.clone());
         infos.push(info);
         images.push(data);
     }
-    let limits = ProfileLimits { max_bytes: args.max_mb << 20, ..Default::default() };
+    let limits = ProfileLimits {
+        max_bytes: args.max_mb << 20,
+        max_sample_bytes: args.max_mb << 20,
+        keep_samples: etm_profile::KeepSamples::All,
+        ..Default::default()
+    };
     let mut profile = HybridProfile::new(limits);
+    profile.set_facts_provider(facts.provider());
     let mut st = perfscript::PerfScriptStats::default();
     for (text, path) in texts.iter().zip(&args.perfscript) {
         // Each file has its own load bases and its own profile, merged into the total.
         let mut resolver = MmapResolver::new(infos.clone());
         let mut one = HybridProfile::new(limits); // fresh id cache for this file's resolver
+        one.set_facts_provider(facts.provider());
         let s = perfscript::read_perfscript(text, &mut resolver, &mut one);
         log::info!("{}: {}", path.display(), describe(&s));
         if s.hybrid_samples + s.branch_only_samples == 0 {
@@ -97,7 +108,7 @@ pub fn main(args: ConvertArgs) -> anyhow::Result<ExitCode> {
         st.broken_branch_entries += s.broken_branch_entries;
     }
     let image = |b: &BinaryInfo| infos.iter().position(|i| i.path == b.path).map(|k| &images[k][..]);
-    let files = write_profile_dumps_from_images(&profile, &args.dump_dir, &image, true)?;
+    let files = write_profile_dumps_from_images(&profile, &args.dump_dir, &image)?;
     write_manifest(&args.dump_dir, &files, &profile, &st, non_utf8)?;
     for f in &files {
         println!("{}", f.display());
@@ -167,88 +178,77 @@ fn describe(s: &perfscript::PerfScriptStats) -> String {
     parts.join(", ")
 }
 
-/// [`write_profile_dumps_with`] for binaries whose ELF bytes `image` gives: code facts from
-/// each image and, with `cs_unsym`, a DWARF symbolizer for non-probe binaries, so that hybrid
-/// samples get the context-sensitive unsymbolized profile (context-free otherwise). Used by
-/// `convert` (`cs_unsym = true`) and by the live/replay engine (`false` for now: the glibc
-/// frames of static binaries have no debug info and the context-sensitive file keeps frames as
-/// sampled, which empties those contexts; CSSPGO from live data goes through `.perfscript`).
+/// Writes the PGO dumps of every binary with counters ([`write_profile_dumps_cached`]), the
+/// DWARF of binaries whose ELF bytes `image` gives read for their context-sensitive profile.
 pub fn write_profile_dumps_from_images<'a>(
     profile: &HybridProfile,
     dir: &Path,
     image: &dyn Fn(&BinaryInfo) -> Option<&'a [u8]>,
-    cs_unsym: bool,
 ) -> anyhow::Result<Vec<PathBuf>> {
-    write_profile_dumps_cached(profile, dir, image, cs_unsym, &mut FactsCache::default())
+    write_profile_dumps_cached(profile, dir, image, &mut FactsCache::default())
 }
 
-/// What the periodic dumps of a live run keep between writes: the code facts of binaries
-/// already analysed (by path and build-id: each binary is disassembled once, not at every
-/// dump) and the symbolizer of `profile.pb.gz` (DWARF read once per binary).
+/// What the periodic dumps of a live run keep between writes: the DWARF symbolizer of each
+/// binary's context-sensitive profile (by path and build-id: DWARF is read once, not at
+/// every dump; the code facts come with the profile) and the symbolizer of `profile.pb.gz`.
 #[derive(Default)]
 pub struct FactsCache {
-    facts: std::collections::HashMap<(String, String), std::sync::Arc<etm_write::elf::ElfCodeFacts>>,
+    /// `None`: a pseudo-probe binary, or DWARF that could not be read.
+    syms: std::collections::HashMap<(String, String), Option<std::sync::Arc<DwarfSymbolizer>>>,
     /// Names and source lines of the pprof locations.
     pub symbols: crate::symbolize::Symbolizer,
 }
 
-/// [`write_profile_dumps_from_images`] with code facts kept in `cache` between calls.
+impl FactsCache {
+    /// The DWARF symbolizer for the context-sensitive profile of a binary with image `img`:
+    /// `None` for pseudo-probe binaries (LLVM 22 crashes on their context-sensitive
+    /// unsymbolized profile) and unreadable DWARF.
+    fn symbolizer(&mut self, b: &BinaryInfo, img: &[u8]) -> Option<std::sync::Arc<DwarfSymbolizer>> {
+        let key = (b.path.clone(), b.build_id_hex());
+        self.syms
+            .entry(key)
+            .or_insert_with(|| {
+                if etm_write::elf::has_pseudo_probes(img) {
+                    return None;
+                }
+                match DwarfSymbolizer::from_elf(img) {
+                    Ok(s) => {
+                        if s.units_skipped() > 0 {
+                            log::warn!(
+                                "{}: {} DWARF units could not be parsed; their code has no context",
+                                b.path,
+                                s.units_skipped()
+                            );
+                        }
+                        Some(std::sync::Arc::new(s))
+                    }
+                    Err(e) => {
+                        log::warn!("{}: reading DWARF: {e}; its unsymbolized profile is context-free", b.path);
+                        None
+                    }
+                }
+            })
+            .clone()
+    }
+}
+
+/// Write, atomically, for every binary with counters: `<binary>.perfscript` (when the sample
+/// store holds samples of it), `<binary>.unsym.txt` (context-sensitive for a DWARF binary with
+/// hybrid samples whose image `image` gives, with its context-free form in
+/// `<binary>.autofdo.unsym.txt`; context-free otherwise) and `<binary>.bolt.pa`; returns the
+/// paths written.
 pub fn write_profile_dumps_cached<'a>(
     profile: &HybridProfile,
     dir: &Path,
     image: &dyn Fn(&BinaryInfo) -> Option<&'a [u8]>,
-    cs_unsym: bool,
     cache: &mut FactsCache,
-) -> anyhow::Result<Vec<PathBuf>> {
-    let mut facts: Vec<(String, std::sync::Arc<etm_write::elf::ElfCodeFacts>)> = Vec::new();
-    let mut syms: Vec<(String, DwarfSymbolizer)> = Vec::new();
-    for b in profile.binaries() {
-        let Some(img) = image(b) else { continue };
-        let key = (b.path.clone(), b.build_id_hex());
-        let f = match cache.facts.get(&key) {
-            Some(f) => f.clone(),
-            None => {
-                let Ok(f) = etm_write::elf::ElfCodeFacts::from_elf(img) else { continue };
-                let f = std::sync::Arc::new(f);
-                cache.facts.insert(key, f.clone());
-                f
-            }
-        };
-        facts.push((b.path.clone(), f));
-        if cs_unsym && !etm_write::elf::has_pseudo_probes(img) {
-            let s = DwarfSymbolizer::from_elf(img).with_context(|| format!("reading DWARF of {}", b.path))?;
-            if s.units_skipped() > 0 {
-                log::warn!("{}: {} DWARF units could not be parsed; their code has no context", b.path, s.units_skipped());
-            }
-            syms.push((b.path.clone(), s));
-        }
-    }
-    let fact = |b: &BinaryInfo| facts.iter().find(|(p, _)| *p == b.path).map(|(_, f)| &**f);
-    write_profile_dumps_with(profile, dir, &|b: &BinaryInfo| fact(b).map(|f| f as &dyn CodeFacts), &|b: &BinaryInfo| {
-        let s = syms.iter().find(|(p, _)| *p == b.path).map(|(_, s)| s as &dyn Symbolizer)?;
-        Some((fact(b)? as &dyn InstFacts, s))
-    })
-}
-
-/// Instruction facts and symbolizer of a DWARF binary, for the context-sensitive
-/// unsymbolized profile.
-pub type CsTools<'f> = (&'f dyn InstFacts, &'f dyn Symbolizer);
-
-/// Write `<binary>.perfscript`, `<binary>.unsym.txt` and `<binary>.bolt.pa` for every binary
-/// with samples, atomically, and return the paths written; `<binary>.unsym.txt` in llvm-profgen's context-sensitive
-/// form for binaries with hybrid samples for which `cs` gives DWARF tools (non-probe
-/// binaries); context-free otherwise.
-pub fn write_profile_dumps_with<'f>(
-    profile: &HybridProfile,
-    dir: &Path,
-    facts: &dyn Fn(&BinaryInfo) -> Option<&'f dyn CodeFacts>,
-    cs: &dyn Fn(&BinaryInfo) -> Option<CsTools<'f>>,
 ) -> anyhow::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut written = Vec::new();
     let mut used_names: Vec<String> = Vec::new();
     for (b, info) in profile.binaries().iter().enumerate() {
-        if !profile.samples().any(|s| s.touches(b)) {
+        let stored = profile.samples().any(|s| s.touches(b));
+        if profile.agg(b).is_empty() && !stored {
             continue;
         }
         let mut name = info.file_name().to_string();
@@ -257,17 +257,29 @@ pub fn write_profile_dumps_with<'f>(
         }
         used_names.push(name.clone());
         let [ps, unsym, bolt] = pgo::dump_file_names(&name);
-        let path = dir.join(&ps);
-        write_atomic(&path, |w| pgo::write_perfscript_with(profile, b, facts(info), w).map(drop))?;
-        written.push(path);
-        let path = dir.join(&unsym);
-        match cs(info) {
-            Some((f, s)) if unwind::has_stack_samples(profile, b) => {
-                write_atomic(&path, |w| unwind::write_unsymbolized_cs(profile, b, f, s, w).map(drop))?
-            }
-            _ => write_atomic(&path, |w| pgo::write_unsymbolized(profile, b, facts(info), w).map(drop))?,
+        if stored {
+            let path = dir.join(&ps);
+            write_atomic(&path, |w| pgo::write_perfscript(profile, b, w).map(drop))?;
+            written.push(path);
         }
-        written.push(path);
+        let path = dir.join(&unsym);
+        let sym = match image(info) {
+            Some(img) if unwind::has_stack_samples(profile, b) => cache.symbolizer(info, img),
+            _ => None,
+        };
+        match sym {
+            Some(s) => {
+                write_atomic(&path, |w| unwind::write_unsymbolized_cs(profile, b, &*s, w).map(drop))?;
+                written.push(path);
+                let path = dir.join(pgo::autofdo_file_name(&name));
+                write_atomic(&path, |w| pgo::write_unsymbolized(profile, b, w).map(drop))?;
+                written.push(path);
+            }
+            None => {
+                write_atomic(&path, |w| pgo::write_unsymbolized(profile, b, w).map(drop))?;
+                written.push(path);
+            }
+        }
         let path = dir.join(&bolt);
         write_atomic(&path, |w| pgo::write_bolt_pa(profile, b, w).map(drop))?;
         written.push(path);
@@ -285,18 +297,13 @@ fn write_manifest(
     let names: Vec<String> = files.iter().filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
     let binaries: Vec<serde_json::Value> =
         profile.binaries().iter().map(|b| serde_json::json!({"path": b.path, "build_id": b.build_id_hex()})).collect();
-    let ps = profile.stats();
     let v = serde_json::json!({
         "tool": "etm-bpf",
         "version": env!("CARGO_PKG_VERSION"),
         "command": "convert",
         "files": names,
         "binaries": binaries,
-        "profile": {
-            "samples": ps.samples, "distinct_samples": profile.distinct_samples(),
-            "folded": ps.folded, "dropped": ps.dropped,
-            "unresolved_addresses": ps.unresolved_addresses,
-        },
+        "profile": crate::engine::profile_json(profile),
         "perfscript": {
             "hybrid_samples": st.hybrid_samples, "branch_only_samples": st.branch_only_samples,
             "rejected_samples": st.rejected_samples, "mmap_events": st.mmap_events,

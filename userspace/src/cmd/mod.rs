@@ -26,6 +26,29 @@ impl Threads {
     }
 }
 
+/// `--perfscript` of `run` and `replay`: which samples the profile keeps for the
+/// `<binary>.perfscript` dumps (the counters behind `.unsym.txt` and `.bolt.pa` have every
+/// sample either way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Perfscript {
+    /// Samples of binaries llvm-profgen needs them for: pseudo-probe binaries (LLVM 22 cannot
+    /// read their context-sensitive `.unsym.txt`) and binaries without code facts.
+    #[default]
+    Needed,
+    /// Every sample with branches: a `.perfscript` for every binary.
+    All,
+}
+
+impl Perfscript {
+    /// As the profile's policy.
+    pub fn keep(self) -> etm_profile::KeepSamples {
+        match self {
+            Perfscript::Needed => etm_profile::KeepSamples::Needed,
+            Perfscript::All => etm_profile::KeepSamples::All,
+        }
+    }
+}
+
 /// Parses `--decode-threads`.
 pub fn parse_threads(s: &str) -> Result<Threads, String> {
     match s {

@@ -61,6 +61,9 @@ pub struct ReplayArgs {
     /// No synthesized samples inside the windows (as `run --no-synth-samples`).
     #[arg(long)]
     no_synth_samples: bool,
+    /// Which samples are kept for the `<binary>.perfscript` dumps (as `run --perfscript`).
+    #[arg(long, value_enum, default_value_t)]
+    perfscript: crate::cmd::Perfscript,
     /// Threads decoding the per-CPU trace streams (each stream on one; the join and the
     /// profile stay on the main thread, the profile is the same with any number): a number,
     /// or `auto` = the smaller of the cores and the session's CPUs. 1 decodes on the main thread.
@@ -92,6 +95,7 @@ pub fn main(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     cfg.join.validate = !args.no_validate;
     cfg.exact = !args.no_exact;
     cfg.join.synth_samples = if args.no_synth_samples { 0 } else { DEFAULT_SYNTH_SAMPLES };
+    cfg.profile.keep_samples = args.perfscript.keep();
     cfg.decode_threads = args.decode_threads.count(meta.cpus.len());
     // The same engine (pipeline, symbolizer, writers) as `run`.
     let mut engine = Engine::new(cfg, None);

@@ -150,6 +150,12 @@ pub struct RunArgs {
     /// its stack unwound backwards through the window's calls and returns, for the PGO dumps).
     #[arg(long)]
     pub no_synth_samples: bool,
+    /// Which samples the profile keeps for the `<binary>.perfscript` dumps: `needed` (those of
+    /// pseudo-probe binaries, whose context-sensitive `.unsym.txt` LLVM 22 cannot read, and of
+    /// binaries without code facts), or `all`. The `.unsym.txt` and `.bolt.pa` dumps count
+    /// every sample either way.
+    #[arg(long, value_enum, default_value_t)]
+    pub perfscript: crate::cmd::Perfscript,
     /// With ETM: threads decoding the per-CPU trace streams (each stream on one; the join and
     /// the profile stay on the main thread, the profile is the same with any number): a
     /// number, or `auto` = the smaller of the cores and the traced CPUs. 1 (the default)
@@ -679,6 +685,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
         let mut pc = etm.pipeline_config(args.depth.unwrap_or(ETM_DEPTH) as usize);
         pc.trie_nodes = args.max_contexts;
         pc.exact = !args.no_exact;
+        pc.profile.keep_samples = args.perfscript.keep();
         pc.join.synth_samples = if args.no_synth_samples { 0 } else { etm_session::join::DEFAULT_SYNTH_SAMPLES };
         pc.decode_threads = args.decode_threads.count(pc.cpus.len());
         let mut engine = Engine::new(pc, Some(loader()));
@@ -728,6 +735,7 @@ pub fn main(args: RunArgs) -> anyhow::Result<ExitCode> {
             bpf.attach_perf_fd(fd).context("cannot attach the eBPF program to the perf event")?;
         }
         let mut pc = PipelineConfig { trie_nodes: args.max_contexts, ..Default::default() };
+        pc.profile.keep_samples = args.perfscript.keep();
         // LBR/BRBE: every record the kernel copied, unless --depth says fewer.
         let depth = args.depth.unwrap_or(etm_bpf_common::MAX_BRANCHES as u32);
         pc.join.depth = depth as usize;
@@ -1532,8 +1540,11 @@ fn dump_job(
             info.event
         ),
     };
-    // Per-binary PGO dumps only when samples carry branch records (LBR/BRBE or ETM).
+    // Per-binary PGO dumps only when samples carry branch records (LBR/BRBE or ETM). The copy
+    // is taken on the drain loop: its time is in the manifest.
+    let t0 = std::time::Instant::now();
     let snapshot = e.snapshot();
+    let snapshot_us = t0.elapsed().as_micros() as u64;
     let (trie, _) = e.pipeline().trie();
     let ts = trie.stats();
     let d = e.depth;
@@ -1591,6 +1602,7 @@ fn dump_job(
             "shallow_stack_fraction": d.shallow_fraction(),
             "dumps_written": dumps.0,
             "dumps_skipped_busy": dumps.1,
+            "dump_snapshot_us": snapshot_us,
             "unwind": unwind_json(e, k),
         },
         "pipeline": pipeline_json(e.pipeline()),

@@ -64,18 +64,20 @@ fn steady_state_allocates_only_for_new_contexts() {
     for e in &evs[..half] {
         push(&mut p, e);
     }
-    let (d0, n0) = (p.profile().distinct_samples(), p.trie().0.len());
+    // What the profile grows by: stored samples and counters (tuples, contexts, counts).
+    let grown = |p: &Pipeline| p.profile().distinct_samples() + p.profile().distinct_entries();
+    let (d0, n0) = (grown(&p), p.trie().0.len());
     let j0 = p.stats().join.joined;
     let allocs = etm_testutil::count_allocations(|| {
         for e in &evs[half..] {
             push(&mut p, e);
         }
     });
-    let (d1, n1) = (p.profile().distinct_samples(), p.trie().0.len());
+    let (d1, n1) = (grown(&p), p.trie().0.len());
     let joined = p.stats().join.joined - j0;
     let new = (d1 - d0) + (n1 - n0);
     eprintln!(
-        "second half: {joined} samples joined, {} new distinct samples, {} new trie nodes, {allocs} allocations",
+        "second half: {joined} samples joined, {} new distinct samples or counters, {} new trie nodes, {allocs} allocations",
         d1 - d0,
         n1 - n0
     );

@@ -1,11 +1,14 @@
 //! Benchmark of the profile model: aggregation cost per hybrid sample (new and already-seen
-//! samples), dump time of the three writers, and peak memory, for a large synthetic profile.
+//! samples), the copy a dump takes on the drain loop, dump time of the three writers, and peak
+//! memory, for a large synthetic profile (random addresses: nearly every branch tuple is new,
+//! the worst case for the counters). The sample store keeps every sample (as the store the
+//! dumps came from before the counters) so its size and copy can be set beside the counters'.
 //! Run with `bench/profile.sh` (release build). Arguments: SAMPLES CONTEXTS (default 1000000
 //! 100000).
 
 use std::time::Instant;
 
-use etm_profile::{BinaryInfo, Branch, ExecSegment, HybridProfile, HybridSample, IdentityResolver};
+use etm_profile::{BinaryInfo, Branch, ExecSegment, HybridProfile, HybridSample, IdentityResolver, KeepSamples, ProfileLimits};
 use etm_write::pgo::{write_bolt_pa, write_perfscript, write_unsymbolized};
 
 /// Deterministic xorshift generator.
@@ -71,7 +74,7 @@ fn main() {
         );
     }
     let before = peak_rss_kib();
-    let mut p = HybridProfile::default();
+    let mut p = HybridProfile::new(ProfileLimits { keep_samples: KeepSamples::All, ..Default::default() });
     // Skewed order: context i drawn with a power-law-ish distribution.
     let order: Vec<usize> = (0..samples)
         .map(|i| {
@@ -94,7 +97,14 @@ fn main() {
     }
     let seen = t.stop();
     let n_seen = samples - n_new;
-    println!("samples: {samples}, distinct contexts: {}", p.distinct_samples());
+    let a = p.agg(0);
+    println!(
+        "samples: {samples}, distinct samples: {}, tuples {}, contexts {}, counts {}",
+        p.distinct_samples(),
+        a.tuples().len(),
+        a.context_count(),
+        a.count_entries()
+    );
     let ns = |s: f64, n: usize| s * 1e9 / n.max(1) as f64;
     println!(
         "aggregation (wall/cpu ns per sample): new {:.0}/{:.0}, already-seen {:.0}/{:.0}",
@@ -103,7 +113,30 @@ fn main() {
         ns(seen.0, n_seen),
         ns(seen.1, n_seen)
     );
-    println!("model bytes: {} MiB accounted, {} MiB allocated", p.accounted_bytes() >> 20, p.bytes_used() >> 20);
+    println!(
+        "model bytes: counters {} MiB accounted, sample store {} MiB accounted, {} MiB allocated in all",
+        p.accounted_bytes() >> 20,
+        p.sample_bytes() >> 20,
+        p.bytes_used() >> 20
+    );
+    // The copy a dump takes on the drain loop: the whole profile, and without the sample store.
+    let t = Clock::start();
+    let copy = p.clone();
+    let whole = t.stop();
+    drop(copy);
+    let mut counters_only = HybridProfile::new(ProfileLimits { max_sample_bytes: 0, ..Default::default() });
+    counters_only.merge(&p);
+    let t = Clock::start();
+    let copy = counters_only.clone();
+    let lean = t.stop();
+    drop((copy, counters_only));
+    println!(
+        "snapshot copy (wall/cpu ms): with the sample store {:.1}/{:.1}, counters only {:.1}/{:.1}",
+        whole.0 * 1e3,
+        whole.1 * 1e3,
+        lean.0 * 1e3,
+        lean.1 * 1e3
+    );
     let dir = std::env::temp_dir().join(format!("etm-bench-profile-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let t = Clock::start();
@@ -113,7 +146,7 @@ fn main() {
     let ps = t.stop();
     let t = Clock::start();
     let f = std::io::BufWriter::new(std::fs::File::create(dir.join("app.unsym.txt")).unwrap());
-    write_unsymbolized(&p, 0, None, f).unwrap();
+    write_unsymbolized(&p, 0, f).unwrap();
     let un = t.stop();
     let t = Clock::start();
     let f = std::io::BufWriter::new(std::fs::File::create(dir.join("app.bolt.pa")).unwrap());

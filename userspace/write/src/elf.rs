@@ -19,7 +19,7 @@ pub fn has_pseudo_probes(data: &[u8]) -> bool {
 ///
 /// For a *static* binary (no `.interp`) it also records the code covered by DWARF compile
 /// units: stack frames outside it (glibc's `__libc_start_main`, `_start`) are written as
-/// external by [`crate::pgo::write_perfscript_with`], as they would be with a shared libc --
+/// external ([`etm_profile::CodeFacts::frame_is_external`]), as they would be with a shared libc --
 /// llvm-profgen otherwise drops every context whose frames include code without debug info,
 /// which leaves a static binary with an empty context-sensitive profile.
 #[derive(Clone, Debug, Default)]
@@ -34,6 +34,8 @@ pub struct ElfCodeFacts {
     calls: Vec<u64>,
     /// Return instructions, sorted.
     rets: Vec<u64>,
+    /// The image carries pseudo probes.
+    probes: bool,
 }
 
 fn dwarf_ranges(file: &object::File<'_>) -> Option<Vec<(u64, u64)>> {
@@ -119,6 +121,7 @@ impl ElfCodeFacts {
         if file.section_by_name(".interp").is_none() {
             out.debug_ranges = dwarf_ranges(&file);
         }
+        out.probes = file.section_by_name(".pseudo_probe").is_some();
         out.prolog_epilog.sort_unstable();
         out.prolog_epilog.dedup();
         for v in [&mut out.uncond_branches, &mut out.insts, &mut out.calls, &mut out.rets] {
@@ -175,14 +178,29 @@ fn decode(arch: object::Architecture, start: u64, code: &[u8], out: &mut Vec<(u6
     }
 }
 
-impl crate::pgo::CodeFacts for ElfCodeFacts {
+impl ElfCodeFacts {
+    /// Every decoded instruction address, sorted (llvm-profgen's `CodeAddressVec`).
+    pub fn instructions(&self) -> &[u64] {
+        &self.insts
+    }
+}
+
+impl etm_profile::CodeFacts for ElfCodeFacts {
+    fn is_inst(&self, addr: u64) -> bool {
+        self.insts.binary_search(&addr).is_ok()
+    }
+    fn is_call(&self, addr: u64) -> bool {
+        self.calls.binary_search(&addr).is_ok()
+    }
+    fn is_return(&self, addr: u64) -> bool {
+        self.rets.binary_search(&addr).is_ok()
+    }
     fn in_prolog_epilog(&self, addr: u64) -> bool {
         self.prolog_epilog.binary_search(&addr).is_ok()
     }
-    fn frame_is_external(&self, addr: u64) -> bool {
-        let Some(r) = &self.debug_ranges else { return false };
-        let i = r.partition_point(|&(_, e)| e <= addr);
-        !r.get(i).is_some_and(|&(b, e)| b <= addr && addr < e)
+    fn prev_inst(&self, addr: u64) -> Option<u64> {
+        let i = self.insts.partition_point(|&a| a < addr);
+        i.checked_sub(1).map(|j| self.insts[j])
     }
     fn range_crosses_uncond_branch(&self, start: u64, end: u64) -> bool {
         if start >= end {
@@ -191,19 +209,12 @@ impl crate::pgo::CodeFacts for ElfCodeFacts {
         let i = self.uncond_branches.partition_point(|&a| a < start);
         self.uncond_branches.get(i).is_some_and(|&a| a < end)
     }
-}
-
-impl crate::unwind::InstFacts for ElfCodeFacts {
-    fn is_call(&self, addr: u64) -> bool {
-        self.calls.binary_search(&addr).is_ok()
+    fn needs_samples(&self) -> bool {
+        self.probes
     }
-    fn is_return(&self, addr: u64) -> bool {
-        self.rets.binary_search(&addr).is_ok()
-    }
-    fn inst_index(&self, addr: u64) -> usize {
-        self.insts.partition_point(|&a| a < addr)
-    }
-    fn inst_at(&self, index: usize) -> Option<u64> {
-        self.insts.get(index).copied()
+    fn frame_is_external(&self, addr: u64) -> bool {
+        let Some(r) = &self.debug_ranges else { return false };
+        let i = r.partition_point(|&(_, e)| e <= addr);
+        !r.get(i).is_some_and(|&(b, e)| b <= addr && addr < e)
     }
 }

@@ -1,6 +1,7 @@
-//! Writers, one file per binary: aggregated perf-script text for llvm-profgen, the
-//! context-insensitive unsymbolized profile (the context-sensitive one is in
-//! [`crate::unwind`]), and BOLT's `perf2bolt -pa` input.
+//! Writers, one file per binary: aggregated perf-script text for llvm-profgen (from the
+//! profile's sample store), the context-insensitive unsymbolized profile and BOLT's `perf2bolt
+//! -pa` input (from the profile's counters; the context-sensitive unsymbolized profile is in
+//! [`crate::unwind`]).
 //!
 //! All take link-time addresses from the profile. Addresses in other binaries or unresolved
 //! are written as [`EXTERNAL_ADDR`], which llvm-profgen classifies as external exactly as it
@@ -9,10 +10,9 @@
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use etm_profile::{HybridProfile, Loc, ProfileBinary};
-
-/// Link-time address used for locations outside the written binary (never code: page 0).
-pub const EXTERNAL_ADDR: u64 = 0x1;
+pub use etm_profile::EXTERNAL_ADDR;
+use etm_profile::agg::NO_START;
+use etm_profile::{CodeFacts, HybridProfile, Loc, ProfileBinary};
 
 /// What a writer wrote.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -21,21 +21,6 @@ pub struct WriteStats {
     pub records: u64,
     /// Samples skipped because they had no branch in this binary's view.
     pub skipped: u64,
-}
-
-/// Facts about the code the unsymbolized writer needs to drop the samples llvm-profgen drops.
-pub trait CodeFacts {
-    /// Whether a hybrid sample whose leaf is at this link-time address is dropped by
-    /// llvm-profgen (function entry or return instruction: "prolog/epilog").
-    fn in_prolog_epilog(&self, addr: u64) -> bool;
-    /// Whether a call, return or direct jump lies in `[start, end)` (llvm-profgen's
-    /// `rangeCrossUncondBranch`: such a fall-through range is bogus).
-    fn range_crosses_uncond_branch(&self, start: u64, end: u64) -> bool;
-    /// Whether a stack frame at this address is to be written as external (code of a static
-    /// binary without debug info, see [`crate::elf::ElfCodeFacts`]). Default: never.
-    fn frame_is_external(&self, _addr: u64) -> bool {
-        false
-    }
 }
 
 /// One sample as seen from one binary.
@@ -81,22 +66,13 @@ pub(crate) fn views(p: &HybridProfile, b: ProfileBinary, facts: Option<&dyn Code
 }
 
 /// Aggregated perf-script text for `llvm-profgen --perfscript` (link-time addresses, no MMAP
-/// line). Hybrid layout when the binary has any sample with a stack, else branch-only layout;
-/// in hybrid layout branch-only samples appear with their IP as a one-frame stack.
-/// Stack-only samples (no branches) cannot be expressed and are skipped.
-pub fn write_perfscript<W: Write>(p: &HybridProfile, b: ProfileBinary, w: W) -> io::Result<WriteStats> {
-    write_perfscript_with(p, b, None, w)
-}
-
-/// [`write_perfscript`] with code facts: stack frames `facts` calls external are written as
+/// line) of the samples in the profile's sample store. Hybrid layout when the binary has any
+/// sample with a stack, else branch-only layout; in hybrid layout branch-only samples appear
+/// with their IP as a one-frame stack. Stack-only samples (no branches) cannot be expressed
+/// and are skipped. Stack frames the binary's code facts call external are written as
 /// external (static binaries: see [`crate::elf::ElfCodeFacts`]).
-pub fn write_perfscript_with<W: Write>(
-    p: &HybridProfile,
-    b: ProfileBinary,
-    facts: Option<&dyn CodeFacts>,
-    mut w: W,
-) -> io::Result<WriteStats> {
-    let (views, skipped) = views(p, b, facts);
+pub fn write_perfscript<W: Write>(p: &HybridProfile, b: ProfileBinary, mut w: W) -> io::Result<WriteStats> {
+    let (views, skipped) = views(p, b, Some(p.agg(b).facts()));
     let hybrid = views.keys().any(|(bo, _, _)| !bo);
     let mut st = WriteStats { records: 0, skipped };
     let mut line = String::with_capacity(1024);
@@ -123,70 +99,49 @@ pub fn write_perfscript_with<W: Write>(
     Ok(st)
 }
 
-/// (start, end) -> count; hashed while aggregating, sorted when written.
+/// (start, end) -> count; hashed while summing, sorted when written.
 type Counter = hashbrown::HashMap<(u64, u64), u64>;
 
-fn sorted(c: Counter) -> Vec<((u64, u64), u64)> {
+/// ((start, end), count) sorted.
+pub type Sorted = Vec<((u64, u64), u64)>;
+
+fn sorted(c: Counter) -> Sorted {
     let mut v: Vec<_> = c.into_iter().collect();
     v.sort_unstable();
     v
 }
 
-/// Range and branch counts llvm-profgen derives from one LBR stack without context
-/// (`PerfScriptReader::computeCounterFromLBR`): a branch counts if its target is code; the
-/// fall-through from one branch's target to the next newer branch's source counts when both
-/// ends are code, start <= end and no call, return or direct jump lies inside.
-fn counters_from_lbr(
-    branches: &[(u64, u64)],
-    count: u64,
-    is_code: &dyn Fn(u64) -> bool,
-    facts: Option<&dyn CodeFacts>,
-    ranges: &mut Counter,
-    brs: &mut Counter,
-) {
-    let mut end = 0u64;
-    for &(src, dst) in branches {
-        if is_code(dst) {
-            *brs.entry((src, dst)).or_insert(0) += count;
+/// The context-free counters of binary `b` (`computeCounterFromLBR` over every sample
+/// llvm-profgen keeps): the profile's per-context counts summed over contexts (see
+/// [`etm_profile::agg`]).
+pub fn context_free_counters(p: &HybridProfile, b: ProfileBinary) -> (Sorted, Sorted) {
+    let agg = p.agg(b);
+    let hybrid = agg.has_hybrid();
+    let mut ranges = Counter::new();
+    let mut brs = Counter::new();
+    for c in agg.counts().filter(|c| c.in_context_free(hybrid)) {
+        if let Some(r) = c.tuple.range() {
+            *ranges.entry(r).or_insert(0) += c.count;
         }
-        if is_code(dst) && is_code(end) && dst <= end && !facts.is_some_and(|f| f.range_crosses_uncond_branch(dst, end)) {
-            *ranges.entry((dst, end)).or_insert(0) += count;
+        if let Some(br) = c.tuple.branch() {
+            *brs.entry(br).or_insert(0) += c.count;
         }
-        end = src;
     }
+    (sorted(ranges), sorted(brs))
 }
 
 /// Context-insensitive unsymbolized profile (`llvm-profgen --unsymbolized-profile`): what
 /// llvm-profgen computes from the same samples with `--ignore-stack-samples` (or from
-/// branch-only samples). Offsets are from the page-aligned first executable segment. Hybrid
-/// samples whose leaf `facts` says is in a prolog/epilog are dropped, as llvm-profgen does.
+/// branch-only samples), written from the profile's counters. Offsets are from the
+/// page-aligned first executable segment.
 ///
 /// The context-sensitive form (DWARF binaries with hybrid samples) is
 /// [`crate::unwind::write_unsymbolized_cs`]; for pseudo-probe binaries LLVM 22 crashes reading
 /// it, so they get this form and the perf-script dump carries their contexts.
-pub fn write_unsymbolized<W: Write>(
-    p: &HybridProfile,
-    b: ProfileBinary,
-    facts: Option<&dyn CodeFacts>,
-    w: W,
-) -> io::Result<WriteStats> {
+pub fn write_unsymbolized<W: Write>(p: &HybridProfile, b: ProfileBinary, w: W) -> io::Result<WriteStats> {
     let info = &p.binaries()[b];
     let base = info.first_exec_vaddr().unwrap_or(0) & !0xfff;
-    let is_code = |a: u64| info.is_code(a);
-    let (views, skipped) = views(p, b, None);
-    let mut ranges = Counter::new();
-    let mut brs = Counter::new();
-    for ((branch_only, stack, branches), count) in &views {
-        if !branch_only
-            && let (Some(f), Some(&leaf)) = (facts, stack.first())
-            && leaf != EXTERNAL_ADDR
-            && f.in_prolog_epilog(leaf)
-        {
-            continue;
-        }
-        counters_from_lbr(branches, *count, &is_code, facts, &mut ranges, &mut brs);
-    }
-    let (ranges, brs) = (sorted(ranges), sorted(brs));
+    let (ranges, brs) = context_free_counters(p, b);
     let off = |a: u64| a.wrapping_sub(base);
     let mut w = io::BufWriter::new(w);
     writeln!(w, "{}", ranges.len())?;
@@ -198,28 +153,21 @@ pub fn write_unsymbolized<W: Write>(
         writeln!(w, "{:x}->{:x}:{c}", off(*s), off(*d))?;
     }
     w.flush()?;
-    Ok(WriteStats { records: (ranges.len() + brs.len()) as u64, skipped })
+    Ok(WriteStats { records: (ranges.len() + brs.len()) as u64, skipped: 0 })
 }
 
 /// BOLT pre-aggregated profile (`perf2bolt -pa`): `B from to count 0` per taken branch with
 /// at least one end in the binary (the other as `X:0`), and `F start end count` per
-/// fall-through between consecutive branches inside the binary (start <= end).
+/// fall-through between consecutive branches inside the binary (start <= end), from every
+/// sample (the ones llvm-profgen drops included), read from the profile's counters.
 pub fn write_bolt_pa<W: Write>(p: &HybridProfile, b: ProfileBinary, w: W) -> io::Result<WriteStats> {
-    let (views, skipped) = views(p, b, None);
     let mut brs = Counter::new();
     let mut fts = Counter::new();
-    for ((_, _, branches), count) in &views {
-        let mut newer: Option<u64> = None;
-        for &(f, t) in branches {
-            *brs.entry((f, t)).or_insert(0) += count;
-            if let Some(end) = newer
-                && t != EXTERNAL_ADDR
-                && end != EXTERNAL_ADDR
-                && t <= end
-            {
-                *fts.entry((t, end)).or_insert(0) += count;
-            }
-            newer = Some(f);
+    for c in p.agg(b).counts().filter(|c| c.in_bolt()) {
+        let t = c.tuple;
+        *brs.entry((t.src, t.dst)).or_insert(0) += c.count;
+        if t.start != NO_START && t.start != EXTERNAL_ADDR && t.src != EXTERNAL_ADDR && t.start <= t.src {
+            *fts.entry((t.start, t.src)).or_insert(0) += c.count;
         }
     }
     let (brs, fts) = (sorted(brs), sorted(fts));
@@ -236,12 +184,18 @@ pub fn write_bolt_pa<W: Write>(p: &HybridProfile, b: ProfileBinary, w: W) -> io:
         writeln!(w, "F {s:x} {e:x} {c}")?;
     }
     w.flush()?;
-    Ok(WriteStats { records: (brs.len() + fts.len()) as u64, skipped })
+    Ok(WriteStats { records: (brs.len() + fts.len()) as u64, skipped: 0 })
 }
 
 /// File names of the dumps for a binary, in the order [perfscript, unsymbolized, bolt].
 pub fn dump_file_names(file_name: &str) -> [String; 3] {
     [format!("{file_name}.perfscript"), format!("{file_name}.unsym.txt"), format!("{file_name}.bolt.pa")]
+}
+
+/// File name of the context-free unsymbolized profile written beside a context-sensitive
+/// `.unsym.txt` (AutoFDO input).
+pub fn autofdo_file_name(file_name: &str) -> String {
+    format!("{file_name}.autofdo.unsym.txt")
 }
 
 #[cfg(test)]
@@ -250,13 +204,21 @@ mod tests {
     use etm_profile::{BinaryInfo, Branch, ExecSegment, HybridSample, IdentityResolver};
 
     fn profile() -> HybridProfile {
+        profile_with(None)
+    }
+
+    fn profile_with(facts: Option<etm_profile::FactsProvider>) -> HybridProfile {
         let r = IdentityResolver::new(vec![BinaryInfo {
             path: "/x/app".into(),
             exec_segments: vec![ExecSegment { vaddr: 0x401000, memsz: 0x1000, offset: 0x1000 }],
             code_ranges: vec![(0x401000, 0x402000)],
             ..Default::default()
         }]);
-        let mut p = HybridProfile::default();
+        let limits = etm_profile::ProfileLimits { keep_samples: etm_profile::KeepSamples::All, ..Default::default() };
+        let mut p = HybridProfile::new(limits);
+        if let Some(f) = facts {
+            p.set_facts_provider(f);
+        }
         let br = [Branch { from: 0x401010, to: 0x401100 }, Branch { from: 0x7f00_0000_0000, to: 0x401000 }];
         p.add(&HybridSample { stack: &[0x401104, 0x7f00_0000_0010], branches: &br }, &r);
         p.add(&HybridSample { stack: &[0x401104, 0x7f00_0000_0010], branches: &br }, &r);
@@ -276,8 +238,20 @@ mod tests {
 
     struct NoDebugAbove(u64);
     impl CodeFacts for NoDebugAbove {
+        fn is_inst(&self, a: u64) -> bool {
+            (0x401000..0x402000).contains(&a)
+        }
+        fn is_call(&self, _: u64) -> bool {
+            false
+        }
+        fn is_return(&self, _: u64) -> bool {
+            false
+        }
         fn in_prolog_epilog(&self, _: u64) -> bool {
             false
+        }
+        fn prev_inst(&self, _: u64) -> Option<u64> {
+            None
         }
         fn range_crosses_uncond_branch(&self, _: u64, _: u64) -> bool {
             false
@@ -291,7 +265,10 @@ mod tests {
     #[test]
     fn perfscript_external_frames() {
         let mut out = Vec::new();
-        write_perfscript_with(&profile(), 0, Some(&NoDebugAbove(0x401100)), &mut out).unwrap();
+        let facts: etm_profile::FactsProvider = std::sync::Arc::new(|_: &BinaryInfo| {
+            Some(std::sync::Arc::new(NoDebugAbove(0x401100)) as std::sync::Arc<dyn CodeFacts>)
+        });
+        write_perfscript(&profile_with(Some(facts)), 0, &mut out).unwrap();
         assert!(String::from_utf8(out).unwrap().starts_with("2\n\t               1\n\t               1\n"));
     }
 
@@ -300,7 +277,7 @@ mod tests {
     #[test]
     fn unsymbolized_text() {
         let mut out = Vec::new();
-        write_unsymbolized(&profile(), 0, None, &mut out).unwrap();
+        write_unsymbolized(&profile(), 0, &mut out).unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "1\n0-10:2\n2\nffffffffffbff001->0:2\n10->100:2\n");
     }
 

@@ -1,7 +1,8 @@
 //! pprof writer: the calling-context trie as a gzip-compressed `perftools.profiles.Profile`
 //! (`profile.proto` from github.com/google/pprof, messages declared here with prost).
 //!
-//! [`build_address_profile`]: from the profile's address-level samples.
+//! [`build_address_profile`]: from the profile's sampled stacks (one per sampled instant: ETM's
+//!   synthesized samples are not among them).
 //!   One `Mapping` per executable segment of each binary, in link-time addresses
 //!   (`memory_start` = `p_vaddr`, `memory_limit` = `p_vaddr + p_memsz`, `file_offset` =
 //!   `p_offset`, file name and build-id), so pprof maps an address to its file offset as for
@@ -232,7 +233,7 @@ pub fn build_address_profile(
     let mut locations: HashMap<(Option<usize>, u64), u64> = HashMap::new();
     let mut truncated_loc = None;
     let mut agg: HashMap<Vec<u64>, i64> = HashMap::new();
-    for smp in profile.samples() {
+    for smp in profile.stacks() {
         let mut ids = Vec::with_capacity(smp.stack().len() + 1);
         for (i, loc) in smp.stack().enumerate() {
             // A caller's frame is its call instruction, one byte before the return address.

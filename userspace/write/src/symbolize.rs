@@ -303,7 +303,6 @@ mod tests {
 #[cfg(test)]
 mod llvm_tests {
     use super::*;
-    use crate::unwind::InstFacts;
     use std::io::Write as _;
     use std::path::PathBuf;
     use std::process::{Command, Stdio};
@@ -401,7 +400,7 @@ mod llvm_tests {
             };
             let sym = DwarfSymbolizer::from_elf(&data).unwrap();
             let facts = crate::elf::ElfCodeFacts::from_elf(&data).unwrap();
-            let addrs: Vec<u64> = (0..).map_while(|i| facts.inst_at(i)).collect();
+            let addrs: Vec<u64> = facts.instructions().to_vec();
             let theirs = llvm_frames(&path, &addrs).expect("llvm-symbolizer output");
             assert_eq!(theirs.len(), addrs.len(), "{rel}: symbolizer answered {} of {}", theirs.len(), addrs.len());
             for (a, (t, no_start)) in addrs.iter().zip(&theirs) {

@@ -7,9 +7,8 @@
 
 use std::process::Command;
 
+use etm_profile::CodeFacts;
 use etm_write::elf::ElfCodeFacts;
-use etm_write::pgo::CodeFacts;
-use etm_write::unwind::InstFacts;
 
 /// 128 non-leaf functions (pac-ret signs and authenticates only those that save the link
 /// register), called through a table.
