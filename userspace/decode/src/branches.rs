@@ -10,8 +10,10 @@
 use crate::elements::{Element, ElementKind, InstrRange};
 use crate::insn::InstrType;
 
-/// One taken branch: `from` is the branch instruction, `to` its target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// One taken branch: `from` is the branch instruction, `to` its target. The one branch type of
+/// the crates: the pipeline's `BranchPair` and the profile's `Branch` are this type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BranchRecord {
     /// Address of the branch instruction.
     pub from: u64,

@@ -75,14 +75,9 @@ pub use resolve::{IdentityResolver, MmapResolver};
 pub use store::{Loc, ProfileBinary, SampleRef};
 
 /// One taken branch, `from` the branch instruction `to` its target (runtime addresses in a
-/// [`HybridSample`], link-time addresses inside the profile).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Branch {
-    /// Address of the taken branch instruction.
-    pub from: u64,
-    /// Address of its target.
-    pub to: u64,
-}
+/// [`HybridSample`], link-time addresses inside the profile): the one branch type of the
+/// crates, `etm_decode::branches::BranchRecord`.
+pub use etm_decode::branches::BranchRecord as Branch;
 
 /// A call stack and the last taken branches at the same instant, in runtime addresses.
 #[derive(Clone, Copy, Debug)]

@@ -142,7 +142,7 @@ impl IdState {
             if let Some(rec) = rule.range(r)
                 && done != Some((rec.from, rec.to))
             {
-                out.push(BranchPair { from: rec.from, to: rec.to });
+                out.push(rec);
             }
             done = None;
         }

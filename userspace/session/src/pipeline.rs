@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use etm_profile::{AddressResolver, BinaryInfo, Branch, HybridProfile, HybridSample, ProfileLimits};
+use etm_profile::{AddressResolver, BinaryInfo, HybridProfile, HybridSample, ProfileLimits};
 use etm_stacks::{ContextTrie, Frame, FrameId, FrameTable};
 
 use crate::aux::{AuxPlan, AuxStep, AuxTrack, run_step};
@@ -356,7 +356,6 @@ pub struct Pipeline {
     queue: std::collections::VecDeque<Deferred>,
     /// With a pool: the decode tapes received, replayed by the buffers' decoders.
     tapes: Option<crate::pool::Tapes>,
-    scratch_branches: Vec<Branch>,
     scratch_frames: Vec<FrameId>,
     /// The CPUs an AUX record's windows touched (reused: no allocation per record).
     scratch_touched: Vec<i32>,
@@ -404,7 +403,6 @@ impl Pipeline {
             pool,
             queue: Default::default(),
             tapes,
-            scratch_branches: Vec::new(),
             scratch_frames: Vec::new(),
             scratch_touched: Vec::new(),
             scratch_lbr: Vec::new(),
@@ -585,7 +583,6 @@ impl Pipeline {
             trace_cpu,
             pending_begin,
             cfg,
-            scratch_branches,
             scratch_frames,
             scratch_touched,
             observer,
@@ -603,7 +600,6 @@ impl Pipeline {
             namer: namer.as_mut(),
             code,
             stats,
-            scratch_branches,
             scratch_frames,
             observer,
             exact,
@@ -663,7 +659,6 @@ impl Pipeline {
             trace_cpu,
             pending_begin,
             cfg,
-            scratch_branches,
             scratch_frames,
             scratch_touched,
             observer,
@@ -681,7 +676,6 @@ impl Pipeline {
             namer: namer.as_mut(),
             code,
             stats,
-            scratch_branches,
             scratch_frames,
             observer,
             exact,
@@ -892,7 +886,6 @@ impl Pipeline {
             trace_cpu,
             pending_begin,
             cfg,
-            scratch_branches,
             scratch_frames,
             scratch_touched,
             observer,
@@ -919,7 +912,6 @@ impl Pipeline {
             namer: namer.as_mut(),
             code,
             stats,
-            scratch_branches,
             scratch_frames,
             observer,
             exact,
@@ -978,7 +970,6 @@ impl Pipeline {
             namer,
             stats,
             cfg,
-            scratch_branches,
             scratch_frames,
             scratch_lbr,
             scratch_types,
@@ -996,7 +987,6 @@ impl Pipeline {
             namer: namer.as_mut(),
             code,
             stats,
-            scratch_branches,
             scratch_frames,
             observer,
             exact,
@@ -1073,7 +1063,6 @@ impl Pipeline {
                     callers,
                     namer,
                     stats,
-                    scratch_branches,
                     scratch_frames,
                     observer,
                     exact,
@@ -1089,7 +1078,6 @@ impl Pipeline {
                     namer: namer.as_mut(),
                     code,
                     stats,
-                    scratch_branches,
                     scratch_frames,
                     observer,
                     exact,
@@ -1154,7 +1142,6 @@ struct Sink<'a> {
     namer: &'a mut dyn FrameNamer,
     code: &'a CodeMap,
     stats: &'a mut PipelineStats,
-    scratch_branches: &'a mut Vec<Branch>,
     scratch_frames: &'a mut Vec<FrameId>,
     observer: &'a mut Option<Observer>,
     exact: &'a mut ExactState,
@@ -1169,9 +1156,7 @@ impl Sink<'_> {
         let keep = self.code.checked_depth_cached(j.pid, j.stack, self.callers);
         let stack = &j.stack[..keep];
         let truncated = keep < j.stack.len();
-        self.scratch_branches.clear();
-        self.scratch_branches.extend(j.branches.iter().map(|b| Branch { from: b.from, to: b.to }));
-        let sample = HybridSample { stack, branches: self.scratch_branches };
+        let sample = HybridSample { stack, branches: j.branches };
         if j.synth > 0 {
             // Synthesized samples feed the PGO dumps only: the sampled stacks (trie, folded,
             // pprof, live view) stay one per pause, proportional to time.

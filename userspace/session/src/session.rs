@@ -329,14 +329,9 @@ pub struct SessionMeta {
     pub arch: Option<CodeArch>,
 }
 
-/// A branch record `{from, to}` (runtime addresses).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, Hash)]
-pub struct BranchPair {
-    /// Address of the branch instruction.
-    pub from: u64,
-    /// Address of the branch target.
-    pub to: u64,
-}
+/// A branch record `{from, to}` (runtime addresses): the one branch type of the crates,
+/// `etm_decode::branches::BranchRecord` (serialized as `{"from": .., "to": ..}`).
+pub use etm_decode::branches::BranchRecord as BranchPair;
 
 /// A pause (or plain sampling) sample: what the eBPF program captured.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
