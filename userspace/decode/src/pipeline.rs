@@ -59,9 +59,16 @@ pub struct BufferDecoder {
     deformatter: Deformatter,
 }
 
-/// The element decoders of a buffer, created on first use.
+/// [`Decoders::slots`] of a trace ID without a decoder (never a valid index: at most 128).
+const NO_DECODER: u8 = u8::MAX;
+
+/// The element decoders of a buffer, created on first use: only the trace IDs seen hold one
+/// (a table of 128 decoders per buffer would be ~87 KB each, N x that on an N-CPU system).
 struct Decoders {
-    decoders: Vec<Option<Decoder>>,
+    /// Trace ID -> index in `decoders`, [`NO_DECODER`] if none yet.
+    slots: [u8; 128],
+    /// By ascending trace ID.
+    decoders: Vec<Decoder>,
     /// Configuration of each source's decoder.
     configs: Vec<Option<DecoderConfig>>,
     cache: SharedBlockCache,
@@ -75,10 +82,16 @@ impl Decoders {
     #[inline(always)]
     fn get(&mut self, id: u8) -> Option<&mut Decoder> {
         let i = (id & 0x7F) as usize;
-        if self.decoders[i].is_some() {
-            return self.decoders[i].as_mut();
+        let s = self.slots[i] as usize;
+        if s < self.decoders.len() {
+            return Some(&mut self.decoders[s]);
         }
         self.create(i)
+    }
+
+    /// The decoder of `id`, if created.
+    fn of(&self, id: u8) -> Option<&Decoder> {
+        self.decoders.get(self.slots[(id & 0x7F) as usize] as usize)
     }
 
     #[cold]
@@ -91,12 +104,19 @@ impl Decoders {
         }
         d.set_src_addr_n(self.src_addr_n);
         d.set_unmarked_timestamps(self.unmarked_ts);
-        self.decoders[i] = Some(d);
-        self.decoders[i].as_mut()
+        // Kept in trace ID order (flushes and resets go by ascending ID): the ones above move up.
+        let at = self.slots[..i].iter().filter(|&&s| s != NO_DECODER).count();
+        for s in self.slots.iter_mut().filter(|s| **s != NO_DECODER && usize::from(**s) >= at) {
+            *s += 1;
+        }
+        self.slots[i] = at as u8;
+        self.decoders.insert(at, d);
+        Some(&mut self.decoders[at])
     }
 
+    /// The decoders created, by ascending trace ID.
     fn existing(&mut self) -> impl Iterator<Item = &mut Decoder> {
-        self.decoders.iter_mut().flatten()
+        self.decoders.iter_mut()
     }
 }
 
@@ -129,7 +149,6 @@ impl BufferDecoder {
     /// code image).
     pub fn with_cache(format: StreamFormat, sources: &[(u8, EtmConfig, ArchVersion)], cache: SharedBlockCache) -> Self {
         let mut demux = PacketDemux::new();
-        let decoders: Vec<Option<Decoder>> = (0..128).map(|_| None).collect();
         let mut configs: Vec<Option<DecoderConfig>> = vec![None; 128];
         for (id, cfg, arch) in sources {
             demux.add(*id, cfg);
@@ -138,7 +157,15 @@ impl BufferDecoder {
         BufferDecoder {
             format,
             demux,
-            decs: Decoders { decoders, configs, cache, opts: None, src_addr_n: false, unmarked_ts: false },
+            decs: Decoders {
+                slots: [NO_DECODER; 128],
+                decoders: Vec::new(),
+                configs,
+                cache,
+                opts: None,
+                src_addr_n: false,
+                unmarked_ts: false,
+            },
             deformatter: Deformatter::new(format),
         }
     }
@@ -170,13 +197,13 @@ impl BufferDecoder {
 
     /// Element decoders created so far (trace IDs seen).
     pub fn decoders_created(&self) -> usize {
-        self.decs.decoders.iter().flatten().count()
+        self.decs.decoders.len()
     }
 
     /// The element decoder of a trace ID (e.g. for [`Decoder::pending_target`] at the end of
     /// the data pushed so far).
     pub fn decoder(&self, trace_id: u8) -> Option<&Decoder> {
-        self.decs.decoders[(trace_id & 0x7F) as usize].as_ref()
+        self.decs.of(trace_id)
     }
 
     /// Starts a new trace session with the same decoders (trace index back to 0, parsers and
@@ -235,7 +262,7 @@ impl BufferDecoder {
     /// Counters so far.
     pub fn summary(&self) -> DecodeSummary {
         let mut d = DecodeStats::default();
-        for dec in self.decs.decoders.iter().flatten() {
+        for dec in &self.decs.decoders {
             let s = dec.stats();
             d.packets += s.packets;
             d.elements += s.elements;

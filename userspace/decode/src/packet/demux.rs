@@ -4,10 +4,17 @@ use super::{Packet, PacketParser, PacketSink, PacketStats};
 use crate::frame::FrameSink;
 use crate::snapshot::EtmConfig;
 
-/// Parsers for up to 128 trace IDs.
+/// [`PacketDemux`]'s slot of a trace ID without a parser (never an index: at most 128).
+const NO_PARSER: u8 = u8::MAX;
+
+/// Parsers for up to 128 trace IDs; only the IDs added hold one (a parser is ~4 KB: a table of
+/// 128 per buffer would be ~0.5 MB, N x that on an N-CPU system with a buffer per CPU).
 #[derive(Debug, Clone)]
 pub struct PacketDemux {
-    parsers: Vec<Option<PacketParser>>,
+    /// Trace ID -> index in `parsers`, [`NO_PARSER`] if none.
+    slots: [u8; 128],
+    /// By ascending trace ID.
+    parsers: Vec<PacketParser>,
     /// Bytes for trace IDs without a parser.
     pub unknown_id_bytes: u64,
 }
@@ -21,34 +28,50 @@ impl Default for PacketDemux {
 impl PacketDemux {
     /// No parsers yet.
     pub fn new() -> PacketDemux {
-        PacketDemux { parsers: vec![None; 128], unknown_id_bytes: 0 }
+        PacketDemux { slots: [NO_PARSER; 128], parsers: Vec::new(), unknown_id_bytes: 0 }
     }
 
     /// Adds (or replaces) the parser for trace ID `id` (0..=127).
     pub fn add(&mut self, id: u8, cfg: &EtmConfig) {
-        self.parsers[(id & 0x7F) as usize] = Some(PacketParser::new(cfg));
+        let i = (id & 0x7F) as usize;
+        let p = PacketParser::new(cfg);
+        if let Some(old) = self.parsers.get_mut(self.slots[i] as usize) {
+            *old = p;
+            return;
+        }
+        let at = self.slots[..i].iter().filter(|&&s| s != NO_PARSER).count();
+        for s in self.slots.iter_mut().filter(|s| **s != NO_PARSER && usize::from(**s) >= at) {
+            *s += 1;
+        }
+        self.slots[i] = at as u8;
+        self.parsers.insert(at, p);
+    }
+
+    #[inline(always)]
+    fn parser_mut(&mut self, id: u8) -> Option<&mut PacketParser> {
+        self.parsers.get_mut(*self.slots.get(id as usize)? as usize)
     }
 
     /// See [`PacketParser::set_report_all_unsynced`]; applies to every parser.
     pub fn set_report_all_unsynced(&mut self, on: bool) {
-        for p in self.parsers.iter_mut().flatten() {
+        for p in &mut self.parsers {
             p.set_report_all_unsynced(on);
         }
     }
 
     /// Trace IDs with a parser, ascending.
     pub fn ids(&self) -> impl Iterator<Item = u8> + '_ {
-        self.parsers.iter().enumerate().filter(|(_, p)| p.is_some()).map(|(i, _)| i as u8)
+        self.slots.iter().enumerate().filter(|(_, s)| **s != NO_PARSER).map(|(i, _)| i as u8)
     }
 
     /// The parser for `id`.
     pub fn parser(&self, id: u8) -> Option<&PacketParser> {
-        self.parsers.get(id as usize).and_then(|p| p.as_ref())
+        self.parsers.get(*self.slots.get(id as usize)? as usize)
     }
 
     /// Feeds bytes of trace ID `id`; packets go to `sink(id, index, packet, raw)`.
     pub fn feed<F: FnMut(u8, u64, &Packet, &[u8])>(&mut self, id: u8, index: u64, bytes: &[u8], sink: &mut F) {
-        match self.parsers.get_mut(id as usize).and_then(|p| p.as_mut()) {
+        match self.parser_mut(id) {
             Some(p) => p.feed(index, bytes, &mut |i, pk: &Packet, raw: &[u8]| sink(id, i, pk, raw)),
             None => self.unknown_id_bytes += bytes.len() as u64,
         }
@@ -58,7 +81,7 @@ impl PacketDemux {
     /// packets without a [`Packet`], see [`PacketSink::atoms`]).
     #[inline]
     pub fn feed_to<S: PacketSink + ?Sized>(&mut self, id: u8, index: u64, bytes: &[u8], sink: &mut S) {
-        match self.parsers.get_mut(id as usize).and_then(|p| p.as_mut()) {
+        match self.parser_mut(id) {
             Some(p) => p.feed(index, bytes, sink),
             None => self.unknown_id_bytes += bytes.len() as u64,
         }
@@ -66,14 +89,14 @@ impl PacketDemux {
 
     /// Resets every parser (4 x FSYNC barrier, new buffer).
     pub fn reset_all(&mut self) {
-        for p in self.parsers.iter_mut().flatten() {
+        for p in &mut self.parsers {
             p.reset();
         }
     }
 
     /// End of trace for `id`: flushes an incomplete packet.
     pub fn finish<F: FnMut(u8, u64, &Packet, &[u8])>(&mut self, id: u8, sink: &mut F) {
-        if let Some(p) = self.parsers.get_mut(id as usize).and_then(|p| p.as_mut()) {
+        if let Some(p) = self.parser_mut(id) {
             p.finish(&mut |i, pk: &Packet, raw: &[u8]| sink(id, i, pk, raw));
         }
     }
@@ -81,7 +104,7 @@ impl PacketDemux {
     /// Sum of all parsers' counters.
     pub fn stats(&self) -> PacketStats {
         let mut s = PacketStats::default();
-        for p in self.parsers.iter().flatten() {
+        for p in &self.parsers {
             let t = p.stats();
             s.bytes += t.bytes;
             s.packets += t.packets;
@@ -109,5 +132,39 @@ impl<F: FnMut(u8, u64, &Packet, &[u8])> FrameSink for DemuxSink<'_, F> {
     }
     fn reset(&mut self) {
         self.demux.reset_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::Protocol;
+
+    /// Parsers added in any order are found by their ID, listed ascending, replaced in place;
+    /// bytes of an ID without one are counted, not parsed.
+    #[test]
+    fn parsers_by_id_in_any_order() {
+        let mut d = PacketDemux::new();
+        for id in [0x30, 0x10, 0x7F, 0x20] {
+            d.add(id, &EtmConfig::generic(Protocol::Etmv4, id));
+        }
+        d.add(0x10, &EtmConfig::generic(Protocol::Ete, 0x10));
+        assert_eq!(d.ids().collect::<Vec<_>>(), [0x10, 0x20, 0x30, 0x7F]);
+        for id in [0x20, 0x30, 0x7F] {
+            assert_eq!(d.parser(id).map(|p| p.config().trace_id()), Some(id));
+        }
+        assert!(d.parser(0x10).unwrap().config().is_ete());
+        assert!(d.parser(0x11).is_none() && d.parser(200).is_none());
+        let mut n = 0;
+        // A-sync, then a trace-info packet: the parser of 0x20 alone sees them.
+        let bytes = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 0x01, 0x00];
+        d.feed(0x20, 0, &bytes, &mut |id, _, _, _| {
+            assert_eq!(id, 0x20);
+            n += 1;
+        });
+        d.feed(0x11, 0, &bytes, &mut |_, _, _, _| panic!("no parser for 0x11"));
+        assert!(n > 0);
+        assert_eq!(d.unknown_id_bytes, bytes.len() as u64);
+        assert_eq!(d.stats().bytes, bytes.len() as u64);
     }
 }
