@@ -66,6 +66,27 @@ pub trait ElementSink {
         }
         ControlFlow::Continue(())
     }
+
+    /// Whether the decoder may hand ranges over through
+    /// [`packet_ranges`](ElementSink::packet_ranges) (without buffering them first): then
+    /// ranges come through `packet_ranges` or [`ranges`](ElementSink::ranges), in trace order.
+    /// The default is no.
+    #[inline]
+    fn takes_packet_ranges(&self) -> bool {
+        false
+    }
+
+    /// Called (only if [`takes_packet_ranges`](ElementSink::takes_packet_ranges)) with
+    /// instruction ranges of source `trace_id`, in order, all of the packet at trace index
+    /// `index`: the ranges of the decoder's cache of atom runs, as they are stored. The
+    /// default hands them to [`ranges`](ElementSink::ranges).
+    #[inline]
+    fn packet_ranges(&mut self, trace_id: u8, index: u64, rs: &[InstrRange]) -> ControlFlow<()> {
+        for &range in rs {
+            self.ranges(trace_id, &[Range { index, range }])?;
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 impl<F: FnMut(&Element) -> ControlFlow<()>> ElementSink for F {
@@ -625,6 +646,206 @@ impl Decoder {
         self.run(index, &Packet::Atom { format, atoms }, mem, sink)
     }
 
+    /// Processes the single-byte atom packets that lead `data` (`data[0]` has trace index
+    /// `index`; `table` as [`crate::packet::PacketSink::atom_run`]'s), as many calls of
+    /// [`atoms`](Self::atoms) would: the entry for the parser's run of atom packets. Returns
+    /// the bytes (packets) taken, all the leading atom packets unless the sink asked to stop
+    /// (then `Break`, after the packet where it did).
+    ///
+    /// While the decoder is settled, the P0 stack empty and the address known, each packet's
+    /// atoms are applied from the run cache in one loop with the address in a local (the
+    /// packets' bookkeeping added up once); a packet any of whose runs is not stored, or any
+    /// other case, goes the way of [`atoms`](Self::atoms).
+    #[inline]
+    pub fn atom_run<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        index: u64,
+        data: &[u8],
+        table: &[(u8, Atoms); 256],
+        mem: &M,
+        sink: &mut S,
+    ) -> (usize, ControlFlow<()>) {
+        let mut i = 0;
+        while let Some(&b) = data.get(i) {
+            let (format, atoms) = table[b as usize];
+            if format == 0 {
+                break;
+            }
+            if self.settled() && self.p0.is_empty() && self.out.is_empty() {
+                if self.next_addr.set {
+                    self.atoms_now();
+                }
+                if !(self.need_ctxt || self.need_addr || self.ret.pop_pending) && self.walk.isa == Isa::A64 {
+                    let r;
+                    (i, r) = self.cached_packets(index, data, i, table, mem, sink);
+                    if r.is_break() {
+                        return (i, r);
+                    }
+                    continue;
+                }
+            }
+            let r = self.atoms(index + i as u64, format, atoms, mem, sink);
+            i += 1;
+            if r.is_break() {
+                return (i, r);
+            }
+        }
+        (i, ControlFlow::Continue(()))
+    }
+
+    /// The loop of [`atom_run`](Self::atom_run) over atom packets `data[i..]` whose runs are
+    /// all in the run cache, the decoder settled with the P0 stack empty, an A64 address known
+    /// and no return-stack pop pending; returns the position of the first packet not taken
+    /// (not an atom packet, or one this loop does not take), at least `i + 1`: a packet with a
+    /// run not stored is finished by [`atoms_from`](Self::atoms_from) (`Break` if the sink
+    /// asked to stop there).
+    #[inline]
+    fn cached_packets<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        index: u64,
+        data: &[u8],
+        mut i: usize,
+        table: &[(u8, Atoms); 256],
+        mem: &M,
+        sink: &mut S,
+    ) -> (usize, ControlFlow<()>) {
+        let tag = self.cache_tag(mem);
+        let direct = sink.takes_packet_ranges();
+        if direct && !self.ranges.is_empty() {
+            // what is buffered goes first
+            self.stopped = false;
+            self.flush(sink);
+        }
+        let id = self.cfg.trace_id;
+        let mut addr = self.walk.addr;
+        // ranges (handed over directly), instructions
+        let (mut ranges, mut handed, mut instructions) = (0u64, 0u64, 0u64);
+        let mut stop = false;
+        let start = i;
+        while let Some(&b) = data.get(i) {
+            let (format, atoms) = table[b as usize];
+            if format == 0 {
+                break;
+            }
+            let pkt_index = index + i as u64;
+            let (mut bits, n) = (atoms.bits, atoms.count);
+            let mut k = 0;
+            let mut indirect = false;
+            let r0 = self.ranges.len();
+            while k < n {
+                let m = (n - k).min(RUN_MAX as u8);
+                let key = bits & ((1u32 << m) - 1);
+                let Some(slot) = self.cache.find_run(addr, tag, key, m) else { break };
+                let run = slot.run();
+                let c = run.count as usize;
+                let rs = slot.ranges();
+                let rs = &rs[..c.min(RUN_MAX)];
+                if direct && k == 0 && run.count == n {
+                    // the whole packet (no error can discard it)
+                    stop |= sink.packet_ranges(id, pkt_index, rs).is_break();
+                    handed += c as u64;
+                } else {
+                    self.ranges.extend(rs.iter().map(|&range| Range { index: pkt_index, range }));
+                }
+                let mut links = run.links;
+                while links != 0 {
+                    let j = links.trailing_zeros() as usize;
+                    links &= links - 1;
+                    if let Some(r) = rs.get(j) {
+                        self.ret.push(r.end, Isa::A64);
+                    }
+                }
+                addr = run.next;
+                ranges += c as u64;
+                instructions += run.instructions as u64;
+                bits >>= run.count;
+                k += run.count;
+                if run.indirect {
+                    indirect = true;
+                    break;
+                }
+            }
+            i += 1;
+            if k < n || indirect || stop {
+                // (an indirect branch: what follows needs the address or the return stack)
+                self.end_cached(ranges, handed, instructions, i - start - 1, addr);
+                if indirect {
+                    self.need_addr = true;
+                    self.ret.set_pop_pending();
+                }
+                // this packet's ranges so far are its own (an error discards them)
+                self.held = r0;
+                self.begin_packet(pkt_index);
+                let r = if k < n {
+                    self.atoms_from(bits, n - k, pkt_index, format, atoms, mem, sink)
+                } else {
+                    self.hold_or_flush(sink);
+                    ControlFlow::Continue(())
+                };
+                return (i, if stop { ControlFlow::Break(()) } else { r });
+            }
+            if self.ranges.len() >= if direct { 1 } else { HOLD_MAX } {
+                self.stopped = false;
+                self.flush(sink);
+            }
+        }
+        self.end_cached(ranges, handed, instructions, i - start, addr);
+        self.cur_index = index + i as u64 - 1;
+        self.stopped = false;
+        self.held = self.ranges.len();
+        (i, ControlFlow::Continue(()))
+    }
+
+    /// The bookkeeping of [`cached_packets`](Self::cached_packets)'s packets added up: the
+    /// address, the counts (of `packets` packets, `ranges` ranges, `handed` of them handed
+    /// over directly), as [`apply_run`](Self::apply_run) and
+    /// [`begin_packet`](Self::begin_packet) do for each.
+    #[inline]
+    fn end_cached(&mut self, ranges: u64, handed: u64, instructions: u64, packets: usize, addr: u64) {
+        self.walk.addr = addr;
+        self.walk.it.remaining = 0;
+        self.cache.count_hits(ranges);
+        self.stats.ranges += ranges;
+        self.stats.instructions += instructions;
+        // (`flush` counts what it hands over)
+        self.stats.elements += handed;
+        self.stats.packets += packets as u64;
+    }
+
+    /// The rest of an atom packet entered through [`atoms`](Self::atoms) (or
+    /// [`cached_packets`](Self::cached_packets)) and committed at once: the `n` atoms `bits`
+    /// left, then the ranges held or handed over; an error resets the decoder and reports
+    /// `NO_SYNC` at the packet (`format`, `atoms`) as [`run`](Self::run) does.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn atoms_from<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        bits: u32,
+        n: u8,
+        index: u64,
+        format: u8,
+        atoms: Atoms,
+        mem: &M,
+        sink: &mut S,
+    ) -> ControlFlow<()> {
+        if self.run_atoms(bits, n, index, mem).is_ok() {
+            self.hold_or_flush(sink);
+            return ControlFlow::Continue(());
+        }
+        self.run(index, &Packet::Atom { format, atoms }, mem, sink)
+    }
+
+    /// After an atom packet committed at once: output that is only ranges stays buffered
+    /// (see [`atoms`](Self::atoms)), up to [`HOLD_MAX`] of them; anything else is handed over.
+    #[inline]
+    fn hold_or_flush<S: ElementSink + ?Sized>(&mut self, sink: &mut S) {
+        if self.out.is_empty() && self.ranges.len() < HOLD_MAX {
+            self.held = self.ranges.len();
+        } else {
+            self.flush(sink);
+        }
+    }
+
     /// An atom packet now, the decoder [`quiet`](Self::quiet), is committed at once (the
     /// common case with TRCIDR8.MAXSPEC == 0: an empty P0 stack, or one holding only the
     /// address packet after an indirect branch, which this applies as the commit would), so
@@ -672,8 +893,8 @@ impl Decoder {
     ) -> bool {
         // (`res.commit` stays 0: nothing else is pending)
         if self.run_atoms(atoms.bits, atoms.count, index, mem).is_ok() {
-            if HOLD && self.out.is_empty() && self.ranges.len() < HOLD_MAX {
-                self.held = self.ranges.len();
+            if HOLD {
+                self.hold_or_flush(sink);
             } else {
                 self.flush(sink);
             }
@@ -2028,6 +2249,90 @@ mod tests {
             let _ = d.packet(i as u64, p, &img, &mut sink);
         }
         out
+    }
+
+    /// Records every element as "index kind"; with `direct`, takes ranges through
+    /// `packet_ranges`.
+    struct Recorder {
+        direct: bool,
+        out: Vec<String>,
+    }
+
+    impl ElementSink for Recorder {
+        fn element(&mut self, e: &Element) -> ControlFlow<()> {
+            self.out.push(format!("{} {}", e.index, e.kind));
+            ControlFlow::Continue(())
+        }
+        fn takes_packet_ranges(&self) -> bool {
+            self.direct
+        }
+        fn packet_ranges(&mut self, trace_id: u8, index: u64, rs: &[InstrRange]) -> ControlFlow<()> {
+            for &range in rs {
+                self.element(&Range { index, range }.element(trace_id))?;
+            }
+            ControlFlow::Continue(())
+        }
+    }
+
+    /// Atom packets entered as runs of bytes (`atom_run`, whose settled loop replays the run
+    /// cache), with the sink taking ranges directly or not, give the elements and counts that
+    /// `packet` gives for each packet: the loop entered with and without a pending target
+    /// address, left at a run not cached (also in the middle of a packet of more than
+    /// `RUN_MAX` atoms), at a taken indirect branch, and at a compressed return.
+    #[test]
+    fn atom_run_as_packets() {
+        let img = image();
+        // header bytes of the test's atom packets: 1 = E, 2 = N, 3 = EE, 4 = E x 9, 5 = E x 12
+        let mut table = [(0u8, Atoms::default()); 256];
+        table[1] = (1, Atoms { bits: 1, count: 1 });
+        table[2] = (1, Atoms { bits: 0, count: 1 });
+        table[3] = (2, Atoms { bits: 3, count: 2 });
+        table[4] = (6, Atoms { bits: 0x1ff, count: 9 });
+        table[5] = (6, Atoms { bits: 0xfff, count: 12 });
+        let mut pkts = start_packets(0x1000);
+        let mut bytes = Vec::new(); // (packet position, atom byte) of the atom packets
+        for round in 0..6 {
+            for (k, b) in [1u8, 1, 0, 3, 1, 0, 4, 0, 2, 1, 5, 0, 3, 3, 1].into_iter().enumerate() {
+                if b == 0 {
+                    pkts.push(addr_pkt(if (round + k) % 2 == 0 { 0x1000 } else { 0x2000 }));
+                } else {
+                    bytes.push((pkts.len(), b));
+                    let (format, atoms) = table[b as usize];
+                    pkts.push(Packet::Atom { format, atoms });
+                }
+            }
+        }
+        let decode = |how: u8| {
+            let mut d = Decoder::with_cache(cfg(0), cache::shared(8));
+            let mut sink = Recorder { direct: how == 2, out: Vec::new() };
+            let mut i = 0;
+            while i < pkts.len() {
+                // the atom packets from position i on, consecutive
+                let data: Vec<u8> = bytes
+                    .iter()
+                    .skip_while(|&&(at, _)| at < i)
+                    .enumerate()
+                    .take_while(|&(j, &(at, _))| at == i + j)
+                    .map(|(_, &(_, b))| b)
+                    .collect();
+                let n = if how == 0 { 0 } else { data.len() };
+                if n > 0 {
+                    let (took, r) = d.atom_run(i as u64, &data, &table, &img, &mut sink);
+                    assert_eq!((took, r), (n, ControlFlow::Continue(())));
+                    i += n;
+                } else {
+                    let _ = d.packet(i as u64, &pkts[i], &img, &mut sink);
+                    i += 1;
+                }
+            }
+            let _ = d.flush_held(&mut sink);
+            let _ = d.finish(&mut sink);
+            (sink.out, d.stats())
+        };
+        let by_packet = decode(0);
+        assert!(by_packet.0.iter().filter(|l| l.contains("RANGE")).count() > 100, "{:?}", by_packet.0);
+        assert_eq!(decode(1), by_packet);
+        assert_eq!(decode(2), by_packet);
     }
 
     fn addr_pkt(addr: u64) -> Packet {

@@ -316,6 +316,21 @@ impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> PacketSink for IdSink<'_
     }
 
     #[inline]
+    fn atom_run(&mut self, index: u64, data: &[u8], table: &[(u8, Atoms); 256]) -> usize {
+        let mut n = 0;
+        if !self.stop {
+            let r;
+            (n, r) = self.dec.atom_run(index, data, table, self.mem, self.sink);
+            if r.is_continue() {
+                return n;
+            }
+            self.stop = true;
+        }
+        // stopped: the rest of the run is only counted
+        n + data[n..].iter().take_while(|&&b| table[b as usize].0 != 0).count()
+    }
+
+    #[inline]
     fn address(&mut self, index: u64, addr: Address, _raw: &[u8]) {
         if !self.stop && self.dec.address(index, addr, self.mem, self.sink).is_break() {
             self.stop = true;

@@ -52,6 +52,26 @@ pub trait PacketSink {
         self.packet(index, &Packet::Atom { format, atoms }, &[header]);
     }
 
+    /// Single-byte atom packets, as many as lead `data` (the parser in sync, between
+    /// packets; `data[0]` has trace index `index`): `table` maps a header byte to its format
+    /// and atoms, format 0 for a byte that does not make an atom packet. Returns how many
+    /// bytes it took: all the leading atom packets (each one byte), never a byte of another
+    /// packet. The default passes each to [`atoms`](PacketSink::atoms); a sink may take them
+    /// in a loop of its own.
+    #[inline]
+    fn atom_run(&mut self, index: u64, data: &[u8], table: &[(u8, Atoms); 256]) -> usize {
+        let mut n = 0;
+        while let Some(&b) = data.get(n) {
+            let (format, atoms) = table[b as usize];
+            if format == 0 {
+                break;
+            }
+            self.atoms(index + n as u64, format, atoms, b);
+            n += 1;
+        }
+        n
+    }
+
     /// A target address packet without context (short, long or exact match; `raw` its
     /// bytes): the same as `packet(index, &Packet::Address { addr, context: None, source:
     /// false }, raw)`, which the default does.

@@ -248,16 +248,13 @@ impl PacketParser {
                     if self.is_sync {
                         // fast path: single-byte atom packets dominate real traces; each is one
                         // table lookup and goes to the sink without a `Packet` (between
-                        // packets the per-packet state is already initialised)
-                        while let Some(&b) = data.get(self.processed) {
-                            let (format, atoms) = self.atom_table[b as usize];
-                            if format == 0 {
-                                break;
-                            }
-                            let i = self.block_index + self.processed as u64;
-                            self.processed += 1;
-                            self.stats.packets += 1;
-                            sink.atoms(i, format, atoms, b);
+                        // packets the per-packet state is already initialised), the run of
+                        // them in one call (see `PacketSink::atom_run`)
+                        let p = self.processed;
+                        if let Some(rest) = data.get(p..) {
+                            let n = sink.atom_run(self.block_index + p as u64, rest, &self.atom_table);
+                            self.processed = p + n;
+                            self.stats.packets += n as u64;
                         }
                     }
                     if self.processed >= data.len() {
