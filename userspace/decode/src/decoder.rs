@@ -31,7 +31,7 @@ use crate::cache::{self, RUN_MAX, Run, SharedBlockCache};
 use crate::elements::{Element, ElementKind, InstrRange, MemTrans, PeContext, Range, Security, TraceOnReason, UnsyncReason};
 use crate::image::{MemSpace, MemoryAccess};
 use crate::insn::{ArchVersion, DecodeConfig, InstrSubtype, InstrType, Isa};
-use crate::packet::{Address, Atoms, Context, Packet};
+use crate::packet::{Address, Atoms, Context, Lookahead, Packet};
 use crate::snapshot::{CoreProfile, EtmConfig};
 pub use crate::walk::DecodeOptions;
 use crate::walk::{self, RawRange, WalkState, WpRes};
@@ -646,38 +646,46 @@ impl Decoder {
         self.run(index, &Packet::Atom { format, atoms }, mem, sink)
     }
 
-    /// Processes the single-byte atom packets that lead `data` (`data[0]` has trace index
-    /// `index`; `table` as [`crate::packet::PacketSink::atom_run`]'s), as many calls of
-    /// [`atoms`](Self::atoms) would: the entry for the parser's run of atom packets. Returns
-    /// the bytes (packets) taken, all the leading atom packets unless the sink asked to stop
+    /// Processes the packets that lead `data` (`data[0]` has trace index `index`) as
+    /// [`crate::packet::PacketSink::atom_run`] describes (single-byte atom packets and target
+    /// address packets, taken through `look`), as many calls of [`atoms`](Self::atoms) and
+    /// [`address`](Self::address) would: the entry for the parser's run of packets. Returns
+    /// the bytes taken, up to the first packet of another kind unless the sink asked to stop
     /// (then `Break`, after the packet where it did).
     ///
-    /// While the decoder is settled, the P0 stack empty and the address known, each packet's
-    /// atoms are applied from the run cache in one loop with the address in a local (the
-    /// packets' bookkeeping added up once); a packet any of whose runs is not stored, or any
-    /// other case, goes the way of [`atoms`](Self::atoms).
+    /// While the decoder is settled, the P0 stack empty and the address known, atom packets
+    /// are applied from the run cache and address packets taken in one loop
+    /// ([`cached_packets`](Self::cached_packets)) with the decoder's state in locals; a packet
+    /// any of whose runs is not stored, or any other case, goes the way of `atoms` or
+    /// `address`.
     #[inline]
     pub fn atom_run<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
         &mut self,
         index: u64,
         data: &[u8],
-        table: &[(u8, Atoms); 256],
+        look: &mut Lookahead<'_>,
         mem: &M,
         sink: &mut S,
     ) -> (usize, ControlFlow<()>) {
         let mut i = 0;
         while let Some(&b) = data.get(i) {
-            let (format, atoms) = table[b as usize];
+            let (format, atoms) = look.atoms(b);
             if format == 0 {
-                break;
+                let Some((addr, n)) = look.target_address(data, i) else { break };
+                let r = self.address(index + i as u64, addr, mem, sink);
+                i += n;
+                if r.is_break() {
+                    return (i, r);
+                }
+                continue;
             }
-            if self.settled() && self.p0.is_empty() && self.out.is_empty() {
+            if self.settled() && self.p0.is_empty() && self.out.is_empty() && !self.elem_pending_addr {
                 if self.next_addr.set {
                     self.atoms_now();
                 }
                 if !(self.need_ctxt || self.need_addr || self.ret.pop_pending) && self.walk.isa == Isa::A64 {
                     let r;
-                    (i, r) = self.cached_packets(index, data, i, table, mem, sink);
+                    (i, r) = self.cached_packets(index, data, i, look, mem, sink);
                     if r.is_break() {
                         return (i, r);
                     }
@@ -693,19 +701,22 @@ impl Decoder {
         (i, ControlFlow::Continue(()))
     }
 
-    /// The loop of [`atom_run`](Self::atom_run) over atom packets `data[i..]` whose runs are
-    /// all in the run cache, the decoder settled with the P0 stack empty, an A64 address known
-    /// and no return-stack pop pending; returns the position of the first packet not taken
-    /// (not an atom packet, or one this loop does not take), at least `i + 1`: a packet with a
-    /// run not stored is finished by [`atoms_from`](Self::atoms_from) (`Break` if the sink
-    /// asked to stop there).
+    /// The loop of [`atom_run`](Self::atom_run) from `data[i]`, an atom packet, the decoder
+    /// settled with the P0 stack and the output empty, no address element pending, an A64
+    /// address known and no return-stack pop pending: atom packets whose runs are all in the
+    /// run cache, and the target address packets between them (what
+    /// [`address`](Self::address)'s fast path and [`atoms_now`](Self::atoms_now) do with
+    /// them), with the address, the pending target and the counts in locals. Returns the
+    /// position of the first packet not taken, at least `i + 1`: a packet with a run not stored
+    /// is finished by [`atoms_from`](Self::atoms_from) (`Break` if the sink asked to stop
+    /// there).
     #[inline]
     fn cached_packets<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
         &mut self,
         index: u64,
         data: &[u8],
         mut i: usize,
-        table: &[(u8, Atoms); 256],
+        look: &mut Lookahead<'_>,
         mem: &M,
         sink: &mut S,
     ) -> (usize, ControlFlow<()>) {
@@ -718,19 +729,46 @@ impl Decoder {
         }
         let id = self.cfg.trace_id;
         let mut addr = self.walk.addr;
-        // ranges (handed over directly), instructions
-        let (mut ranges, mut handed, mut instructions) = (0u64, 0u64, 0u64);
+        // an indirect branch was taken: the next atom needs an address (or the return stack)
+        let mut need_addr = false;
+        // a target address packet taken, not applied yet (`next_addr`): address, IS, index
+        let mut pending: Option<(u64, u8, u64)> = None;
+        // ranges (handed over directly), instructions, packets
+        let (mut ranges, mut handed, mut instructions, mut packets) = (0u64, 0u64, 0u64, 0u64);
+        let mut last = index + i as u64;
         let mut stop = false;
-        let start = i;
         while let Some(&b) = data.get(i) {
-            let (format, atoms) = table[b as usize];
+            let (format, atoms) = look.atoms(b);
+            let pkt_index = index + i as u64;
             if format == 0 {
+                // `address`'s fast path (two in a row: the general path)
+                if pending.is_some() {
+                    break;
+                }
+                let Some((a, n)) = look.target_address(data, i) else { break };
+                self.last_is = a.is;
+                pending = Some((a.addr, a.is, pkt_index));
+                packets += 1;
+                last = pkt_index;
+                i += n;
+                continue;
+            }
+            if let Some((a, is, _)) = pending {
+                // `atoms_now` with `next_addr` set
+                if self.calc_isa(is) != Isa::A64 {
+                    break;
+                }
+                pending = None;
+                self.ret.pop_pending = false;
+                self.ret.tinfo_wait_addr = false;
+                addr = a;
+                need_addr = false;
+            }
+            if need_addr || self.ret.pop_pending {
                 break;
             }
-            let pkt_index = index + i as u64;
             let (mut bits, n) = (atoms.bits, atoms.count);
             let mut k = 0;
-            let mut indirect = false;
             let r0 = self.ranges.len();
             while k < n {
                 let m = (n - k).min(RUN_MAX as u8);
@@ -761,18 +799,18 @@ impl Decoder {
                 bits >>= run.count;
                 k += run.count;
                 if run.indirect {
-                    indirect = true;
+                    need_addr = true;
+                    self.ret.set_pop_pending();
                     break;
                 }
             }
+            packets += 1;
+            last = pkt_index;
             i += 1;
-            if k < n || indirect || stop {
-                // (an indirect branch: what follows needs the address or the return stack)
-                self.end_cached(ranges, handed, instructions, i - start - 1, addr);
-                if indirect {
-                    self.need_addr = true;
-                    self.ret.set_pop_pending();
-                }
+            if k < n || stop {
+                // (after a taken indirect branch: the next atom needs the address or the
+                // return stack, the general path)
+                self.end_cached(ranges, handed, instructions, packets - 1, addr, need_addr, pending);
                 // this packet's ranges so far are its own (an error discards them)
                 self.held = r0;
                 self.begin_packet(pkt_index);
@@ -789,27 +827,44 @@ impl Decoder {
                 self.flush(sink);
             }
         }
-        self.end_cached(ranges, handed, instructions, i - start, addr);
-        self.cur_index = index + i as u64 - 1;
+        self.end_cached(ranges, handed, instructions, packets, addr, need_addr, pending);
+        self.cur_index = last;
         self.stopped = false;
         self.held = self.ranges.len();
         (i, ControlFlow::Continue(()))
     }
 
     /// The bookkeeping of [`cached_packets`](Self::cached_packets)'s packets added up: the
-    /// address, the counts (of `packets` packets, `ranges` ranges, `handed` of them handed
-    /// over directly), as [`apply_run`](Self::apply_run) and
+    /// address, whether an address is needed, the target address packet not applied yet,
+    /// the counts (of `packets` packets, `ranges` ranges, `handed` of them handed over
+    /// directly), as [`apply_run`](Self::apply_run), [`address`](Self::address) and
     /// [`begin_packet`](Self::begin_packet) do for each.
     #[inline]
-    fn end_cached(&mut self, ranges: u64, handed: u64, instructions: u64, packets: usize, addr: u64) {
+    #[allow(clippy::too_many_arguments)]
+    fn end_cached(
+        &mut self,
+        ranges: u64,
+        handed: u64,
+        instructions: u64,
+        packets: u64,
+        addr: u64,
+        need_addr: bool,
+        pending: Option<(u64, u8, u64)>,
+    ) {
         self.walk.addr = addr;
-        self.walk.it.remaining = 0;
+        if ranges != 0 {
+            self.walk.it.remaining = 0;
+        }
+        self.need_addr = need_addr;
+        if let Some((addr, is, index)) = pending {
+            self.next_addr = NextAddr { set: true, is, addr, index };
+        }
         self.cache.count_hits(ranges);
         self.stats.ranges += ranges;
         self.stats.instructions += instructions;
         // (`flush` counts what it hands over)
         self.stats.elements += handed;
-        self.stats.packets += packets as u64;
+        self.stats.packets += packets;
     }
 
     /// The rest of an atom packet entered through [`atoms`](Self::atoms) (or
@@ -2274,65 +2329,99 @@ mod tests {
         }
     }
 
-    /// Atom packets entered as runs of bytes (`atom_run`, whose settled loop replays the run
-    /// cache), with the sink taking ranges directly or not, give the elements and counts that
-    /// `packet` gives for each packet: the loop entered with and without a pending target
-    /// address, left at a run not cached (also in the middle of a packet of more than
-    /// `RUN_MAX` atoms), at a taken indirect branch, and at a compressed return.
+    /// The parser's packets to a decoder: each through `packet`, `atoms` or `address`, or
+    /// (with `runs`) those that lead the data through `atom_run`.
+    struct ToDecoder<'a> {
+        dec: &'a mut Decoder,
+        img: &'a MemoryImage,
+        rec: &'a mut Recorder,
+        runs: bool,
+    }
+
+    impl crate::packet::PacketSink for ToDecoder<'_> {
+        fn packet(&mut self, index: u64, p: &Packet, _raw: &[u8]) {
+            let _ = self.dec.packet(index, p, self.img, self.rec);
+        }
+        fn atoms(&mut self, index: u64, format: u8, atoms: Atoms, _header: u8) {
+            let _ = self.dec.atoms(index, format, atoms, self.img, self.rec);
+        }
+        fn address(&mut self, index: u64, addr: Address, _raw: &[u8]) {
+            let _ = self.dec.address(index, addr, self.img, self.rec);
+        }
+        fn atom_run(&mut self, index: u64, data: &[u8], look: &mut Lookahead<'_>) -> usize {
+            if !self.runs {
+                let mut n = 0;
+                while let Some(&b) = data.get(n) {
+                    let (format, atoms) = look.atoms(b);
+                    if format == 0 {
+                        break;
+                    }
+                    self.atoms(index + n as u64, format, atoms, b);
+                    n += 1;
+                }
+                return n;
+            }
+            let (n, r) = self.dec.atom_run(index, data, look, self.img, self.rec);
+            assert!(r.is_continue());
+            n
+        }
+    }
+
+    /// Packets entered as runs (`atom_run`: atom packets applied from the run cache and
+    /// target address packets taken in the decoder's loop), the sink taking ranges directly or
+    /// not, give the elements and counts that entering them one by one gives: the loop
+    /// entered with and without a pending target address, left at a run not cached (also in
+    /// the middle of a packet of more than `RUN_MAX` atoms), at a compressed return after a
+    /// taken indirect branch, at two address packets in a row, at the other packets.
     #[test]
     fn atom_run_as_packets() {
+        use crate::packet::PacketParser;
+        use crate::snapshot::Protocol;
         let img = image();
-        // header bytes of the test's atom packets: 1 = E, 2 = N, 3 = EE, 4 = E x 9, 5 = E x 12
-        let mut table = [(0u8, Atoms::default()); 256];
-        table[1] = (1, Atoms { bits: 1, count: 1 });
-        table[2] = (1, Atoms { bits: 0, count: 1 });
-        table[3] = (2, Atoms { bits: 3, count: 2 });
-        table[4] = (6, Atoms { bits: 0x1ff, count: 9 });
-        table[5] = (6, Atoms { bits: 0xfff, count: 12 });
-        let mut pkts = start_packets(0x1000);
-        let mut bytes = Vec::new(); // (packet position, atom byte) of the atom packets
-        for round in 0..6 {
-            for (k, b) in [1u8, 1, 0, 3, 1, 0, 4, 0, 2, 1, 5, 0, 3, 3, 1].into_iter().enumerate() {
-                if b == 0 {
-                    pkts.push(addr_pkt(if (round + k) % 2 == 0 { 0x1000 } else { 0x2000 }));
-                } else {
-                    bytes.push((pkts.len(), b));
-                    let (format, atoms) = table[b as usize];
-                    pkts.push(Packet::Atom { format, atoms });
-                }
+        let etm = EtmConfig::generic(Protocol::Etmv4, 1);
+        let long = |a: u64| {
+            let mut v = vec![0x9D, ((a >> 2) & 0x7F) as u8, ((a >> 9) & 0x7F) as u8];
+            v.extend((2..8).map(|k| (a >> (8 * k)) as u8));
+            v
+        };
+        let mut data = Vec::new();
+        for _ in 0..6 {
+            data.extend([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 0x01, 0x00, 0x04]); // A-sync, TINFO, TRACE_ON
+            data.extend([0x85, 0, 8, 0, 0, 0, 0, 0, 0, 0x30]); // 0x1000 with context (AArch64, EL0 NS)
+            for _ in 0..3 {
+                // E E (bl, ret) 0x1000 EE (bl, ret) E (compressed return) E 0x2000 E
+                data.extend([0xF7, 0xF7]);
+                data.extend(long(0x1000));
+                data.extend([0xDB, 0xF7, 0xF7]);
+                data.extend(long(0x2000));
+                data.extend([0xF7]);
+                // 9 E (a taken indirect branch first), 0x1000 twice, EEE, exact match, E, short
+                // address, N, E, 13 E
+                data.push(0xC5);
+                data.extend(long(0x1000));
+                data.extend(long(0x1000));
+                data.extend([0xFF, 0x90, 0xF7, 0x95, 0x00, 0xF6, 0xF7, 0xC9]);
             }
         }
-        let decode = |how: u8| {
-            let mut d = Decoder::with_cache(cfg(0), cache::shared(8));
-            let mut sink = Recorder { direct: how == 2, out: Vec::new() };
-            let mut i = 0;
-            while i < pkts.len() {
-                // the atom packets from position i on, consecutive
-                let data: Vec<u8> = bytes
-                    .iter()
-                    .skip_while(|&&(at, _)| at < i)
-                    .enumerate()
-                    .take_while(|&(j, &(at, _))| at == i + j)
-                    .map(|(_, &(_, b))| b)
-                    .collect();
-                let n = if how == 0 { 0 } else { data.len() };
-                if n > 0 {
-                    let (took, r) = d.atom_run(i as u64, &data, &table, &img, &mut sink);
-                    assert_eq!((took, r), (n, ControlFlow::Continue(())));
-                    i += n;
-                } else {
-                    let _ = d.packet(i as u64, &pkts[i], &img, &mut sink);
-                    i += 1;
-                }
+        let decode = |runs: bool, direct: bool| {
+            let mut dec = Decoder::with_cache(DecoderConfig::new(&etm, ArchVersion::V8), cache::shared(8));
+            let mut rec = Recorder { direct, out: Vec::new() };
+            let mut parser = PacketParser::new(&etm);
+            let mut sink = ToDecoder { dec: &mut dec, img: &img, rec: &mut rec, runs };
+            // in chunks, so runs are also cut by the end of the data
+            for (k, chunk) in data.chunks(37).enumerate() {
+                parser.feed(k as u64 * 37, chunk, &mut sink);
+                let _ = sink.dec.flush_held(sink.rec);
             }
-            let _ = d.flush_held(&mut sink);
-            let _ = d.finish(&mut sink);
-            (sink.out, d.stats())
+            parser.finish(&mut sink);
+            let _ = dec.finish(&mut rec);
+            (rec.out, dec.stats(), parser.stats().packets)
         };
-        let by_packet = decode(0);
+        let by_packet = decode(false, false);
         assert!(by_packet.0.iter().filter(|l| l.contains("RANGE")).count() > 100, "{:?}", by_packet.0);
-        assert_eq!(decode(1), by_packet);
-        assert_eq!(decode(2), by_packet);
+        assert!(by_packet.1.cache_hits > 100);
+        assert_eq!(decode(true, false), by_packet);
+        assert_eq!(decode(true, true), by_packet);
     }
 
     fn addr_pkt(addr: u64) -> Packet {
