@@ -85,6 +85,14 @@ pub(crate) struct RunSlot {
 }
 
 impl RunSlot {
+    #[inline]
+    fn set_key(&self, start: u64, tag: u64, bits: u32, count: u8, run: Run) {
+        self.start.set(start);
+        self.tag.set(tag | VALID);
+        self.atoms.set(bits as u64 | (count as u64) << 32);
+        self.run.set(run);
+    }
+
     /// The run.
     #[inline]
     pub(crate) fn run(&self) -> Run {
@@ -198,6 +206,29 @@ impl BlockCache {
         Some(s)
     }
 
+    /// [`put_run`](Self::put_run) with the ranges as they are stored: the slot now holding
+    /// the run, as [`find_run`](Self::find_run) returns it; `None` (not stored) while the
+    /// slot's ranges are being read.
+    #[inline]
+    pub(crate) fn store_run(
+        &self,
+        start: u64,
+        tag: u64,
+        bits: u32,
+        count: u8,
+        run: Run,
+        ranges: &[InstrRange],
+    ) -> Option<&RunSlot> {
+        let s = self.run_slot(start, bits, count);
+        let mut cells = s.ranges.try_borrow_mut().ok()?;
+        for (c, r) in cells.iter_mut().zip(ranges) {
+            *c = *r;
+        }
+        drop(cells);
+        s.set_key(start, tag, bits, count, run);
+        Some(s)
+    }
+
     /// Stores a run and its ranges (`run.count` of them, their indexes ignored; see
     /// [`replay_run`](Self::replay_run)). Its blocks must be in this cache under `tag`: both
     /// are forgotten together by [`clear`](Self::clear). Not stored while the slot's ranges
@@ -209,10 +240,8 @@ impl BlockCache {
         for (c, r) in cells.iter_mut().zip(ranges) {
             *c = r.range;
         }
-        s.start.set(start);
-        s.tag.set(tag | VALID);
-        s.atoms.set(bits as u64 | (count as u64) << 32);
-        s.run.set(run);
+        drop(cells);
+        s.set_key(start, tag, bits, count, run);
     }
 
     /// Forgets everything (e.g. the code image changed).

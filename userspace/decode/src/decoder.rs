@@ -95,6 +95,79 @@ impl<F: FnMut(&Element) -> ControlFlow<()>> ElementSink for F {
     }
 }
 
+/// How [`cached_run`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunEnd {
+    /// All the atoms applied, or up to a taken indirect branch: a run to store.
+    Whole,
+    /// At a block not cached.
+    Uncached,
+    /// After a taken exception return (its element, in ETE, depends on the decoder).
+    Eret,
+}
+
+/// The one rule for atoms applied from cached blocks: up to `max` atoms `bits` (oldest in
+/// bit 0) from the A64 address `start`, while their blocks are in `cache` under `tag`; one
+/// range per atom into `out`; stops after a taken indirect branch (its target comes from the
+/// trace) and at the first block not cached. Returns what they did besides their ranges, and
+/// why it stopped.
+#[inline(always)]
+fn cached_run(
+    cache: &cache::BlockCache,
+    start: u64,
+    tag: u64,
+    bits: u32,
+    max: u8,
+    out: &mut [InstrRange; RUN_MAX],
+) -> (Run, RunEnd) {
+    let mut run = Run { next: start, ..Run::default() };
+    let mut bits = bits;
+    while run.count < max {
+        let addr = run.next;
+        let Some(blk) = cache.lookup(addr, tag) else {
+            return (run, RunEnd::Uncached);
+        };
+        let taken = bits & 1 != 0;
+        bits >>= 1;
+        let last = blk.last;
+        run.instructions += blk.num_instr;
+        let k = run.count;
+        if let Some(r) = out.get_mut(k as usize) {
+            *r = InstrRange {
+                start: addr,
+                end: blk.end,
+                num_instr: blk.num_instr,
+                isa: Isa::A64,
+                last_size: 4,
+                executed: taken,
+                last_type: last.ty,
+                last_subtype: last.subtype,
+                last_cond: last.is_cond,
+            };
+        }
+        run.next = blk.end;
+        run.count += 1;
+        if taken {
+            match last.ty {
+                InstrType::Br => {
+                    run.links |= (last.is_link as u8) << k;
+                    run.next = last.branch_addr;
+                }
+                InstrType::BrIndirect => {
+                    run.links |= (last.is_link as u8) << k;
+                    run.indirect = true;
+                    if last.subtype == InstrSubtype::V8Eret {
+                        return (run, RunEnd::Eret);
+                    }
+                    break;
+                }
+                _ => {}
+            }
+        }
+    }
+    (run, RunEnd::Whole)
+}
+
 /// Static decoder configuration, derived from the trace unit's registers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecoderConfig {
@@ -773,7 +846,17 @@ impl Decoder {
             while k < n {
                 let m = (n - k).min(RUN_MAX as u8);
                 let key = bits & ((1u32 << m) - 1);
-                let Some(slot) = self.cache.find_run(addr, tag, key, m) else { break };
+                // a run not stored yet whose blocks are all cached is stored here
+                let cache = &*self.cache;
+                let Some(slot) = cache.find_run(addr, tag, key, m).or_else(|| {
+                    let mut rs = [InstrRange::default(); RUN_MAX];
+                    match cached_run(cache, addr, tag, key, m, &mut rs) {
+                        (run, RunEnd::Whole) => cache.store_run(addr, tag, key, m, run, &rs[..run.count as usize]),
+                        _ => None,
+                    }
+                }) else {
+                    break;
+                };
                 let run = slot.run();
                 let c = run.count as usize;
                 let rs = slot.ranges();
@@ -1507,66 +1590,20 @@ impl Decoder {
     }
 
     /// The hot path of [`apply_atoms`](Self::apply_atoms): up to `max` atoms (oldest in bit 0
-    /// of `bits`, consumed) from an A64 address while their blocks are cached, with the
-    /// address in a local; stops after a taken indirect branch (its target comes from the
-    /// trace) and at the first block not cached. Pushes one range per atom, as
-    /// [`process_atom`](Self::process_atom)'s cached case does, and returns what else they did
-    /// as a [`Run`] for [`apply_run`](Self::apply_run), and whether the run cache may store it
-    /// (all `max` applied, or up to a taken indirect branch that is not an exception return).
+    /// of `bits`, consumed) from an A64 address while their blocks are cached
+    /// ([`cached_run`]); pushes one range per atom, as [`process_atom`](Self::process_atom)'s
+    /// cached case does, and returns what else they did as a [`Run`] for
+    /// [`apply_run`](Self::apply_run), and whether the run cache may store it.
     #[inline]
     fn cached_atoms(&mut self, bits: &mut u32, max: u8, index: u64, tag: u64) -> (Run, bool) {
-        let mut run = Run { next: self.walk.addr, ..Run::default() };
-        let mut whole = true;
-        while run.count < max {
-            let addr = run.next;
-            let Some(blk) = self.cache.lookup(addr, tag) else {
-                whole = false;
-                break;
-            };
-            let taken = *bits & 1 != 0;
-            *bits >>= 1;
-            let last = blk.last;
-            run.instructions += blk.num_instr;
-            self.ranges.push(Range {
-                index,
-                range: InstrRange {
-                    start: addr,
-                    end: blk.end,
-                    num_instr: blk.num_instr,
-                    isa: Isa::A64,
-                    last_size: 4,
-                    executed: taken,
-                    last_type: last.ty,
-                    last_subtype: last.subtype,
-                    last_cond: last.is_cond,
-                },
-            });
-            run.next = blk.end;
-            let k = run.count;
-            run.count += 1;
-            if taken {
-                match last.ty {
-                    InstrType::Br => {
-                        run.links |= (last.is_link as u8) << k;
-                        run.next = last.branch_addr;
-                    }
-                    InstrType::BrIndirect => {
-                        run.links |= (last.is_link as u8) << k;
-                        run.indirect = true;
-                        if last.subtype == InstrSubtype::V8Eret {
-                            // not stored as a run: what it emits depends on the decoder
-                            whole = false;
-                            if self.cfg.ete {
-                                self.add(index, ElementKind::ExceptionRet);
-                            }
-                        }
-                        break;
-                    }
-                    _ => {}
-                }
-            }
+        let mut rs = [InstrRange::default(); RUN_MAX];
+        let (run, end) = cached_run(&self.cache, self.walk.addr, tag, *bits, max, &mut rs);
+        *bits >>= run.count;
+        self.ranges.extend(rs[..run.count as usize].iter().map(|&range| Range { index, range }));
+        if end == RunEnd::Eret && self.cfg.ete {
+            self.add(index, ElementKind::ExceptionRet);
         }
-        (run, whole)
+        (run, end == RunEnd::Whole)
     }
 
     /// What a run of cached atoms did besides its ranges (`self.ranges[r0..]`, already
