@@ -801,6 +801,9 @@ impl Decoder {
             self.flush(sink);
         }
         let id = self.cfg.trace_id;
+        // (a handle of its own: the loop changes `self`)
+        let cache = self.cache.clone();
+        let cache = &*cache;
         let mut addr = self.walk.addr;
         // an indirect branch was taken: the next atom needs an address (or the return stack)
         let mut need_addr = false;
@@ -844,10 +847,9 @@ impl Decoder {
             let mut k = 0;
             let r0 = self.ranges.len();
             while k < n {
-                let m = (n - k).min(RUN_MAX as u8);
-                let key = bits & ((1u32 << m) - 1);
+                // (`bits` holds only the atoms left)
+                let (m, key) = if n - k <= RUN_MAX as u8 { (n - k, bits) } else { (RUN_MAX as u8, bits & ((1 << RUN_MAX) - 1)) };
                 // a run not stored yet whose blocks are all cached is stored here
-                let cache = &*self.cache;
                 let Some(slot) = cache.find_run(addr, tag, key, m).or_else(|| {
                     let mut rs = [InstrRange::default(); RUN_MAX];
                     match cached_run(cache, addr, tag, key, m, &mut rs) {
