@@ -421,6 +421,8 @@ pub struct Decoder {
     space: MemSpace,
     tag: u64,
     scratch: Vec<P0>,
+    /// Where [`cached_packets`](Self::cached_packets) builds a run before storing it.
+    run_scratch: [InstrRange; RUN_MAX],
     /// ETE source-address ranges are split at the waypoints they pass (OpenCSD -src_addr_n)
     src_addr_n: bool,
     /// report timestamps before the first ETE timestamp marker too (`set_unmarked_timestamps`)
@@ -470,6 +472,7 @@ impl Decoder {
             space: MemSpace::S,
             tag: MemSpace::S.0 as u64,
             scratch: Vec::new(),
+            run_scratch: [InstrRange::default(); RUN_MAX],
             src_addr_n: false,
             unmarked_ts: false,
             stopped: false,
@@ -851,8 +854,8 @@ impl Decoder {
                 let (m, key) = if n - k <= RUN_MAX as u8 { (n - k, bits) } else { (RUN_MAX as u8, bits & ((1 << RUN_MAX) - 1)) };
                 // a run not stored yet whose blocks are all cached is stored here
                 let Some(slot) = cache.find_run(addr, tag, key, m).or_else(|| {
-                    let mut rs = [InstrRange::default(); RUN_MAX];
-                    match cached_run(cache, addr, tag, key, m, &mut rs) {
+                    let rs = &mut self.run_scratch;
+                    match cached_run(cache, addr, tag, key, m, rs) {
                         (run, RunEnd::Whole) => cache.store_run(addr, tag, key, m, run, &rs[..run.count as usize]),
                         _ => None,
                     }
