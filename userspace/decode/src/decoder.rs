@@ -168,6 +168,24 @@ fn cached_run(
     (run, RunEnd::Whole)
 }
 
+/// The run of `bits` (`max` atoms) from `start` built from the blocks in `cache` (in
+/// `scratch`), stored if it is one to store ([`RunEnd::Whole`]): the slot now holding it.
+/// Out of line: the atom-run loop's registers are for its hits.
+#[inline(never)]
+fn store_cached_run<'c>(
+    cache: &'c cache::BlockCache,
+    scratch: &mut [InstrRange; RUN_MAX],
+    start: u64,
+    tag: u64,
+    bits: u32,
+    max: u8,
+) -> Option<&'c cache::RunSlot> {
+    match cached_run(cache, start, tag, bits, max, scratch) {
+        (run, RunEnd::Whole) => cache.store_run(start, tag, bits, max, run, &scratch[..run.count as usize]),
+        _ => None,
+    }
+}
+
 /// Static decoder configuration, derived from the trace unit's registers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecoderConfig {
@@ -853,13 +871,10 @@ impl Decoder {
                 // (`bits` holds only the atoms left)
                 let (m, key) = if n - k <= RUN_MAX as u8 { (n - k, bits) } else { (RUN_MAX as u8, bits & ((1 << RUN_MAX) - 1)) };
                 // a run not stored yet whose blocks are all cached is stored here
-                let Some(slot) = cache.find_run(addr, tag, key, m).or_else(|| {
-                    let rs = &mut self.run_scratch;
-                    match cached_run(cache, addr, tag, key, m, rs) {
-                        (run, RunEnd::Whole) => cache.store_run(addr, tag, key, m, run, &rs[..run.count as usize]),
-                        _ => None,
-                    }
-                }) else {
+                let Some(slot) = cache
+                    .find_run(addr, tag, key, m)
+                    .or_else(|| store_cached_run(cache, &mut self.run_scratch, addr, tag, key, m))
+                else {
                     break;
                 };
                 let run = slot.run();
