@@ -911,18 +911,10 @@ impl Decoder {
             last = pkt_index;
             i += 1;
             if k < n || stop {
-                // (after a taken indirect branch: the next atom needs the address or the
-                // return stack, the general path)
+                // atoms left (a run not in the cache, or after a taken indirect branch the
+                // address or the return stack is needed): the general path
                 self.end_cached(ranges, handed, instructions, packets - 1, addr, need_addr, pending);
-                // this packet's ranges so far are its own (an error discards them)
-                self.held = r0;
-                self.begin_packet(pkt_index);
-                let r = if k < n {
-                    self.atoms_from(bits, n - k, pkt_index, format, atoms, mem, sink)
-                } else {
-                    self.hold_or_flush(sink);
-                    ControlFlow::Continue(())
-                };
+                let r = self.packet_rest(r0, pkt_index, bits, n - k, format, atoms, mem, sink);
                 return (i, if stop { ControlFlow::Break(()) } else { r });
             }
             if self.ranges.len() >= if direct { 1 } else { HOLD_MAX } {
@@ -968,6 +960,34 @@ impl Decoder {
         // (`flush` counts what it hands over)
         self.stats.elements += handed;
         self.stats.packets += packets;
+    }
+
+    /// The end of packet `index` (`format`, `atoms`) that
+    /// [`cached_packets`](Self::cached_packets) leaves: its ranges from `ranges[r0]` on, the
+    /// `n` atoms `bits` left (if any) through [`atoms_from`](Self::atoms_from). Out of line:
+    /// the loop's registers are for its hits.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn packet_rest<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        r0: usize,
+        index: u64,
+        bits: u32,
+        n: u8,
+        format: u8,
+        atoms: Atoms,
+        mem: &M,
+        sink: &mut S,
+    ) -> ControlFlow<()> {
+        // this packet's ranges so far are its own (an error discards them)
+        self.held = r0;
+        self.begin_packet(index);
+        if n > 0 {
+            self.atoms_from(bits, n, index, format, atoms, mem, sink)
+        } else {
+            self.hold_or_flush(sink);
+            ControlFlow::Continue(())
+        }
     }
 
     /// The rest of an atom packet entered through [`atoms`](Self::atoms) (or
