@@ -918,8 +918,7 @@ impl Decoder {
                 return (i, if stop { ControlFlow::Break(()) } else { r });
             }
             if self.ranges.len() >= if direct { 1 } else { HOLD_MAX } {
-                self.stopped = false;
-                self.flush(sink);
+                self.flush_out_of_line(sink);
             }
         }
         self.end_cached(ranges, handed, instructions, packets, addr, need_addr, pending);
@@ -960,6 +959,14 @@ impl Decoder {
         // (`flush` counts what it hands over)
         self.stats.elements += handed;
         self.stats.packets += packets;
+    }
+
+    /// [`flush`](Self::flush) at a packet's end (see [`begin_packet`](Self::begin_packet)),
+    /// out of line: for the atom-run loop, whose registers are for its hits.
+    #[inline(never)]
+    fn flush_out_of_line<S: ElementSink + ?Sized>(&mut self, sink: &mut S) {
+        self.stopped = false;
+        self.flush(sink);
     }
 
     /// The end of packet `index` (`format`, `atoms`) that
