@@ -439,7 +439,8 @@ pub struct Decoder {
     space: MemSpace,
     tag: u64,
     scratch: Vec<P0>,
-    /// Where [`cached_packets`](Self::cached_packets) builds a run before storing it.
+    /// Where [`cached_packets`](Self::cached_packets) and [`cached_atoms`](Self::cached_atoms)
+    /// build a run.
     run_scratch: [InstrRange; RUN_MAX],
     /// ETE source-address ranges are split at the waypoints they pass (OpenCSD -src_addr_n)
     src_addr_n: bool,
@@ -1643,10 +1644,9 @@ impl Decoder {
     /// [`apply_run`](Self::apply_run), and whether the run cache may store it.
     #[inline]
     fn cached_atoms(&mut self, bits: &mut u32, max: u8, index: u64, tag: u64) -> (Run, bool) {
-        let mut rs = [InstrRange::default(); RUN_MAX];
-        let (run, end) = cached_run(&self.cache, self.walk.addr, tag, *bits, max, &mut rs);
+        let (run, end) = cached_run(&self.cache, self.walk.addr, tag, *bits, max, &mut self.run_scratch);
         *bits >>= run.count;
-        self.ranges.extend(rs[..run.count as usize].iter().map(|&range| Range { index, range }));
+        self.ranges.extend(self.run_scratch[..run.count as usize].iter().map(|&range| Range { index, range }));
         if end == RunEnd::Eret && self.cfg.ete {
             self.add(index, ElementKind::ExceptionRet);
         }
