@@ -1910,11 +1910,16 @@ impl Decoder {
         target: Option<u64>,
         tag: u64,
     ) -> Result<(RawRange, WpRes), DecodeErr> {
-        let space = self.space;
-        let cfg = self.cfg.insn;
-        let opts = self.cfg.opts;
-        let ctx = self.ctx.context_id;
-        let (r, res) = walk::walk(&mut self.walk, mem, space, ctx, &cfg, &opts, target, Some((&self.cache, tag)));
+        let (r, res) = walk::walk(
+            &mut self.walk,
+            mem,
+            self.space,
+            self.ctx.context_id,
+            &self.cfg.insn,
+            &self.cfg.opts,
+            target,
+            Some((&self.cache, tag)),
+        );
         match res {
             WpRes::RangeLimit | WpRes::BadOpcode => {
                 log::debug!("trace id {:#x}: walk from {:#x} failed: {res:?}", self.cfg.trace_id, r.start);

@@ -1403,7 +1403,8 @@ impl Lookahead<'_> {
     }
 
     /// The target address packet without context (short, long or exact match) at `data[p..]`
-    /// (`data` the slice given to `atom_run`), parsed whole and taken: its address and length,
+    /// (`data` the slice given to `atom_run`, `p` right after the packets taken so far),
+    /// parsed whole and taken: its address and length,
     /// the same as [`PacketSink::address`] would have been given. `None` (nothing taken) for
     /// any other packet, or one cut by the end of `data`.
     #[inline]
