@@ -174,16 +174,29 @@ fn cached_run(
 #[inline(never)]
 fn store_cached_run<'c>(
     cache: &'c cache::BlockCache,
-    scratch: &mut [InstrRange; RUN_MAX],
+    scratch: &mut RunScratch,
     start: u64,
     tag: u64,
     bits: u32,
     max: u8,
 ) -> Option<&'c cache::RunSlot> {
-    match cached_run(cache, start, tag, bits, max, scratch) {
-        (run, RunEnd::Whole) => cache.store_run(start, tag, bits, max, run, &scratch[..run.count as usize]),
-        _ => None,
+    match cached_run(cache, start, tag, bits, max, &mut scratch.ranges) {
+        (run, RunEnd::Whole) => cache.store_run(start, tag, bits, max, run, &scratch.ranges[..run.count as usize]),
+        (run, RunEnd::Uncached) => {
+            scratch.cut = Some((start, bits, max, run));
+            None
+        }
+        (_, RunEnd::Eret) => None,
     }
+}
+
+/// Where a run is built ([`cached_run`]) before it is stored or applied, and, after
+/// [`store_cached_run`] found a block not cached, what it had built: the run's start, atom
+/// bits and count, and the run up to that block (its ranges in `ranges`).
+#[derive(Debug, Default)]
+struct RunScratch {
+    ranges: [InstrRange; RUN_MAX],
+    cut: Option<(u64, u32, u8, Run)>,
 }
 
 /// Static decoder configuration, derived from the trace unit's registers.
@@ -441,7 +454,7 @@ pub struct Decoder {
     scratch: Vec<P0>,
     /// Where [`cached_packets`](Self::cached_packets) and [`cached_atoms`](Self::cached_atoms)
     /// build a run.
-    run_scratch: [InstrRange; RUN_MAX],
+    run_scratch: RunScratch,
     /// ETE source-address ranges are split at the waypoints they pass (OpenCSD -src_addr_n)
     src_addr_n: bool,
     /// report timestamps before the first ETE timestamp marker too (`set_unmarked_timestamps`)
@@ -491,7 +504,7 @@ impl Decoder {
             space: MemSpace::S,
             tag: MemSpace::S.0 as u64,
             scratch: Vec::new(),
-            run_scratch: [InstrRange::default(); RUN_MAX],
+            run_scratch: RunScratch::default(),
             src_addr_n: false,
             unmarked_ts: false,
             stopped: false,
@@ -991,6 +1004,19 @@ impl Decoder {
         self.held = r0;
         self.begin_packet(index);
         if n > 0 {
+            let (m, key) = if n <= RUN_MAX as u8 { (n, bits) } else { (RUN_MAX as u8, bits & ((1 << RUN_MAX) - 1)) };
+            if let Some((start, b, c, run)) = self.run_scratch.cut.take()
+                && (start, b, c) == (self.walk.addr, key, m)
+                && run.count > 0
+            {
+                // the loop left the packet at this run, cut by a block not cached: what
+                // `run_atoms` does first (the run is not stored, `cached_atoms` builds it
+                // again), without building it again
+                let r1 = self.ranges.len();
+                self.ranges.extend(self.run_scratch.ranges[..run.count as usize].iter().map(|&range| Range { index, range }));
+                self.apply_run(&run, r1);
+                return self.atoms_from(bits >> run.count, n - run.count, index, format, atoms, mem, sink);
+            }
             self.atoms_from(bits, n, index, format, atoms, mem, sink)
         } else {
             self.hold_or_flush(sink);
@@ -1644,9 +1670,9 @@ impl Decoder {
     /// [`apply_run`](Self::apply_run), and whether the run cache may store it.
     #[inline]
     fn cached_atoms(&mut self, bits: &mut u32, max: u8, index: u64, tag: u64) -> (Run, bool) {
-        let (run, end) = cached_run(&self.cache, self.walk.addr, tag, *bits, max, &mut self.run_scratch);
+        let (run, end) = cached_run(&self.cache, self.walk.addr, tag, *bits, max, &mut self.run_scratch.ranges);
         *bits >>= run.count;
-        self.ranges.extend(self.run_scratch[..run.count as usize].iter().map(|&range| Range { index, range }));
+        self.ranges.extend(self.run_scratch.ranges[..run.count as usize].iter().map(|&range| Range { index, range }));
         if end == RunEnd::Eret && self.cfg.ete {
             self.add(index, ElementKind::ExceptionRet);
         }
