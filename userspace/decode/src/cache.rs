@@ -11,7 +11,7 @@
 //! trace ID and buffer) shares one ([`SharedBlockCache`], [`crate::decoder::Decoder::with_cache`]),
 //! so memory does not grow with the number of trace IDs times buffers.
 
-use std::cell::Cell;
+use std::cell::{Cell, Ref, RefCell};
 
 use crate::elements::{InstrRange, Range};
 use crate::insn::InstrInfo;
@@ -75,13 +75,36 @@ pub struct Run {
 }
 
 /// A stored run: key (start, tag with bit 63 set, atom bits | count << 32), the run and its
-/// ranges.
-struct RunSlot {
+/// ranges (in a `RefCell`, so a reader can hand them on as a slice without a copy).
+pub(crate) struct RunSlot {
     start: Cell<u64>,
     tag: Cell<u64>,
     atoms: Cell<u64>,
     run: Cell<Run>,
-    ranges: [Cell<InstrRange>; RUN_MAX],
+    ranges: RefCell<[InstrRange; RUN_MAX]>,
+}
+
+impl RunSlot {
+    #[inline]
+    fn set_key(&self, start: u64, tag: u64, bits: u32, count: u8, run: Run) {
+        self.start.set(start);
+        self.tag.set(tag | VALID);
+        self.atoms.set(bits as u64 | (count as u64) << 32);
+        self.run.set(run);
+    }
+
+    /// The run.
+    #[inline]
+    pub(crate) fn run(&self) -> Run {
+        self.run.get()
+    }
+
+    /// Its ranges (the first `run().count` of them), borrowed: their packet index is the
+    /// reader's.
+    #[inline]
+    pub(crate) fn ranges(&self) -> Ref<'_, [InstrRange; RUN_MAX]> {
+        self.ranges.borrow()
+    }
 }
 
 /// The cache.
@@ -165,28 +188,60 @@ impl BlockCache {
     /// index `index` and returns the run.
     #[inline]
     pub fn replay_run(&self, start: u64, tag: u64, bits: u32, count: u8, out: &mut Vec<Range>, index: u64) -> Option<Run> {
+        let s = self.find_run(start, tag, bits, count)?;
+        let run = s.run.get();
+        out.extend(s.ranges()[..run.count as usize].iter().map(|&range| Range { index, range }));
+        Some(run)
+    }
+
+    /// The slot holding the run of the `count` atoms `bits` from `start` under `tag` (see
+    /// [`replay_run`](Self::replay_run)), if one was stored, for a caller that reads the run
+    /// and its ranges itself.
+    #[inline]
+    pub(crate) fn find_run(&self, start: u64, tag: u64, bits: u32, count: u8) -> Option<&RunSlot> {
         let s = self.run_slot(start, bits, count);
         if s.start.get() != start || s.tag.get() != tag | VALID || s.atoms.get() != bits as u64 | (count as u64) << 32 {
             return None;
         }
-        let run = s.run.get();
-        out.extend((0..run.count as usize).map(|i| Range { index, range: s.ranges[i].get() }));
-        Some(run)
+        Some(s)
+    }
+
+    /// [`put_run`](Self::put_run) with the ranges as they are stored: the slot now holding
+    /// the run, as [`find_run`](Self::find_run) returns it; `None` (not stored) while the
+    /// slot's ranges are being read.
+    #[inline]
+    pub(crate) fn store_run(
+        &self,
+        start: u64,
+        tag: u64,
+        bits: u32,
+        count: u8,
+        run: Run,
+        ranges: &[InstrRange],
+    ) -> Option<&RunSlot> {
+        let s = self.run_slot(start, bits, count);
+        let mut cells = s.ranges.try_borrow_mut().ok()?;
+        for (c, r) in cells.iter_mut().zip(ranges) {
+            *c = *r;
+        }
+        drop(cells);
+        s.set_key(start, tag, bits, count, run);
+        Some(s)
     }
 
     /// Stores a run and its ranges (`run.count` of them, their indexes ignored; see
     /// [`replay_run`](Self::replay_run)). Its blocks must be in this cache under `tag`: both
-    /// are forgotten together by [`clear`](Self::clear).
+    /// are forgotten together by [`clear`](Self::clear). Not stored while the slot's ranges
+    /// are being read (by a sink they were handed to).
     #[inline]
     pub fn put_run(&self, start: u64, tag: u64, bits: u32, count: u8, run: Run, ranges: &[Range]) {
         let s = self.run_slot(start, bits, count);
-        s.start.set(start);
-        s.tag.set(tag | VALID);
-        s.atoms.set(bits as u64 | (count as u64) << 32);
-        s.run.set(run);
-        for (c, r) in s.ranges.iter().zip(ranges) {
-            c.set(r.range);
+        let Ok(mut cells) = s.ranges.try_borrow_mut() else { return };
+        for (c, r) in cells.iter_mut().zip(ranges) {
+            *c = r.range;
         }
+        drop(cells);
+        s.set_key(start, tag, bits, count, run);
     }
 
     /// Forgets everything (e.g. the code image changed).

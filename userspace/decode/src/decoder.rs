@@ -31,7 +31,7 @@ use crate::cache::{self, RUN_MAX, Run, SharedBlockCache};
 use crate::elements::{Element, ElementKind, InstrRange, MemTrans, PeContext, Range, Security, TraceOnReason, UnsyncReason};
 use crate::image::{MemSpace, MemoryAccess};
 use crate::insn::{ArchVersion, DecodeConfig, InstrSubtype, InstrType, Isa};
-use crate::packet::{Address, Atoms, Context, Packet};
+use crate::packet::{Address, Atoms, Context, Lookahead, Packet};
 use crate::snapshot::{CoreProfile, EtmConfig};
 pub use crate::walk::DecodeOptions;
 use crate::walk::{self, RawRange, WalkState, WpRes};
@@ -66,12 +66,137 @@ pub trait ElementSink {
         }
         ControlFlow::Continue(())
     }
+
+    /// Whether the decoder may hand ranges over through
+    /// [`packet_ranges`](ElementSink::packet_ranges) (without buffering them first): then
+    /// ranges come through `packet_ranges` or [`ranges`](ElementSink::ranges), in trace order.
+    /// The default is no.
+    #[inline]
+    fn takes_packet_ranges(&self) -> bool {
+        false
+    }
+
+    /// Called (only if [`takes_packet_ranges`](ElementSink::takes_packet_ranges)) with
+    /// instruction ranges of source `trace_id`, in order, all of the packet at trace index
+    /// `index`: the ranges of the decoder's cache of atom runs, as they are stored. The
+    /// default hands them to [`ranges`](ElementSink::ranges).
+    #[inline]
+    fn packet_ranges(&mut self, trace_id: u8, index: u64, rs: &[InstrRange]) -> ControlFlow<()> {
+        for &range in rs {
+            self.ranges(trace_id, &[Range { index, range }])?;
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 impl<F: FnMut(&Element) -> ControlFlow<()>> ElementSink for F {
     fn element(&mut self, e: &Element) -> ControlFlow<()> {
         self(e)
     }
+}
+
+/// How [`cached_run`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunEnd {
+    /// All the atoms applied, or up to a taken indirect branch: a run to store.
+    Whole,
+    /// At a block not cached.
+    Uncached,
+    /// After a taken exception return (its element, in ETE, depends on the decoder).
+    Eret,
+}
+
+/// The one rule for atoms applied from cached blocks: up to `max` atoms `bits` (oldest in
+/// bit 0) from the A64 address `start`, while their blocks are in `cache` under `tag`; one
+/// range per atom into `out`; stops after a taken indirect branch (its target comes from the
+/// trace) and at the first block not cached. Returns what they did besides their ranges, and
+/// why it stopped.
+#[inline(always)]
+fn cached_run(
+    cache: &cache::BlockCache,
+    start: u64,
+    tag: u64,
+    bits: u32,
+    max: u8,
+    out: &mut [InstrRange; RUN_MAX],
+) -> (Run, RunEnd) {
+    let mut run = Run { next: start, ..Run::default() };
+    let mut bits = bits;
+    while run.count < max {
+        let addr = run.next;
+        let Some(blk) = cache.lookup(addr, tag) else {
+            return (run, RunEnd::Uncached);
+        };
+        let taken = bits & 1 != 0;
+        bits >>= 1;
+        let last = blk.last;
+        run.instructions += blk.num_instr;
+        let k = run.count;
+        if let Some(r) = out.get_mut(k as usize) {
+            *r = InstrRange {
+                start: addr,
+                end: blk.end,
+                num_instr: blk.num_instr,
+                isa: Isa::A64,
+                last_size: 4,
+                executed: taken,
+                last_type: last.ty,
+                last_subtype: last.subtype,
+                last_cond: last.is_cond,
+            };
+        }
+        run.next = blk.end;
+        run.count += 1;
+        if taken {
+            match last.ty {
+                InstrType::Br => {
+                    run.links |= (last.is_link as u8) << k;
+                    run.next = last.branch_addr;
+                }
+                InstrType::BrIndirect => {
+                    run.links |= (last.is_link as u8) << k;
+                    run.indirect = true;
+                    if last.subtype == InstrSubtype::V8Eret {
+                        return (run, RunEnd::Eret);
+                    }
+                    break;
+                }
+                _ => {}
+            }
+        }
+    }
+    (run, RunEnd::Whole)
+}
+
+/// The run of `bits` (`max` atoms) from `start` built from the blocks in `cache` (in
+/// `scratch`), stored if it is one to store ([`RunEnd::Whole`]): the slot now holding it.
+/// Out of line: the atom-run loop's registers are for its hits.
+#[inline(never)]
+fn store_cached_run<'c>(
+    cache: &'c cache::BlockCache,
+    scratch: &mut RunScratch,
+    start: u64,
+    tag: u64,
+    bits: u32,
+    max: u8,
+) -> Option<&'c cache::RunSlot> {
+    match cached_run(cache, start, tag, bits, max, &mut scratch.ranges) {
+        (run, RunEnd::Whole) => cache.store_run(start, tag, bits, max, run, &scratch.ranges[..run.count as usize]),
+        (run, RunEnd::Uncached) => {
+            scratch.cut = Some((start, bits, max, run));
+            None
+        }
+        (_, RunEnd::Eret) => None,
+    }
+}
+
+/// Where a run is built ([`cached_run`]) before it is stored or applied, and, after
+/// [`store_cached_run`] found a block not cached, what it had built: the run's start, atom
+/// bits and count, and the run up to that block (its ranges in `ranges`).
+#[derive(Debug, Default)]
+struct RunScratch {
+    ranges: [InstrRange; RUN_MAX],
+    cut: Option<(u64, u32, u8, Run)>,
 }
 
 /// Static decoder configuration, derived from the trace unit's registers.
@@ -327,6 +452,9 @@ pub struct Decoder {
     space: MemSpace,
     tag: u64,
     scratch: Vec<P0>,
+    /// Where [`cached_packets`](Self::cached_packets) and [`cached_atoms`](Self::cached_atoms)
+    /// build a run.
+    run_scratch: RunScratch,
     /// ETE source-address ranges are split at the waypoints they pass (OpenCSD -src_addr_n)
     src_addr_n: bool,
     /// report timestamps before the first ETE timestamp marker too (`set_unmarked_timestamps`)
@@ -376,6 +504,7 @@ impl Decoder {
             space: MemSpace::S,
             tag: MemSpace::S.0 as u64,
             scratch: Vec::new(),
+            run_scratch: RunScratch::default(),
             src_addr_n: false,
             unmarked_ts: false,
             stopped: false,
@@ -625,6 +754,310 @@ impl Decoder {
         self.run(index, &Packet::Atom { format, atoms }, mem, sink)
     }
 
+    /// Processes the packets that lead `data` (`data[0]` has trace index `index`) as
+    /// [`crate::packet::PacketSink::atom_run`] describes (single-byte atom packets and target
+    /// address packets, taken through `look`), as many calls of [`atoms`](Self::atoms) and
+    /// [`address`](Self::address) would: the entry for the parser's run of packets. Returns
+    /// the bytes taken, up to the first packet of another kind unless the sink asked to stop
+    /// (then `Break`, after the packet where it did).
+    ///
+    /// While the decoder is settled, the P0 stack empty and the address known, atom packets
+    /// are applied from the run cache and address packets taken in one loop
+    /// ([`cached_packets`](Self::cached_packets)) with the decoder's state in locals; a packet
+    /// any of whose runs is not stored, or any other case, goes the way of `atoms` or
+    /// `address`.
+    #[inline]
+    pub fn atom_run<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        index: u64,
+        data: &[u8],
+        look: &mut Lookahead<'_>,
+        mem: &M,
+        sink: &mut S,
+    ) -> (usize, ControlFlow<()>) {
+        let mut i = 0;
+        while let Some(&b) = data.get(i) {
+            let (format, atoms) = look.atoms(b);
+            if format == 0 {
+                let Some((addr, n)) = look.target_address(data, i) else { break };
+                let r = self.address(index + i as u64, addr, mem, sink);
+                i += n;
+                if r.is_break() {
+                    return (i, r);
+                }
+                continue;
+            }
+            if self.settled() && self.p0.is_empty() && self.out.is_empty() && !self.elem_pending_addr {
+                if self.next_addr.set {
+                    self.atoms_now();
+                }
+                if !(self.need_ctxt || self.need_addr || self.ret.pop_pending) && self.walk.isa == Isa::A64 {
+                    let r;
+                    (i, r) = self.cached_packets(index, data, i, look, mem, sink);
+                    if r.is_break() {
+                        return (i, r);
+                    }
+                    continue;
+                }
+            }
+            let r = self.atoms(index + i as u64, format, atoms, mem, sink);
+            i += 1;
+            if r.is_break() {
+                return (i, r);
+            }
+        }
+        (i, ControlFlow::Continue(()))
+    }
+
+    /// The loop of [`atom_run`](Self::atom_run) from `data[i]`, an atom packet, the decoder
+    /// settled with the P0 stack and the output empty, no address element pending, an A64
+    /// address known and no return-stack pop pending: atom packets whose runs are all in the
+    /// run cache, and the target address packets between them (what
+    /// [`address`](Self::address)'s fast path and [`atoms_now`](Self::atoms_now) do with
+    /// them), with the address, the pending target and the counts in locals. Returns the
+    /// position of the first packet not taken, at least `i + 1`: a packet with a run not stored
+    /// is finished by [`atoms_from`](Self::atoms_from) (`Break` if the sink asked to stop
+    /// there).
+    #[inline]
+    fn cached_packets<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        index: u64,
+        data: &[u8],
+        mut i: usize,
+        look: &mut Lookahead<'_>,
+        mem: &M,
+        sink: &mut S,
+    ) -> (usize, ControlFlow<()>) {
+        let tag = self.cache_tag(mem);
+        let direct = sink.takes_packet_ranges();
+        if direct && !self.ranges.is_empty() {
+            // what is buffered goes first
+            self.stopped = false;
+            self.flush(sink);
+        }
+        let id = self.cfg.trace_id;
+        // (a handle of its own: the loop changes `self`)
+        let cache = self.cache.clone();
+        let cache = &*cache;
+        let mut addr = self.walk.addr;
+        // an indirect branch was taken: the next atom needs an address (or the return stack)
+        let mut need_addr = false;
+        // a target address packet taken, not applied yet (`next_addr`): address, IS, index
+        let mut pending: Option<(u64, u8, u64)> = None;
+        // ranges (handed over directly), instructions, packets
+        let (mut ranges, mut handed, mut instructions, mut packets) = (0u64, 0u64, 0u64, 0u64);
+        let mut last = index + i as u64;
+        let mut stop = false;
+        while let Some(&b) = data.get(i) {
+            let (format, atoms) = look.atoms(b);
+            let pkt_index = index + i as u64;
+            if format == 0 {
+                // `address`'s fast path (two in a row: the general path)
+                if pending.is_some() {
+                    break;
+                }
+                let Some((a, n)) = look.target_address(data, i) else { break };
+                self.last_is = a.is;
+                pending = Some((a.addr, a.is, pkt_index));
+                packets += 1;
+                last = pkt_index;
+                i += n;
+                continue;
+            }
+            if let Some((a, is, _)) = pending {
+                // `atoms_now` with `next_addr` set
+                if self.calc_isa(is) != Isa::A64 {
+                    break;
+                }
+                pending = None;
+                self.ret.pop_pending = false;
+                self.ret.tinfo_wait_addr = false;
+                addr = a;
+                need_addr = false;
+            }
+            if need_addr || self.ret.pop_pending {
+                break;
+            }
+            let (mut bits, n) = (atoms.bits, atoms.count);
+            let mut k = 0;
+            let r0 = self.ranges.len();
+            while k < n {
+                // (`bits` holds only the atoms left)
+                let (m, key) = if n - k <= RUN_MAX as u8 { (n - k, bits) } else { (RUN_MAX as u8, bits & ((1 << RUN_MAX) - 1)) };
+                // a run not stored yet whose blocks are all cached is stored here
+                let Some(slot) = cache
+                    .find_run(addr, tag, key, m)
+                    .or_else(|| store_cached_run(cache, &mut self.run_scratch, addr, tag, key, m))
+                else {
+                    break;
+                };
+                let run = slot.run();
+                let c = run.count as usize;
+                let rs = slot.ranges();
+                let rs = &rs[..c.min(RUN_MAX)];
+                if direct && k == 0 && run.count == n {
+                    // the whole packet (no error can discard it)
+                    stop |= sink.packet_ranges(id, pkt_index, rs).is_break();
+                    handed += c as u64;
+                } else {
+                    self.ranges.extend(rs.iter().map(|&range| Range { index: pkt_index, range }));
+                }
+                let mut links = run.links;
+                while links != 0 {
+                    let j = links.trailing_zeros() as usize;
+                    links &= links - 1;
+                    if let Some(r) = rs.get(j) {
+                        self.ret.push(r.end, Isa::A64);
+                    }
+                }
+                addr = run.next;
+                ranges += c as u64;
+                instructions += run.instructions as u64;
+                bits >>= run.count;
+                k += run.count;
+                if run.indirect {
+                    need_addr = true;
+                    self.ret.set_pop_pending();
+                    break;
+                }
+            }
+            packets += 1;
+            last = pkt_index;
+            i += 1;
+            if k < n || stop {
+                // atoms left (a run not in the cache, or after a taken indirect branch the
+                // address or the return stack is needed): the general path
+                self.end_cached(ranges, handed, instructions, packets - 1, addr, need_addr, pending);
+                let r = self.packet_rest(r0, pkt_index, bits, n - k, format, atoms, mem, sink);
+                return (i, if stop { ControlFlow::Break(()) } else { r });
+            }
+            if self.ranges.len() >= if direct { 1 } else { HOLD_MAX } {
+                self.flush_out_of_line(sink);
+            }
+        }
+        self.end_cached(ranges, handed, instructions, packets, addr, need_addr, pending);
+        self.cur_index = last;
+        self.stopped = false;
+        self.held = self.ranges.len();
+        (i, ControlFlow::Continue(()))
+    }
+
+    /// The bookkeeping of [`cached_packets`](Self::cached_packets)'s packets added up: the
+    /// address, whether an address is needed, the target address packet not applied yet,
+    /// the counts (of `packets` packets, `ranges` ranges, `handed` of them handed over
+    /// directly), as [`apply_run`](Self::apply_run), [`address`](Self::address) and
+    /// [`begin_packet`](Self::begin_packet) do for each.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn end_cached(
+        &mut self,
+        ranges: u64,
+        handed: u64,
+        instructions: u64,
+        packets: u64,
+        addr: u64,
+        need_addr: bool,
+        pending: Option<(u64, u8, u64)>,
+    ) {
+        self.walk.addr = addr;
+        if ranges != 0 {
+            self.walk.it.remaining = 0;
+        }
+        self.need_addr = need_addr;
+        if let Some((addr, is, index)) = pending {
+            self.next_addr = NextAddr { set: true, is, addr, index };
+        }
+        self.cache.count_hits(ranges);
+        self.stats.ranges += ranges;
+        self.stats.instructions += instructions;
+        // (`flush` counts what it hands over)
+        self.stats.elements += handed;
+        self.stats.packets += packets;
+    }
+
+    /// [`flush`](Self::flush) at a packet's end (see [`begin_packet`](Self::begin_packet)),
+    /// out of line: for the atom-run loop, whose registers are for its hits.
+    #[inline(never)]
+    fn flush_out_of_line<S: ElementSink + ?Sized>(&mut self, sink: &mut S) {
+        self.stopped = false;
+        self.flush(sink);
+    }
+
+    /// The end of packet `index` (`format`, `atoms`) that
+    /// [`cached_packets`](Self::cached_packets) leaves: its ranges from `ranges[r0]` on, the
+    /// `n` atoms `bits` left (if any) through [`atoms_from`](Self::atoms_from). Out of line:
+    /// the loop's registers are for its hits.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn packet_rest<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        r0: usize,
+        index: u64,
+        bits: u32,
+        n: u8,
+        format: u8,
+        atoms: Atoms,
+        mem: &M,
+        sink: &mut S,
+    ) -> ControlFlow<()> {
+        // this packet's ranges so far are its own (an error discards them)
+        self.held = r0;
+        self.begin_packet(index);
+        if n > 0 {
+            let (m, key) = if n <= RUN_MAX as u8 { (n, bits) } else { (RUN_MAX as u8, bits & ((1 << RUN_MAX) - 1)) };
+            if let Some((start, b, c, run)) = self.run_scratch.cut.take()
+                && (start, b, c) == (self.walk.addr, key, m)
+                && run.count > 0
+            {
+                // the loop left the packet at this run, cut by a block not cached: what
+                // `run_atoms` does first (the run is not stored, `cached_atoms` builds it
+                // again), without building it again
+                let r1 = self.ranges.len();
+                self.ranges.extend(self.run_scratch.ranges[..run.count as usize].iter().map(|&range| Range { index, range }));
+                self.apply_run(&run, r1);
+                return self.atoms_from(bits >> run.count, n - run.count, index, format, atoms, mem, sink);
+            }
+            self.atoms_from(bits, n, index, format, atoms, mem, sink)
+        } else {
+            self.hold_or_flush(sink);
+            ControlFlow::Continue(())
+        }
+    }
+
+    /// The rest of an atom packet entered through [`atoms`](Self::atoms) (or
+    /// [`cached_packets`](Self::cached_packets)) and committed at once: the `n` atoms `bits`
+    /// left, then the ranges held or handed over; an error resets the decoder and reports
+    /// `NO_SYNC` at the packet (`format`, `atoms`) as [`run`](Self::run) does.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn atoms_from<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        bits: u32,
+        n: u8,
+        index: u64,
+        format: u8,
+        atoms: Atoms,
+        mem: &M,
+        sink: &mut S,
+    ) -> ControlFlow<()> {
+        if self.run_atoms(bits, n, index, mem).is_ok() {
+            self.hold_or_flush(sink);
+            return ControlFlow::Continue(());
+        }
+        self.run(index, &Packet::Atom { format, atoms }, mem, sink)
+    }
+
+    /// After an atom packet committed at once: output that is only ranges stays buffered
+    /// (see [`atoms`](Self::atoms)), up to [`HOLD_MAX`] of them; anything else is handed over.
+    #[inline]
+    fn hold_or_flush<S: ElementSink + ?Sized>(&mut self, sink: &mut S) {
+        if self.out.is_empty() && self.ranges.len() < HOLD_MAX {
+            self.held = self.ranges.len();
+        } else {
+            self.flush(sink);
+        }
+    }
+
     /// An atom packet now, the decoder [`quiet`](Self::quiet), is committed at once (the
     /// common case with TRCIDR8.MAXSPEC == 0: an empty P0 stack, or one holding only the
     /// address packet after an indirect branch, which this applies as the commit would), so
@@ -672,8 +1105,8 @@ impl Decoder {
     ) -> bool {
         // (`res.commit` stays 0: nothing else is pending)
         if self.run_atoms(atoms.bits, atoms.count, index, mem).is_ok() {
-            if HOLD && self.out.is_empty() && self.ranges.len() < HOLD_MAX {
-                self.held = self.ranges.len();
+            if HOLD {
+                self.hold_or_flush(sink);
             } else {
                 self.flush(sink);
             }
@@ -1231,66 +1664,19 @@ impl Decoder {
     }
 
     /// The hot path of [`apply_atoms`](Self::apply_atoms): up to `max` atoms (oldest in bit 0
-    /// of `bits`, consumed) from an A64 address while their blocks are cached, with the
-    /// address in a local; stops after a taken indirect branch (its target comes from the
-    /// trace) and at the first block not cached. Pushes one range per atom, as
-    /// [`process_atom`](Self::process_atom)'s cached case does, and returns what else they did
-    /// as a [`Run`] for [`apply_run`](Self::apply_run), and whether the run cache may store it
-    /// (all `max` applied, or up to a taken indirect branch that is not an exception return).
+    /// of `bits`, consumed) from an A64 address while their blocks are cached
+    /// ([`cached_run`]); pushes one range per atom, as [`process_atom`](Self::process_atom)'s
+    /// cached case does, and returns what else they did as a [`Run`] for
+    /// [`apply_run`](Self::apply_run), and whether the run cache may store it.
     #[inline]
     fn cached_atoms(&mut self, bits: &mut u32, max: u8, index: u64, tag: u64) -> (Run, bool) {
-        let mut run = Run { next: self.walk.addr, ..Run::default() };
-        let mut whole = true;
-        while run.count < max {
-            let addr = run.next;
-            let Some(blk) = self.cache.lookup(addr, tag) else {
-                whole = false;
-                break;
-            };
-            let taken = *bits & 1 != 0;
-            *bits >>= 1;
-            let last = blk.last;
-            run.instructions += blk.num_instr;
-            self.ranges.push(Range {
-                index,
-                range: InstrRange {
-                    start: addr,
-                    end: blk.end,
-                    num_instr: blk.num_instr,
-                    isa: Isa::A64,
-                    last_size: 4,
-                    executed: taken,
-                    last_type: last.ty,
-                    last_subtype: last.subtype,
-                    last_cond: last.is_cond,
-                },
-            });
-            run.next = blk.end;
-            let k = run.count;
-            run.count += 1;
-            if taken {
-                match last.ty {
-                    InstrType::Br => {
-                        run.links |= (last.is_link as u8) << k;
-                        run.next = last.branch_addr;
-                    }
-                    InstrType::BrIndirect => {
-                        run.links |= (last.is_link as u8) << k;
-                        run.indirect = true;
-                        if last.subtype == InstrSubtype::V8Eret {
-                            // not stored as a run: what it emits depends on the decoder
-                            whole = false;
-                            if self.cfg.ete {
-                                self.add(index, ElementKind::ExceptionRet);
-                            }
-                        }
-                        break;
-                    }
-                    _ => {}
-                }
-            }
+        let (run, end) = cached_run(&self.cache, self.walk.addr, tag, *bits, max, &mut self.run_scratch.ranges);
+        *bits >>= run.count;
+        self.ranges.extend(self.run_scratch.ranges[..run.count as usize].iter().map(|&range| Range { index, range }));
+        if end == RunEnd::Eret && self.cfg.ete {
+            self.add(index, ElementKind::ExceptionRet);
         }
-        (run, whole)
+        (run, end == RunEnd::Whole)
     }
 
     /// What a run of cached atoms did besides its ranges (`self.ranges[r0..]`, already
@@ -1550,11 +1936,16 @@ impl Decoder {
         target: Option<u64>,
         tag: u64,
     ) -> Result<(RawRange, WpRes), DecodeErr> {
-        let space = self.space;
-        let cfg = self.cfg.insn;
-        let opts = self.cfg.opts;
-        let ctx = self.ctx.context_id;
-        let (r, res) = walk::walk(&mut self.walk, mem, space, ctx, &cfg, &opts, target, Some((&self.cache, tag)));
+        let (r, res) = walk::walk(
+            &mut self.walk,
+            mem,
+            self.space,
+            self.ctx.context_id,
+            &self.cfg.insn,
+            &self.cfg.opts,
+            target,
+            Some((&self.cache, tag)),
+        );
         match res {
             WpRes::RangeLimit | WpRes::BadOpcode => {
                 log::debug!("trace id {:#x}: walk from {:#x} failed: {res:?}", self.cfg.trace_id, r.start);
@@ -2028,6 +2419,124 @@ mod tests {
             let _ = d.packet(i as u64, p, &img, &mut sink);
         }
         out
+    }
+
+    /// Records every element as "index kind"; with `direct`, takes ranges through
+    /// `packet_ranges`.
+    struct Recorder {
+        direct: bool,
+        out: Vec<String>,
+    }
+
+    impl ElementSink for Recorder {
+        fn element(&mut self, e: &Element) -> ControlFlow<()> {
+            self.out.push(format!("{} {}", e.index, e.kind));
+            ControlFlow::Continue(())
+        }
+        fn takes_packet_ranges(&self) -> bool {
+            self.direct
+        }
+        fn packet_ranges(&mut self, trace_id: u8, index: u64, rs: &[InstrRange]) -> ControlFlow<()> {
+            for &range in rs {
+                self.element(&Range { index, range }.element(trace_id))?;
+            }
+            ControlFlow::Continue(())
+        }
+    }
+
+    /// The parser's packets to a decoder: each through `packet`, `atoms` or `address`, or
+    /// (with `runs`) those that lead the data through `atom_run`.
+    struct ToDecoder<'a> {
+        dec: &'a mut Decoder,
+        img: &'a MemoryImage,
+        rec: &'a mut Recorder,
+        runs: bool,
+    }
+
+    impl crate::packet::PacketSink for ToDecoder<'_> {
+        fn packet(&mut self, index: u64, p: &Packet, _raw: &[u8]) {
+            let _ = self.dec.packet(index, p, self.img, self.rec);
+        }
+        fn atoms(&mut self, index: u64, format: u8, atoms: Atoms, _header: u8) {
+            let _ = self.dec.atoms(index, format, atoms, self.img, self.rec);
+        }
+        fn address(&mut self, index: u64, addr: Address, _raw: &[u8]) {
+            let _ = self.dec.address(index, addr, self.img, self.rec);
+        }
+        fn atom_run(&mut self, index: u64, data: &[u8], look: &mut Lookahead<'_>) -> usize {
+            if !self.runs {
+                let mut n = 0;
+                while let Some(&b) = data.get(n) {
+                    let (format, atoms) = look.atoms(b);
+                    if format == 0 {
+                        break;
+                    }
+                    self.atoms(index + n as u64, format, atoms, b);
+                    n += 1;
+                }
+                return n;
+            }
+            let (n, r) = self.dec.atom_run(index, data, look, self.img, self.rec);
+            assert!(r.is_continue());
+            n
+        }
+    }
+
+    /// Packets entered as runs (`atom_run`: atom packets applied from the run cache and
+    /// target address packets taken in the decoder's loop), the sink taking ranges directly or
+    /// not, give the elements and counts that entering them one by one gives: the loop
+    /// entered with and without a pending target address, left at a run not cached (also in
+    /// the middle of a packet of more than `RUN_MAX` atoms), at a compressed return after a
+    /// taken indirect branch, at two address packets in a row, at the other packets.
+    #[test]
+    fn atom_run_as_packets() {
+        use crate::packet::PacketParser;
+        use crate::snapshot::Protocol;
+        let img = image();
+        let etm = EtmConfig::generic(Protocol::Etmv4, 1);
+        let long = |a: u64| {
+            let mut v = vec![0x9D, ((a >> 2) & 0x7F) as u8, ((a >> 9) & 0x7F) as u8];
+            v.extend((2..8).map(|k| (a >> (8 * k)) as u8));
+            v
+        };
+        let mut data = Vec::new();
+        for _ in 0..6 {
+            data.extend([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 0x01, 0x00, 0x04]); // A-sync, TINFO, TRACE_ON
+            data.extend([0x85, 0, 8, 0, 0, 0, 0, 0, 0, 0x30]); // 0x1000 with context (AArch64, EL0 NS)
+            for _ in 0..3 {
+                // E E (bl, ret) 0x1000 EE (bl, ret) E (compressed return) E 0x2000 E
+                data.extend([0xF7, 0xF7]);
+                data.extend(long(0x1000));
+                data.extend([0xDB, 0xF7, 0xF7]);
+                data.extend(long(0x2000));
+                data.extend([0xF7]);
+                // 9 E (a taken indirect branch first), 0x1000 twice, EEE, exact match, E, short
+                // address, N, E, 13 E
+                data.push(0xC5);
+                data.extend(long(0x1000));
+                data.extend(long(0x1000));
+                data.extend([0xFF, 0x90, 0xF7, 0x95, 0x00, 0xF6, 0xF7, 0xC9]);
+            }
+        }
+        let decode = |runs: bool, direct: bool| {
+            let mut dec = Decoder::with_cache(DecoderConfig::new(&etm, ArchVersion::V8), cache::shared(8));
+            let mut rec = Recorder { direct, out: Vec::new() };
+            let mut parser = PacketParser::new(&etm);
+            let mut sink = ToDecoder { dec: &mut dec, img: &img, rec: &mut rec, runs };
+            // in chunks, so runs are also cut by the end of the data
+            for (k, chunk) in data.chunks(37).enumerate() {
+                parser.feed(k as u64 * 37, chunk, &mut sink);
+                let _ = sink.dec.flush_held(sink.rec);
+            }
+            parser.finish(&mut sink);
+            let _ = dec.finish(&mut rec);
+            (rec.out, dec.stats(), parser.stats().packets)
+        };
+        let by_packet = decode(false, false);
+        assert!(by_packet.0.iter().filter(|l| l.contains("RANGE")).count() > 100, "{:?}", by_packet.0);
+        assert!(by_packet.1.cache_hits > 100);
+        assert_eq!(decode(true, false), by_packet);
+        assert_eq!(decode(true, true), by_packet);
     }
 
     fn addr_pkt(addr: u64) -> Packet {

@@ -10,7 +10,7 @@ use crate::elements::Element;
 use crate::frame::{Deformatter, FrameSink, FrameStats, StreamFormat};
 use crate::image::{MemSpace, MemoryAccess, MemoryImage};
 use crate::insn::ArchVersion;
-use crate::packet::{Address, Atoms, Packet, PacketDemux, PacketSink, PacketStats};
+use crate::packet::{Address, Atoms, Lookahead, Packet, PacketDemux, PacketSink, PacketStats};
 use crate::snapshot::{EtmConfig, Snapshot, SnapshotError, SnapshotFiles, TraceBuffer};
 
 /// Builds the code image of a snapshot: every `dump` section of every device, in device
@@ -340,6 +340,21 @@ impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> PacketSink for IdSink<'_
         if !self.stop && self.dec.atoms(index, format, atoms, self.mem, self.sink).is_break() {
             self.stop = true;
         }
+    }
+
+    #[inline]
+    fn atom_run(&mut self, index: u64, data: &[u8], look: &mut Lookahead<'_>) -> usize {
+        let mut n = 0;
+        if !self.stop {
+            let r;
+            (n, r) = self.dec.atom_run(index, data, look, self.mem, self.sink);
+            if r.is_continue() {
+                return n;
+            }
+            self.stop = true;
+        }
+        // stopped: the atom packets left are only counted
+        n + data[n..].iter().take_while(|&&b| look.atoms(b).0 != 0).count()
     }
 
     #[inline]

@@ -301,6 +301,20 @@ impl etm_decode::decoder::ElementSink for CountOnly {
         std::ops::ControlFlow::Continue(())
     }
 
+    /// (likewise, without the decoder buffering them)
+    fn takes_packet_ranges(&self) -> bool {
+        true
+    }
+
+    fn packet_ranges(
+        &mut self,
+        _trace_id: u8,
+        _index: u64,
+        _rs: &[etm_decode::elements::InstrRange],
+    ) -> std::ops::ControlFlow<()> {
+        std::ops::ControlFlow::Continue(())
+    }
+
     fn elements(&mut self, es: &[etm_decode::elements::Element]) -> std::ops::ControlFlow<()> {
         if self.halt_on_error {
             for e in es {

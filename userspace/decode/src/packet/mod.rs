@@ -36,7 +36,7 @@ pub mod fuzz;
 mod parser;
 
 pub use demux::{DemuxSink, PacketDemux};
-pub use parser::{PacketParser, PacketStats};
+pub use parser::{Lookahead, PacketParser, PacketStats};
 
 /// Receives the packets of one parser ([`PacketParser::feed`]). Closures
 /// `FnMut(index, &Packet, raw_bytes)` are sinks; a sink that consumes atom packets (the hot
@@ -50,6 +50,26 @@ pub trait PacketSink {
     #[inline]
     fn atoms(&mut self, index: u64, format: u8, atoms: Atoms, header: u8) {
         self.packet(index, &Packet::Atom { format, atoms }, &[header]);
+    }
+
+    /// The packets that lead `data` (the parser in sync, between packets; `data[0]` has trace
+    /// index `index`), as many as the sink takes in a loop of its own: single-byte atom
+    /// packets, whose format and atoms `look` gives ([`Lookahead::atoms`]), and target address
+    /// packets, which `look` parses ([`Lookahead::target_address`]). Returns how many bytes it
+    /// took: at least all the leading atom packets (each one byte), and only whole packets.
+    /// The default takes the atom packets, passing each to [`atoms`](PacketSink::atoms).
+    #[inline]
+    fn atom_run(&mut self, index: u64, data: &[u8], look: &mut Lookahead<'_>) -> usize {
+        let mut n = 0;
+        while let Some(&b) = data.get(n) {
+            let (format, atoms) = look.atoms(b);
+            if format == 0 {
+                break;
+            }
+            self.atoms(index + n as u64, format, atoms, b);
+            n += 1;
+        }
+        n
     }
 
     /// A target address packet without context (short, long or exact match; `raw` its
