@@ -383,6 +383,15 @@ impl RetStack {
         }
         r
     }
+    /// The pending pop, if the top entry is there and A64 (what
+    /// [`Decoder::return_stack_pop`] then does, without its error case): its address.
+    #[inline(always)]
+    fn pop_pending_a64(&mut self) -> Option<u64> {
+        if self.pop_pending && self.entries > 0 && self.stack[self.head].1 == Isa::A64 {
+            return Some(self.pop().0);
+        }
+        None
+    }
     fn flush(&mut self) {
         self.head = 15;
         self.entries = 0;
@@ -876,7 +885,14 @@ impl Decoder {
                 need_addr = false;
             }
             if need_addr || self.ret.pop_pending {
-                break;
+                // a compressed return (`return_stack_pop` at the packet's first atom)
+                match self.ret.pop_pending_a64() {
+                    Some(a) => {
+                        addr = a;
+                        need_addr = false;
+                    }
+                    None => break,
+                }
             }
             let (mut bits, n) = (atoms.bits, atoms.count);
             let mut k = 0;
@@ -916,8 +932,15 @@ impl Decoder {
                 bits >>= run.count;
                 k += run.count;
                 if run.indirect {
-                    need_addr = true;
                     self.ret.set_pop_pending();
+                    // atoms left after a compressed return: `run_atoms` pops before the next
+                    if k < n
+                        && let Some(a) = self.ret.pop_pending_a64()
+                    {
+                        addr = a;
+                        continue;
+                    }
+                    need_addr = true;
                     break;
                 }
             }
