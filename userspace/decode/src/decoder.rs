@@ -2488,16 +2488,7 @@ mod tests {
         }
         fn atom_run(&mut self, index: u64, data: &[u8], look: &mut Lookahead<'_>) -> usize {
             if !self.runs {
-                let mut n = 0;
-                while let Some(&b) = data.get(n) {
-                    let (format, atoms) = look.atoms(b);
-                    if format == 0 {
-                        break;
-                    }
-                    self.atoms(index + n as u64, format, atoms, b);
-                    n += 1;
-                }
-                return n;
+                return crate::packet::atom_packets(self, index, data, look);
             }
             let (n, r) = self.dec.atom_run(index, data, look, self.img, self.rec);
             assert!(r.is_continue());

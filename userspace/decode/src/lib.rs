@@ -28,6 +28,7 @@
 //! ```
 
 pub mod branches;
+mod by_id;
 pub mod cache;
 pub mod decoder;
 pub mod elements;

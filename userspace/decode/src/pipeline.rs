@@ -4,6 +4,7 @@
 
 use std::ops::ControlFlow;
 
+use crate::by_id::ById;
 use crate::cache::SharedBlockCache;
 use crate::decoder::{DecodeOptions, DecodeStats, Decoder, DecoderConfig, ElementSink};
 use crate::elements::Element;
@@ -59,16 +60,10 @@ pub struct BufferDecoder {
     deformatter: Deformatter,
 }
 
-/// [`Decoders::slots`] of a trace ID without a decoder (never a valid index: at most 128).
-const NO_DECODER: u8 = u8::MAX;
-
 /// The element decoders of a buffer, created on first use: only the trace IDs seen hold one
-/// (a table of 128 decoders per buffer would be ~87 KB each, N x that on an N-CPU system).
+/// ([`ById`]).
 struct Decoders {
-    /// Trace ID -> index in `decoders`, [`NO_DECODER`] if none yet.
-    slots: [u8; 128],
-    /// By ascending trace ID.
-    decoders: Vec<Decoder>,
+    decoders: ById<Decoder>,
     /// Configuration of each source's decoder.
     configs: Vec<Option<DecoderConfig>>,
     cache: SharedBlockCache,
@@ -81,42 +76,30 @@ impl Decoders {
     /// The decoder of `id`, created now if it is a source without one yet.
     #[inline(always)]
     fn get(&mut self, id: u8) -> Option<&mut Decoder> {
-        let i = (id & 0x7F) as usize;
-        let s = self.slots[i] as usize;
-        if s < self.decoders.len() {
-            return Some(&mut self.decoders[s]);
+        let i = id & 0x7F;
+        if self.decoders.get(i).is_none() {
+            return self.create(i);
         }
-        self.create(i)
-    }
-
-    /// The decoder of `id`, if created.
-    fn of(&self, id: u8) -> Option<&Decoder> {
-        self.decoders.get(self.slots[(id & 0x7F) as usize] as usize)
+        self.decoders.get_mut(i)
     }
 
     #[cold]
     #[inline(never)]
-    fn create(&mut self, i: usize) -> Option<&mut Decoder> {
-        let cfg = self.configs[i]?;
+    fn create(&mut self, id: u8) -> Option<&mut Decoder> {
+        let cfg = self.configs[id as usize]?;
         let mut d = Decoder::with_cache(cfg, self.cache.clone());
         if let Some(o) = self.opts {
             d.set_options(o);
         }
         d.set_src_addr_n(self.src_addr_n);
         d.set_unmarked_timestamps(self.unmarked_ts);
-        // Kept in trace ID order (flushes and resets go by ascending ID): the ones above move up.
-        let at = self.slots[..i].iter().filter(|&&s| s != NO_DECODER).count();
-        for s in self.slots.iter_mut().filter(|s| **s != NO_DECODER && usize::from(**s) >= at) {
-            *s += 1;
-        }
-        self.slots[i] = at as u8;
-        self.decoders.insert(at, d);
-        Some(&mut self.decoders[at])
+        // (in trace ID order: flushes and resets go by ascending ID)
+        Some(self.decoders.insert(id, d))
     }
 
     /// The decoders created, by ascending trace ID.
     fn existing(&mut self) -> impl Iterator<Item = &mut Decoder> {
-        self.decoders.iter_mut()
+        self.decoders.values_mut().iter_mut()
     }
 }
 
@@ -157,15 +140,7 @@ impl BufferDecoder {
         BufferDecoder {
             format,
             demux,
-            decs: Decoders {
-                slots: [NO_DECODER; 128],
-                decoders: Vec::new(),
-                configs,
-                cache,
-                opts: None,
-                src_addr_n: false,
-                unmarked_ts: false,
-            },
+            decs: Decoders { decoders: ById::default(), configs, cache, opts: None, src_addr_n: false, unmarked_ts: false },
             deformatter: Deformatter::new(format),
         }
     }
@@ -197,13 +172,13 @@ impl BufferDecoder {
 
     /// Element decoders created so far (trace IDs seen).
     pub fn decoders_created(&self) -> usize {
-        self.decs.decoders.len()
+        self.decs.decoders.values().len()
     }
 
     /// The element decoder of a trace ID (e.g. for [`Decoder::pending_target`] at the end of
     /// the data pushed so far).
     pub fn decoder(&self, trace_id: u8) -> Option<&Decoder> {
-        self.decs.of(trace_id)
+        self.decs.decoders.get(trace_id & 0x7F)
     }
 
     /// Starts a new trace session with the same decoders (trace index back to 0, parsers and
@@ -262,7 +237,7 @@ impl BufferDecoder {
     /// Counters so far.
     pub fn summary(&self) -> DecodeSummary {
         let mut d = DecodeStats::default();
-        for dec in &self.decs.decoders {
+        for dec in self.decs.decoders.values() {
             let s = dec.stats();
             d.packets += s.packets;
             d.elements += s.elements;

@@ -1,20 +1,14 @@
 //! One [`PacketParser`] per trace ID, fed from the frame deformatter.
 
 use super::{Packet, PacketParser, PacketSink, PacketStats};
+use crate::by_id::ById;
 use crate::frame::FrameSink;
 use crate::snapshot::EtmConfig;
 
-/// [`PacketDemux`]'s slot of a trace ID without a parser (never an index: at most 128).
-const NO_PARSER: u8 = u8::MAX;
-
-/// Parsers for up to 128 trace IDs; only the IDs added hold one (a parser is ~4 KB: a table of
-/// 128 per buffer would be ~0.5 MB, N x that on an N-CPU system with a buffer per CPU).
+/// Parsers for up to 128 trace IDs; only the IDs added hold one ([`ById`]).
 #[derive(Debug, Clone)]
 pub struct PacketDemux {
-    /// Trace ID -> index in `parsers`, [`NO_PARSER`] if none.
-    slots: [u8; 128],
-    /// By ascending trace ID.
-    parsers: Vec<PacketParser>,
+    parsers: ById<PacketParser>,
     /// Bytes for trace IDs without a parser.
     pub unknown_id_bytes: u64,
 }
@@ -28,50 +22,34 @@ impl Default for PacketDemux {
 impl PacketDemux {
     /// No parsers yet.
     pub fn new() -> PacketDemux {
-        PacketDemux { slots: [NO_PARSER; 128], parsers: Vec::new(), unknown_id_bytes: 0 }
+        PacketDemux { parsers: ById::default(), unknown_id_bytes: 0 }
     }
 
     /// Adds (or replaces) the parser for trace ID `id` (0..=127).
     pub fn add(&mut self, id: u8, cfg: &EtmConfig) {
-        let i = (id & 0x7F) as usize;
-        let p = PacketParser::new(cfg);
-        if let Some(old) = self.parsers.get_mut(self.slots[i] as usize) {
-            *old = p;
-            return;
-        }
-        let at = self.slots[..i].iter().filter(|&&s| s != NO_PARSER).count();
-        for s in self.slots.iter_mut().filter(|s| **s != NO_PARSER && usize::from(**s) >= at) {
-            *s += 1;
-        }
-        self.slots[i] = at as u8;
-        self.parsers.insert(at, p);
-    }
-
-    #[inline(always)]
-    fn parser_mut(&mut self, id: u8) -> Option<&mut PacketParser> {
-        self.parsers.get_mut(*self.slots.get(id as usize)? as usize)
+        self.parsers.insert(id, PacketParser::new(cfg));
     }
 
     /// See [`PacketParser::set_report_all_unsynced`]; applies to every parser.
     pub fn set_report_all_unsynced(&mut self, on: bool) {
-        for p in &mut self.parsers {
+        for p in self.parsers.values_mut() {
             p.set_report_all_unsynced(on);
         }
     }
 
     /// Trace IDs with a parser, ascending.
     pub fn ids(&self) -> impl Iterator<Item = u8> + '_ {
-        self.slots.iter().enumerate().filter(|(_, s)| **s != NO_PARSER).map(|(i, _)| i as u8)
+        self.parsers.ids()
     }
 
     /// The parser for `id`.
     pub fn parser(&self, id: u8) -> Option<&PacketParser> {
-        self.parsers.get(*self.slots.get(id as usize)? as usize)
+        self.parsers.get(id)
     }
 
     /// Feeds bytes of trace ID `id`; packets go to `sink(id, index, packet, raw)`.
     pub fn feed<F: FnMut(u8, u64, &Packet, &[u8])>(&mut self, id: u8, index: u64, bytes: &[u8], sink: &mut F) {
-        match self.parser_mut(id) {
+        match self.parsers.get_mut(id) {
             Some(p) => p.feed(index, bytes, &mut |i, pk: &Packet, raw: &[u8]| sink(id, i, pk, raw)),
             None => self.unknown_id_bytes += bytes.len() as u64,
         }
@@ -81,7 +59,7 @@ impl PacketDemux {
     /// packets without a [`Packet`], see [`PacketSink::atoms`]).
     #[inline]
     pub fn feed_to<S: PacketSink + ?Sized>(&mut self, id: u8, index: u64, bytes: &[u8], sink: &mut S) {
-        match self.parser_mut(id) {
+        match self.parsers.get_mut(id) {
             Some(p) => p.feed(index, bytes, sink),
             None => self.unknown_id_bytes += bytes.len() as u64,
         }
@@ -89,14 +67,14 @@ impl PacketDemux {
 
     /// Resets every parser (4 x FSYNC barrier, new buffer).
     pub fn reset_all(&mut self) {
-        for p in &mut self.parsers {
+        for p in self.parsers.values_mut() {
             p.reset();
         }
     }
 
     /// End of trace for `id`: flushes an incomplete packet.
     pub fn finish<F: FnMut(u8, u64, &Packet, &[u8])>(&mut self, id: u8, sink: &mut F) {
-        if let Some(p) = self.parser_mut(id) {
+        if let Some(p) = self.parsers.get_mut(id) {
             p.finish(&mut |i, pk: &Packet, raw: &[u8]| sink(id, i, pk, raw));
         }
     }
@@ -104,7 +82,7 @@ impl PacketDemux {
     /// Sum of all parsers' counters.
     pub fn stats(&self) -> PacketStats {
         let mut s = PacketStats::default();
-        for p in &self.parsers {
+        for p in self.parsers.values() {
             let t = p.stats();
             s.bytes += t.bytes;
             s.packets += t.packets;

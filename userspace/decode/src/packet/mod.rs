@@ -38,6 +38,22 @@ mod parser;
 pub use demux::{DemuxSink, PacketDemux};
 pub use parser::{Lookahead, PacketParser, PacketStats};
 
+/// [`PacketSink::atom_run`]'s default: the atom packets that lead `data` (`data[0]` has trace
+/// index `index`), each to [`PacketSink::atoms`]; returns how many (one byte each).
+#[inline]
+pub fn atom_packets<S: PacketSink + ?Sized>(sink: &mut S, index: u64, data: &[u8], look: &mut Lookahead<'_>) -> usize {
+    let mut n = 0;
+    while let Some(&b) = data.get(n) {
+        let (format, atoms) = look.atoms(b);
+        if format == 0 {
+            break;
+        }
+        sink.atoms(index + n as u64, format, atoms, b);
+        n += 1;
+    }
+    n
+}
+
 /// Receives the packets of one parser ([`PacketParser::feed`]). Closures
 /// `FnMut(index, &Packet, raw_bytes)` are sinks; a sink that consumes atom packets (the hot
 /// packet type) without a [`Packet`] built for them implements [`atoms`](PacketSink::atoms).
@@ -60,16 +76,7 @@ pub trait PacketSink {
     /// The default takes the atom packets, passing each to [`atoms`](PacketSink::atoms).
     #[inline]
     fn atom_run(&mut self, index: u64, data: &[u8], look: &mut Lookahead<'_>) -> usize {
-        let mut n = 0;
-        while let Some(&b) = data.get(n) {
-            let (format, atoms) = look.atoms(b);
-            if format == 0 {
-                break;
-            }
-            self.atoms(index + n as u64, format, atoms, b);
-            n += 1;
-        }
-        n
+        atom_packets(self, index, data, look)
     }
 
     /// A target address packet without context (short, long or exact match; `raw` its
