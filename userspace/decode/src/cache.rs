@@ -2,7 +2,9 @@
 //! including the next waypoint). Hot code is then walked once; later atoms on the same block
 //! cost one table lookup instead of one instruction decode per instruction.
 //!
-//! Direct-mapped, fixed size (bounded memory, no allocation after construction). Entries are
+//! Two-way set-associative (a new block evicts the older of its set's two: blocks a multiple
+//! of the cache's span apart share a set, and a large image's hot code has many such pairs),
+//! fixed size (bounded memory, no allocation after construction). Entries are
 //! tagged with the memory space and context ID that selected the code and with the decoder's
 //! instruction-classification options, so different processes mapping different code at the
 //! same address, or decoders with different options, do not collide.
@@ -31,8 +33,10 @@ pub struct Block {
 /// so lookups and stores need no borrow).
 pub type SharedBlockCache = std::rc::Rc<BlockCache>;
 
-/// Entries of the default cache (2^15: 32,768 blocks, about 1.5 MiB).
-pub const DEFAULT_BITS: u32 = 15;
+/// Entries of the default cache (2^16: 65,536 blocks, about 3 MiB per code image). A large
+/// image's trace (`bugfix-exact-match`: ~20,000 distinct blocks in 1 MiB) fits without
+/// evicting much; see bench/README.md.
+pub const DEFAULT_BITS: u32 = 16;
 
 /// A new shared cache with `2^bits` entries.
 pub fn shared(bits: u32) -> SharedBlockCache {
@@ -117,9 +121,9 @@ pub struct BlockCache {
 }
 
 impl BlockCache {
-    /// A cache with `2^bits` entries.
+    /// A cache with `2^bits` entries (at least 2: one set).
     pub fn new(bits: u32) -> Self {
-        let n = 1usize << bits.min(24);
+        let n = 1usize << bits.clamp(1, 24);
         let runs: Box<[RunSlot]> = (0..RUN_SLOTS)
             .map(|_| RunSlot {
                 start: Cell::new(0),
@@ -139,9 +143,12 @@ impl BlockCache {
         }
     }
 
+    /// The two ways of `start`'s set: the more recently stored first.
     #[inline]
-    fn slot(&self, start: u64) -> &Slot {
-        &self.slots[(start >> 2) as usize & self.mask]
+    fn set(&self, start: u64) -> [&Slot; 2] {
+        let i = ((start >> 2) as usize & (self.mask >> 1)) << 1;
+        let [a, b] = &self.slots[i..i + 2] else { unreachable!("an even index below an even length") };
+        [a, b]
     }
 
     /// Looks up the block starting at `start` under `tag`.
@@ -158,8 +165,15 @@ impl BlockCache {
     /// [`count_hits`](Self::count_hits) once per run of lookups).
     #[inline]
     pub fn lookup(&self, start: u64, tag: u64) -> Option<Block> {
-        let s = self.slot(start);
-        if s.key.get() == (start, tag | VALID) { Some(s.block.get()) } else { None }
+        let [a, b] = self.set(start);
+        let key = (start, tag | VALID);
+        if a.key.get() == key {
+            Some(a.block.get())
+        } else if b.key.get() == key {
+            Some(b.block.get())
+        } else {
+            None
+        }
     }
 
     /// Adds `n` hits to the counter.
@@ -171,10 +185,13 @@ impl BlockCache {
     /// Stores a block.
     #[inline]
     pub fn put(&self, start: u64, tag: u64, block: Block) {
-        let s = self.slot(start);
+        let [a, b] = self.set(start);
         self.misses.set(self.misses.get() + 1);
-        s.key.set((start, tag | VALID));
-        s.block.set(block);
+        // the older way goes; the newer moves to its place
+        b.key.set(a.key.get());
+        b.block.set(a.block.get());
+        a.key.set((start, tag | VALID));
+        a.block.set(block);
     }
 
     #[inline]
@@ -278,6 +295,22 @@ mod tests {
         c.clear();
         assert!(c.get(0x1000, 7).is_none());
         assert_eq!((c.hits(), c.misses()), (1, 1));
+    }
+
+    /// Two blocks of one set both stay; a third evicts the older of them.
+    #[test]
+    fn two_ways() {
+        let c = BlockCache::new(4); // 8 sets; addresses 0x20 apart share one
+        let b = |end| Block { end, num_instr: 1, last: InstrInfo::default() };
+        c.put(0x1000, 0, b(1));
+        c.put(0x1020, 0, b(2));
+        assert_eq!((c.get(0x1000, 0).map(|b| b.end), c.get(0x1020, 0).map(|b| b.end)), (Some(1), Some(2)));
+        c.put(0x1040, 0, b(3));
+        assert!(c.get(0x1000, 0).is_none());
+        assert_eq!((c.get(0x1020, 0).map(|b| b.end), c.get(0x1040, 0).map(|b| b.end)), (Some(2), Some(3)));
+        // a block of another set is untouched
+        c.put(0x1004, 0, b(4));
+        assert_eq!((c.get(0x1020, 0).map(|b| b.end), c.get(0x1040, 0).map(|b| b.end)), (Some(2), Some(3)));
     }
 
     /// A stored run replays its ranges (with the new packet index) only under the same start,
