@@ -755,11 +755,10 @@ impl Decoder {
         sink: &mut S,
     ) -> ControlFlow<()> {
         self.begin_packet(index);
-        if self.settled() && self.atoms_now() && self.commit_atoms_now::<M, S, true>(atoms, index, mem, sink) {
-            return ControlFlow::Continue(());
+        if self.settled() && self.atoms_now() {
+            return self.atoms_from(atoms.bits, atoms.count, index, format, atoms, mem, sink);
         }
-        // not committed at once, or an error (the decoder was reset: NO_SYNC is reported at
-        // this packet as `packet` does)
+        // not committed at once
         self.run(index, &Packet::Atom { format, atoms }, mem, sink)
     }
 
@@ -1114,12 +1113,12 @@ impl Decoder {
         }
     }
 
-    /// Applies an atom packet committed at once (see [`atoms_now`](Self::atoms_now)); same
-    /// semantics as decode_packet + commit. False on an error (the decoder was reset). With
-    /// `HOLD`, output that is only ranges stays buffered (see [`atoms`](Self::atoms)), up to
-    /// [`HOLD_MAX`] of them.
+    /// Applies an atom packet committed at once (see [`atoms_now`](Self::atoms_now)) and hands
+    /// its output over; same semantics as decode_packet + commit. False on an error (the
+    /// decoder was reset). ([`atoms_from`](Self::atoms_from) is the same for the atom entry,
+    /// which may hold the ranges back.)
     #[inline]
-    fn commit_atoms_now<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized, const HOLD: bool>(
+    fn commit_atoms_now<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
         &mut self,
         atoms: Atoms,
         index: u64,
@@ -1128,11 +1127,7 @@ impl Decoder {
     ) -> bool {
         // (`res.commit` stays 0: nothing else is pending)
         if self.run_atoms(atoms.bits, atoms.count, index, mem).is_ok() {
-            if HOLD {
-                self.hold_or_flush(sink);
-            } else {
-                self.flush(sink);
-            }
+            self.flush(sink);
             true
         } else {
             false
@@ -1190,7 +1185,7 @@ impl Decoder {
                         && self.quiet()
                         && self.atoms_now()
                     {
-                        if self.commit_atoms_now::<M, S, false>(*atoms, index, mem, sink) {
+                        if self.commit_atoms_now(*atoms, index, mem, sink) {
                             break;
                         }
                         // error: decoder reset; report NO_SYNC here and re-check this packet
