@@ -55,13 +55,28 @@ struct Slot {
 /// Most atoms one [`Run`] covers.
 pub const RUN_MAX: usize = 8;
 
-/// Entries of the run cache (2^12), whatever the size of the block cache: a constant, so a
-/// lookup needs no mask loaded and no bounds check.
-const RUN_BITS: u32 = 12;
+/// Entries of the run cache (2^15, 48 bytes each), whatever the size of the block cache: a
+/// constant, so a lookup needs no mask loaded and no bounds check.
+const RUN_BITS: u32 = 15;
 const RUN_SLOTS: usize = 1 << RUN_BITS;
 
+/// Ranges the run cache holds (2^16, ~2 MiB), in a ring shared by its slots: a run takes as
+/// many as it has atoms (~3.3 on average), not [`RUN_MAX`], so the slots are many and small.
+const ARENA: usize = 1 << 16;
+
+/// An empty arena (on the heap: it is too large to build on the stack).
+fn arena() -> Box<[InstrRange; ARENA + RUN_MAX]> {
+    let Ok(a) = vec![InstrRange::default(); ARENA + RUN_MAX].into_boxed_slice().try_into() else {
+        unreachable!("ARENA + RUN_MAX ranges")
+    };
+    a
+}
+
+/// [`RunCache::owner`] of an arena position no run starts at.
+const NO_OWNER: u32 = u32::MAX;
+
 /// What a run of atoms from a known A64 address did, all its blocks cached: the ranges in
-/// order (their packet index to be filled in, see [`RunSlot::range`]), which of them pushed
+/// order (their packet index to be filled in, see [`BlockCache::replay_run`]), which of them pushed
 /// their end on the return stack, and where the run left the address. Replaying it has the
 /// effects the atoms had, one block lookup each, in one lookup.
 #[derive(Debug, Clone, Copy, Default)]
@@ -78,44 +93,39 @@ pub struct Run {
     pub next: u64,
 }
 
-/// A stored run: key (start, tag with bit 63 set, atom bits | count << 32), the run and its
-/// ranges (in a `RefCell`, so a reader can hand them on as a slice without a copy).
+/// A stored run: key (start, tag with bit 63 set, atom bits | count << 32), the run and where
+/// its ranges are in the arena.
 pub(crate) struct RunSlot {
     start: Cell<u64>,
     tag: Cell<u64>,
     atoms: Cell<u64>,
     run: Cell<Run>,
-    ranges: RefCell<[InstrRange; RUN_MAX]>,
+    pos: Cell<u32>,
 }
 
 impl RunSlot {
-    #[inline]
-    fn set_key(&self, start: u64, tag: u64, bits: u32, count: u8, run: Run) {
-        self.start.set(start);
-        self.tag.set(tag | VALID);
-        self.atoms.set(bits as u64 | (count as u64) << 32);
-        self.run.set(run);
-    }
-
     /// The run.
     #[inline]
     pub(crate) fn run(&self) -> Run {
         self.run.get()
     }
+}
 
-    /// Its ranges (the first `run().count` of them), borrowed: their packet index is the
-    /// reader's.
-    #[inline]
-    pub(crate) fn ranges(&self) -> Ref<'_, [InstrRange; RUN_MAX]> {
-        self.ranges.borrow()
-    }
+/// The runs: slots indexed by a hash of the key, their ranges in a ring (`ranges`, written at
+/// `head`; a run never wraps). A run whose ranges the ring overwrites is forgotten: `owner`
+/// names, for each position a run's ranges start at, the slot that stored it there.
+struct RunCache {
+    slots: Box<[RunSlot; RUN_SLOTS]>,
+    ranges: RefCell<Box<[InstrRange; ARENA + RUN_MAX]>>,
+    owner: Box<[Cell<u32>]>,
+    head: Cell<usize>,
 }
 
 /// The cache.
 pub struct BlockCache {
     slots: Box<[Slot]>,
     mask: usize,
-    runs: Box<[RunSlot; RUN_SLOTS]>,
+    runs: RunCache,
     hits: Cell<u64>,
     misses: Cell<u64>,
 }
@@ -130,10 +140,16 @@ impl BlockCache {
                 tag: Cell::new(0),
                 atoms: Cell::new(0),
                 run: Cell::new(Run::default()),
-                ranges: Default::default(),
+                pos: Cell::new(0),
             })
             .collect();
-        let Ok(runs) = runs.try_into() else { unreachable!("RUN_SLOTS slots") };
+        let Ok(slots) = runs.try_into() else { unreachable!("RUN_SLOTS slots") };
+        let runs = RunCache {
+            slots,
+            ranges: RefCell::new(arena()),
+            owner: (0..ARENA).map(|_| Cell::new(NO_OWNER)).collect(),
+            head: Cell::new(0),
+        };
         BlockCache {
             slots: (0..n).map(|_| Slot { key: Cell::new((0, 0)), block: Cell::new(Block::default()) }).collect(),
             mask: n - 1,
@@ -195,9 +211,9 @@ impl BlockCache {
     }
 
     #[inline]
-    fn run_slot(&self, start: u64, bits: u32, count: u8) -> &RunSlot {
+    fn run_index(start: u64, bits: u32, count: u8) -> usize {
         let h = (start >> 2) ^ (bits as u64).wrapping_mul(0x9e37_79b9) ^ ((count as u64) << 7);
-        &self.runs[h as usize & (RUN_SLOTS - 1)]
+        h as usize & (RUN_SLOTS - 1)
     }
 
     /// Replays the run of the `count` atoms `bits` (oldest in bit 0, no bits above `count`)
@@ -207,25 +223,36 @@ impl BlockCache {
     pub fn replay_run(&self, start: u64, tag: u64, bits: u32, count: u8, out: &mut Vec<Range>, index: u64) -> Option<Run> {
         let s = self.find_run(start, tag, bits, count)?;
         let run = s.run.get();
-        out.extend(s.ranges()[..run.count as usize].iter().map(|&range| Range { index, range }));
+        out.extend(self.run_ranges(s).iter().map(|&range| Range { index, range }));
         Some(run)
     }
 
     /// The slot holding the run of the `count` atoms `bits` from `start` under `tag` (see
     /// [`replay_run`](Self::replay_run)), if one was stored, for a caller that reads the run
-    /// and its ranges itself.
+    /// and its ranges ([`run_ranges`](Self::run_ranges)) itself.
     #[inline]
     pub(crate) fn find_run(&self, start: u64, tag: u64, bits: u32, count: u8) -> Option<&RunSlot> {
-        let s = self.run_slot(start, bits, count);
+        let s = &self.runs.slots[Self::run_index(start, bits, count)];
         if s.start.get() != start || s.tag.get() != tag | VALID || s.atoms.get() != bits as u64 | (count as u64) << 32 {
             return None;
         }
         Some(s)
     }
 
+    /// The ranges of the run in `slot` (one [`find_run`](Self::find_run) or
+    /// [`store_run`](Self::store_run) returned), borrowed: their packet index is the reader's.
+    /// Runs are not stored while they are borrowed.
+    #[inline]
+    pub(crate) fn run_ranges(&self, slot: &RunSlot) -> Ref<'_, [InstrRange]> {
+        // (masked and bounded, so the slice needs no check: the arena has `RUN_MAX` spare)
+        let p = slot.pos.get() as usize & (ARENA - 1);
+        let c = (slot.run.get().count as usize).min(RUN_MAX);
+        Ref::map(self.runs.ranges.borrow(), |r| &r[p..][..c])
+    }
+
     /// [`put_run`](Self::put_run) with the ranges as they are stored: the slot now holding
-    /// the run, as [`find_run`](Self::find_run) returns it; `None` (not stored) while the
-    /// slot's ranges are being read.
+    /// the run, as [`find_run`](Self::find_run) returns it; `None` (not stored) while run
+    /// ranges are being read.
     #[inline]
     pub(crate) fn store_run(
         &self,
@@ -236,35 +263,78 @@ impl BlockCache {
         run: Run,
         ranges: &[InstrRange],
     ) -> Option<&RunSlot> {
-        let s = self.run_slot(start, bits, count);
-        let mut cells = s.ranges.try_borrow_mut().ok()?;
-        for (c, r) in cells.iter_mut().zip(ranges) {
-            *c = *r;
-        }
-        drop(cells);
-        s.set_key(start, tag, bits, count, run);
-        Some(s)
+        self.store_with(start, tag, bits, count, run, ranges.len(), |cells| {
+            for (c, r) in cells.iter_mut().zip(ranges) {
+                *c = *r;
+            }
+        })
     }
 
     /// Stores a run and its ranges (`run.count` of them, their indexes ignored; see
     /// [`replay_run`](Self::replay_run)). Its blocks must be in this cache under `tag`: both
-    /// are forgotten together by [`clear`](Self::clear). Not stored while the slot's ranges
-    /// are being read (by a sink they were handed to).
+    /// are forgotten together by [`clear`](Self::clear). Not stored while run ranges are
+    /// being read (by a sink they were handed to).
     #[inline]
     pub fn put_run(&self, start: u64, tag: u64, bits: u32, count: u8, run: Run, ranges: &[Range]) {
-        let s = self.run_slot(start, bits, count);
-        let Ok(mut cells) = s.ranges.try_borrow_mut() else { return };
-        for (c, r) in cells.iter_mut().zip(ranges) {
-            *c = r.range;
+        self.store_with(start, tag, bits, count, run, ranges.len(), |cells| {
+            for (c, r) in cells.iter_mut().zip(ranges) {
+                *c = r.range;
+            }
+        });
+    }
+
+    /// The one rule for storing a run: `n` (= `run.count`) arena positions at the ring's
+    /// head (from its start when they would pass its end), the runs whose ranges started
+    /// there forgotten, `fill` writing the ranges, the slot keyed.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn store_with(
+        &self,
+        start: u64,
+        tag: u64,
+        bits: u32,
+        count: u8,
+        run: Run,
+        n: usize,
+        fill: impl FnOnce(&mut [InstrRange]),
+    ) -> Option<&RunSlot> {
+        let runs = &self.runs;
+        let n = n.min(RUN_MAX).min(run.count as usize);
+        let mut cells = runs.ranges.try_borrow_mut().ok()?;
+        let mut p = runs.head.get();
+        if p + n > ARENA {
+            p = 0;
         }
+        for (q, o) in runs.owner.iter().enumerate().skip(p).take(n) {
+            let i = o.replace(NO_OWNER);
+            if let Some(old) = runs.slots.get(i as usize)
+                && old.pos.get() as usize == q
+            {
+                old.tag.set(0);
+            }
+        }
+        fill(&mut cells[p..p + n]);
         drop(cells);
-        s.set_key(start, tag, bits, count, run);
+        let i = Self::run_index(start, bits, count);
+        let s = &runs.slots[i];
+        if let Some(o) = runs.owner.get(p)
+            && n > 0
+        {
+            o.set(i as u32);
+        }
+        runs.head.set(p + n);
+        s.start.set(start);
+        s.tag.set(tag | VALID);
+        s.atoms.set(bits as u64 | (count as u64) << 32);
+        s.run.set(Run { count: n as u8, ..run });
+        s.pos.set(p as u32);
+        Some(s)
     }
 
     /// Forgets everything (e.g. the code image changed).
     pub fn clear(&self) {
         self.slots.iter().for_each(|s| s.key.set((0, 0)));
-        self.runs.iter().for_each(|s| s.tag.set(0));
+        self.runs.slots.iter().for_each(|s| s.tag.set(0));
     }
 
     /// Lookups that hit.
@@ -339,5 +409,47 @@ mod tests {
         c.clear();
         assert!(c.replay_run(0x1000, 7, 0b11, 2, &mut out, 5).is_none());
         assert_eq!(out.len(), 3);
+    }
+
+    /// Runs share the ring of ranges: once the ring comes round to a run's ranges, the run is
+    /// forgotten (never replayed with another run's ranges), and the runs written since are
+    /// replayed whole, also the one that would have passed the ring's end.
+    #[test]
+    fn runs_in_the_ring() {
+        let c = BlockCache::new(6);
+        // run `i` from 0x10_0000 + 4 * i, `n(i)` ranges that name it (`end`)
+        let r = |i: u64, j: u64| Range { index: 0, range: InstrRange { start: j, end: i, num_instr: 1, ..Default::default() } };
+        let n = |i: u64| 1 + (i % RUN_MAX as u64) as u8;
+        let start = |i: u64| 0x10_0000 + 4 * i;
+        let put = |i: u64| {
+            let rs: Vec<Range> = (0..n(i) as u64).map(|j| r(i, j)).collect();
+            let run = Run { count: n(i), next: start(i) + 0x80, ..Run::default() };
+            c.put_run(start(i), 1, 0, n(i), run, &rs);
+        };
+        let check = |i: u64| {
+            let mut out = Vec::new();
+            let run = c.replay_run(start(i), 1, 0, n(i), &mut out, 3)?;
+            assert_eq!((run.count, run.next), (n(i), start(i) + 0x80));
+            let want: Vec<(u64, u64)> = (0..n(i) as u64).map(|j| (j, i)).collect();
+            assert_eq!(out.iter().map(|x| (x.range.start, x.range.end)).collect::<Vec<_>>(), want);
+            Some(())
+        };
+        // (1 + ... + 8) / 8 = 4.5 ranges a run: 2 ARENA / 4.5 runs pass the ring twice
+        let total = (2 * ARENA as u64 * 2) / 9;
+        let mut forgotten = 0;
+        for i in 0..total {
+            put(i);
+            assert!(check(i).is_some(), "run {i} just stored");
+        }
+        for i in 0..total {
+            if check(i).is_none() {
+                forgotten += 1;
+            }
+        }
+        // the ring holds at most the last ARENA ranges' runs (fewer: slots are shared)
+        let held = total - forgotten;
+        assert!(held * 9 / 2 <= ARENA as u64 && held * 9 >= ARENA as u64, "held {held}");
+        assert!(check(0).is_none());
+        assert!(check(total - 1).is_some());
     }
 }

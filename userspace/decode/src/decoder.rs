@@ -908,8 +908,8 @@ impl Decoder {
                 };
                 let run = slot.run();
                 let c = run.count as usize;
-                let rs = slot.ranges();
-                let rs = &rs[..c.min(RUN_MAX)];
+                let rs = cache.run_ranges(slot);
+                let rs = &rs[..];
                 if direct && k == 0 && run.count == n {
                     // the whole packet (no error can discard it)
                     stop |= sink.packet_ranges(id, pkt_index, rs).is_break();
