@@ -1239,7 +1239,7 @@ fn synthesize(
     callers.extend(w.s.stack[1..].iter().rev());
     let cache = buf.cache;
     cache.prepare(oracle);
-    let mut walk = UndoWalk { ring, pid, oracle, last: None };
+    let mut walk = UndoWalk { ring, pid, oracle };
     // The stack is rebuilt from a complete pause stack: its leaf frame cannot be missing.
     let vcfg = JoinConfig { allow_missing_leaf_frame: false, ..*cfg };
     // Branches ring[undone..] are undone: the stack is the one before ring[undone] ran.
@@ -1292,12 +1292,11 @@ fn synthesize(
 }
 
 /// The synthesized samples' backward walk over a window's branches (oldest first in `ring`),
-/// with the last branch's facts kept (a loop's branch recurs back to back).
+/// each branch's facts from the code cache.
 struct UndoWalk<'a> {
     ring: &'a [BranchPair],
     pid: u32,
     oracle: &'a dyn CodeOracle,
-    last: Option<(BranchPair, Facts)>,
 }
 
 impl UndoWalk<'_> {
@@ -1309,14 +1308,7 @@ impl UndoWalk<'_> {
         while *undone > to {
             *undone -= 1;
             let b = self.ring[*undone];
-            let f = match self.last {
-                Some((lb, lf)) if lb == b => lf,
-                _ => {
-                    let f = cache.facts(self.pid, b, self.oracle);
-                    self.last = Some((b, f));
-                    f
-                }
-            };
+            let f = cache.facts(self.pid, b, self.oracle);
             match f.kind {
                 Some(InsnKind::Other | InsnKind::CondBranch | InsnKind::Jump) => {}
                 None => return Err(SynthStop::UnknownCode),
