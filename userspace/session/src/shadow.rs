@@ -82,8 +82,7 @@ impl Sums {
 /// before: the instruction count moves on (`t`) and the rest waits. A frame's own
 /// instructions are settled when it ends: what ran since it was seen, less what ran above it
 /// (each frame that ends adds its duration to the frame below); every instruction runs in the
-/// top frame, so a function's own instructions are its frames'. The frame operations are out
-/// of line.
+/// top frame, so a function's own instructions are its frames'.
 #[derive(Debug, Default)]
 pub(crate) struct SegmentWalk {
     /// Instructions by function.
@@ -139,7 +138,8 @@ impl SegmentWalk {
     /// not the one `function` gave. Both get `env`.
     ///
     /// The common case, a range after a branch that is neither a call nor a return in the
-    /// same function, only moves the count on; the rest is the frame operations, out of line.
+    /// same function, only moves the count on; the rest is the frame operations (inlined:
+    /// out of line, their calls cost more than the registers they spare the loop).
     #[inline(always)]
     pub(crate) fn ranges<E, F, T>(&mut self, rs: &[TraceRange], ctx: &mut ExactCounts, env: &mut E, mut function: F, mut taken: T)
     where
@@ -178,7 +178,7 @@ impl SegmentWalk {
 
     /// The branch after a range whose last instruction was of kind `kind` led to another
     /// function `f`, or was a call or a return.
-    #[inline(never)]
+    #[inline]
     fn frame_op(&mut self, f: u32, kind: InsnKind, ctx: &mut ExactCounts) {
         match kind {
             InsnKind::Call => self.call(f, ctx),
