@@ -29,6 +29,7 @@ use std::ops::ControlFlow;
 
 use crate::cache::{self, RUN_MAX, Run, SharedBlockCache};
 use crate::elements::{Element, ElementKind, InstrRange, MemTrans, PeContext, Range, Security, TraceOnReason, UnsyncReason};
+use crate::frame::ChunkIndex;
 use crate::image::{MemSpace, MemoryAccess};
 use crate::insn::{ArchVersion, DecodeConfig, InstrSubtype, InstrType, Isa};
 use crate::packet::{Address, Atoms, Context, Lookahead, Packet};
@@ -777,7 +778,7 @@ impl Decoder {
     #[inline]
     pub fn atom_run<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
         &mut self,
-        index: u64,
+        index: ChunkIndex,
         data: &[u8],
         look: &mut Lookahead<'_>,
         mem: &M,
@@ -788,7 +789,7 @@ impl Decoder {
             let (format, atoms) = look.atoms(b);
             if format == 0 {
                 let Some((addr, n)) = look.target_address(data, i) else { break };
-                let r = self.address(index + i as u64, addr, mem, sink);
+                let r = self.address(index.at(i), addr, mem, sink);
                 i += n;
                 if r.is_break() {
                     return (i, r);
@@ -808,7 +809,7 @@ impl Decoder {
                     continue;
                 }
             }
-            let r = self.atoms(index + i as u64, format, atoms, mem, sink);
+            let r = self.atoms(index.at(i), format, atoms, mem, sink);
             i += 1;
             if r.is_break() {
                 return (i, r);
@@ -829,9 +830,9 @@ impl Decoder {
     #[inline]
     fn cached_packets<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
         &mut self,
-        index: u64,
+        index: ChunkIndex,
         data: &[u8],
-        mut i: usize,
+        i: usize,
         look: &mut Lookahead<'_>,
         mem: &M,
         sink: &mut S,
@@ -854,22 +855,23 @@ impl Decoder {
         let mut pending: Option<(u64, u8, u64)> = None;
         // ranges (handed over directly), instructions, packets
         let (mut ranges, mut handed, mut instructions, mut packets) = (0u64, 0u64, 0u64, 0u64);
-        let mut last = index + i as u64;
+        let mut at = index.cursor(i);
+        let mut last = at.index;
         let mut stop = false;
-        while let Some(&b) = data.get(i) {
+        while let Some(&b) = data.get(at.pos) {
             let (format, atoms) = look.atoms(b);
-            let pkt_index = index + i as u64;
+            let pkt_index = at.index;
             if format == 0 {
                 // `address`'s fast path (two in a row: the general path)
                 if pending.is_some() {
                     break;
                 }
-                let Some((a, n)) = look.target_address(data, i) else { break };
+                let Some((a, n)) = look.target_address(data, at.pos) else { break };
                 self.last_is = a.is;
                 pending = Some((a.addr, a.is, pkt_index));
                 packets += 1;
                 last = pkt_index;
-                i += n;
+                at.advance(n);
                 continue;
             }
             if let Some((a, is, _)) = pending {
@@ -945,13 +947,13 @@ impl Decoder {
             }
             packets += 1;
             last = pkt_index;
-            i += 1;
+            at.advance(1);
             if k < n || stop {
                 // atoms left (a run not in the cache, or after a taken indirect branch the
                 // address or the return stack is needed): the general path
                 self.end_cached(ranges, handed, instructions, packets - 1, addr, need_addr, pending);
                 let r = self.packet_rest(r0, pkt_index, bits, n - k, format, atoms, mem, sink);
-                return (i, if stop { ControlFlow::Break(()) } else { r });
+                return (at.pos, if stop { ControlFlow::Break(()) } else { r });
             }
             if self.ranges.len() >= if direct { 1 } else { HOLD_MAX } {
                 self.flush_out_of_line(sink);
@@ -961,7 +963,7 @@ impl Decoder {
         self.cur_index = last;
         self.stopped = false;
         self.held = self.ranges.len();
-        (i, ControlFlow::Continue(()))
+        (at.pos, ControlFlow::Continue(()))
     }
 
     /// The bookkeeping of [`cached_packets`](Self::cached_packets)'s packets added up: the
@@ -2481,7 +2483,7 @@ mod tests {
         fn address(&mut self, index: u64, addr: Address, _raw: &[u8]) {
             let _ = self.dec.address(index, addr, self.img, self.rec);
         }
-        fn atom_run(&mut self, index: u64, data: &[u8], look: &mut Lookahead<'_>) -> usize {
+        fn atom_run(&mut self, index: ChunkIndex, data: &[u8], look: &mut Lookahead<'_>) -> usize {
             if !self.runs {
                 return crate::packet::atom_packets(self, index, data, look);
             }

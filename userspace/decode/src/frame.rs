@@ -5,7 +5,9 @@
 //!
 //! Frame unpacking follows OpenCSD `TraceFmtDcdImpl::unpackFrame`, including how it assigns
 //! trace indices to the demultiplexed runs (a run starts at the frame start, or at the
-//! ID byte that switched to its ID), so packet `Idx:` values match `trc_pkt_lister`.
+//! ID byte that switched to its ID), so packet `Idx:` values match `trc_pkt_lister`. Runs of
+//! frames without an ID byte (most frames) can be taken in one piece
+//! ([`FrameSink::frames`]), each byte's index from [`ChunkIndex`], as if frame by frame.
 //!
 //! ```
 //! use etm_decode::frame::{Deformatter, FrameSink, StreamFormat};
@@ -57,10 +59,96 @@ pub enum StreamFormat {
     },
 }
 
+/// Frames (and their data bytes) a batch of [`FrameSink::frames`] holds at most.
+pub const FRAME_BATCH: usize = 128;
+
+/// The trace indices of the bytes of one chunk of a trace ID's data: byte `i` is at
+/// `base + i`, or, for the data of consecutive whole frames without an ID byte
+/// ([`FrameSink::frames`]: the first 15 bytes of each 16-byte frame), at `base + i + i / 15`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkIndex {
+    base: u64,
+    /// The chunk's first byte in the frames' data (see [`skip`](Self::skip)).
+    off: u64,
+    /// Frames (else bytes at consecutive indices).
+    framed: bool,
+}
+
+impl ChunkIndex {
+    /// Bytes at consecutive trace indices from `base`.
+    pub const fn linear(base: u64) -> Self {
+        ChunkIndex { base, off: 0, framed: false }
+    }
+
+    /// The data of consecutive whole frames without an ID byte, the first starting at `base`.
+    pub const fn frames(base: u64) -> Self {
+        ChunkIndex { base, off: 0, framed: true }
+    }
+
+    /// The trace index of byte `i`.
+    #[inline]
+    pub fn at(self, i: usize) -> u64 {
+        let i = self.off + i as u64;
+        if self.framed { self.base + i + i / 15 } else { self.base + i }
+    }
+
+    /// The indices of the chunk's bytes from byte `n` on.
+    #[inline]
+    pub fn skip(self, n: usize) -> ChunkIndex {
+        ChunkIndex { off: self.off + n as u64, ..self }
+    }
+
+    /// A cursor at byte `i`, for a loop that moves forward through the chunk.
+    #[inline]
+    pub fn cursor(self, i: usize) -> IndexCursor {
+        let boundary = if !self.framed { usize::MAX } else { i + 15 - ((self.off as usize + i) % 15) };
+        IndexCursor { pos: i, index: self.at(i), boundary }
+    }
+}
+
+/// A position in a chunk and its trace index ([`ChunkIndex::at`]), moved forward without a
+/// division: the index steps over a frame's flag byte when the position reaches the next
+/// frame.
+#[derive(Debug, Clone, Copy)]
+pub struct IndexCursor {
+    /// The byte.
+    pub pos: usize,
+    /// Its trace index.
+    pub index: u64,
+    /// The position of the next frame's first byte (`usize::MAX` in a linear chunk).
+    boundary: usize,
+}
+
+impl IndexCursor {
+    /// `n` bytes on.
+    #[inline]
+    pub fn advance(&mut self, n: usize) {
+        self.pos += n;
+        self.index += n as u64;
+        if self.pos >= self.boundary {
+            // (one boundary at most when `n` < 15, and no loop: as a loop, the compiler
+            // computes its trip count with a division)
+            let frames = (self.pos - self.boundary) / 15 + 1;
+            self.index += frames as u64;
+            self.boundary += 15 * frames;
+        }
+    }
+}
+
 /// Receiver of demultiplexed data.
 pub trait FrameSink {
     /// `bytes` of trace ID `id`; `index` is the trace index OpenCSD assigns to `bytes[0]`.
     fn data(&mut self, id: u8, index: u64, bytes: &[u8]);
+    /// The data of consecutive whole frames of trace ID `id` without an ID byte, the first
+    /// frame starting at trace index `index`: 15 bytes from each, byte `i` at
+    /// `index + i + i / 15` ([`ChunkIndex::frames`]). The same as each frame's bytes to
+    /// [`data`](FrameSink::data), which the default does; a sink that takes them in one
+    /// piece saves the per-call cost of every frame.
+    fn frames(&mut self, id: u8, index: u64, bytes: &[u8]) {
+        for (k, c) in bytes.chunks(15).enumerate() {
+            self.data(id, index + 16 * k as u64, c);
+        }
+    }
     /// A 4 x FSYNC barrier was seen: all per-ID decoders should reset.
     fn reset(&mut self);
 }
@@ -103,6 +191,9 @@ pub struct Deformatter {
     /// DSTREAM: position in the 512-byte block
     block_pos: usize,
     stats: FrameStats,
+    /// Frames without an ID byte gathered for [`FrameSink::frames`] (and room for writing a
+    /// whole frame at the last one's place).
+    batch: Box<[u8; 15 * FRAME_BATCH + 1]>,
 }
 
 impl Deformatter {
@@ -118,6 +209,7 @@ impl Deformatter {
             sync_match: 0,
             block_pos: 0,
             stats: FrameStats::default(),
+            batch: Box::new([0; 15 * FRAME_BATCH + 1]),
         }
     }
 
@@ -171,12 +263,40 @@ impl Deformatter {
                     self.aligned_frame(&f, self.index - 16, sink);
                 }
                 // whole frames straight from the input
+                // consecutive frames without an ID byte (most frames) go in batches: each
+                // frame's 15 data bytes, each even one completed by its flag bit (as
+                // `unpack_ids` would), the batch ended by any other frame
+                let (mut len, mut start) = (0usize, 0u64);
                 let mut chunks = rest.chunks_exact(16);
                 for c in &mut chunks {
                     let mut f = [0u8; 16];
                     f.copy_from_slice(c);
+                    let sof = self.index;
                     self.index += 16;
-                    self.aligned_frame(&f, self.index - 16, sink);
+                    let v = u128::from_le_bytes(f);
+                    // (an FSYNC frame has bit 0 of byte 0 set)
+                    if v & EVEN_LSB == 0 {
+                        if len == 0 {
+                            start = sof;
+                        }
+                        self.stats.frames += 1;
+                        // 16 bytes written, 15 kept: the flag byte is overwritten next
+                        self.batch[len..len + 16].copy_from_slice(&(v | spread_flags(f[15])).to_le_bytes());
+                        len += 15;
+                        if len == 15 * FRAME_BATCH {
+                            self.flush_frames(start, len, sink);
+                            len = 0;
+                        }
+                        continue;
+                    }
+                    if len > 0 {
+                        self.flush_frames(start, len, sink);
+                        len = 0;
+                    }
+                    self.aligned_frame(&f, sof, sink);
+                }
+                if len > 0 {
+                    self.flush_frames(start, len, sink);
                 }
                 let tail = chunks.remainder();
                 self.frame[..tail.len()].copy_from_slice(tail);
@@ -319,11 +439,27 @@ impl Deformatter {
         if bytes.is_empty() {
             return;
         }
-        if id == 0 || id >= 0x70 {
+        if !Self::source(id) {
             self.stats.discarded_bytes += bytes.len() as u64;
             return;
         }
         sink.data(id, index, bytes);
+    }
+
+    /// The batch of `len` bytes of frames without an ID byte ([`FrameSink::frames`]) of the
+    /// current ID.
+    fn flush_frames(&mut self, index: u64, len: usize, sink: &mut impl FrameSink) {
+        let id = self.cur_id;
+        if !Self::source(id) {
+            self.stats.discarded_bytes += len as u64;
+            return;
+        }
+        sink.frames(id, index, &self.batch[..len]);
+    }
+
+    /// A trace source's ID: not 0 (no ID yet is `NO_ID`) or a reserved one.
+    fn source(id: u8) -> bool {
+        id != 0 && id < 0x70
     }
 }
 
@@ -460,5 +596,119 @@ mod tests {
         assert_eq!((s.runs[0].0, s.runs[0].1), (1, 4));
         assert_eq!((s.runs[1].0, s.runs[1].1), (1, 24));
         assert_eq!(d.stats().fsyncs, 2);
+    }
+
+    /// Every byte with its ID and trace index; batches of frames taken whole.
+    #[derive(Default)]
+    struct Bytes {
+        bytes: Vec<(u8, u64, u8)>,
+        resets: Vec<usize>,
+        batches: usize,
+        longest: usize,
+    }
+    impl FrameSink for Bytes {
+        fn data(&mut self, id: u8, index: u64, bytes: &[u8]) {
+            self.bytes.extend(bytes.iter().enumerate().map(|(i, &b)| (id, index + i as u64, b)));
+        }
+        fn frames(&mut self, id: u8, index: u64, bytes: &[u8]) {
+            assert!(bytes.len().is_multiple_of(15) && bytes.len() <= 15 * FRAME_BATCH);
+            let at = ChunkIndex::frames(index);
+            self.bytes.extend(bytes.iter().enumerate().map(|(i, &b)| (id, at.at(i), b)));
+            self.batches += 1;
+            self.longest = self.longest.max(bytes.len());
+        }
+        fn reset(&mut self) {
+            self.resets.push(self.bytes.len());
+        }
+    }
+
+    /// Frames without an ID byte handed over in batches ([`FrameSink::frames`], each byte's
+    /// index from [`ChunkIndex::frames`]) give every byte the ID and trace index the frame by
+    /// frame unpacking gives (the default `frames`: each frame to `data` at the frame's
+    /// start), across batches longer than [`FRAME_BATCH`], ID changes, reserved IDs, FSYNC
+    /// barriers and pushes split anywhere.
+    #[test]
+    fn batched_frames_as_frame_by_frame() {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut buf, mut barriers) = (Vec::new(), 0);
+        for k in 0..1000 {
+            let r = rnd();
+            let mut f = [0u8; 16];
+            // a long stretch without ID bytes or barriers (batches longer than FRAME_BATCH),
+            // elsewhere an ID byte in about one frame in eight
+            let stretch = (200..500).contains(&k);
+            if r % 97 == 0 && !stretch {
+                barriers += 1;
+                for w in f.chunks_mut(4) {
+                    w.copy_from_slice(&FSYNC);
+                }
+            } else {
+                for b in f.iter_mut() {
+                    *b = rnd() as u8;
+                }
+                let ids = !stretch && r % 8 == 0;
+                for i in (0..15).step_by(2) {
+                    f[i] &= !1;
+                    if ids && (r >> (8 + i)) % 5 == 0 {
+                        // IDs 0x10..0x12, 0 and a reserved one
+                        let id = [0x10, 0x11, 0x12, 0, 0x7a][(r >> 32) as usize % 5];
+                        f[i] = (id << 1) | 1;
+                    }
+                }
+                if k == 200 {
+                    // (the stretch's ID)
+                    f[0] = (0x11 << 1) | 1;
+                }
+            }
+            buf.extend(f);
+        }
+        let mut frame_by_frame = Collect::default();
+        Deformatter::new(StreamFormat::Coresight).push(&buf, &mut frame_by_frame);
+        let mut expect = Vec::new();
+        for (id, index, bytes) in &frame_by_frame.runs {
+            expect.extend(bytes.iter().enumerate().map(|(i, &b)| (*id, index + i as u64, b)));
+        }
+        assert!(barriers >= 3);
+        assert_eq!(frame_by_frame.resets, barriers);
+        for split in [buf.len(), 16 * 300 + 5, 7, 16] {
+            let mut got = Bytes::default();
+            let mut d = Deformatter::new(StreamFormat::Coresight);
+            for c in buf.chunks(split) {
+                d.push(c, &mut got);
+            }
+            assert_eq!(got.bytes.len(), expect.len(), "split {split}");
+            assert!(got.bytes == expect, "split {split}");
+            assert_eq!(got.resets.len(), barriers);
+            if split >= 16 * 300 {
+                // (the stretch without ID bytes fills batches)
+                assert!(got.batches > 10 && got.longest == 15 * FRAME_BATCH, "split {split}");
+            }
+        }
+    }
+
+    /// A cursor moved forward by any steps has the index [`ChunkIndex::at`] gives, in linear
+    /// chunks and frames, from any start.
+    #[test]
+    fn cursor_as_at() {
+        for at in [ChunkIndex::linear(1000), ChunkIndex::frames(1000)] {
+            assert_eq!(at.at(15), if at.framed { 1016 } else { 1015 });
+            for skip in 0..40 {
+                let at = at.skip(skip);
+                for start in 0..20 {
+                    let mut c = at.cursor(start);
+                    assert_eq!(c.index, at.at(start));
+                    for step in (0..200).map(|k| 1 + (k * 7 + skip) % 35) {
+                        c.advance(step);
+                        assert_eq!(c.index, at.at(c.pos), "skip {skip} start {start}");
+                    }
+                }
+            }
+        }
     }
 }

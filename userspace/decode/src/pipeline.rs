@@ -8,7 +8,7 @@ use crate::by_id::ById;
 use crate::cache::SharedBlockCache;
 use crate::decoder::{DecodeOptions, DecodeStats, Decoder, DecoderConfig, ElementSink};
 use crate::elements::Element;
-use crate::frame::{Deformatter, FrameSink, FrameStats, StreamFormat};
+use crate::frame::{ChunkIndex, Deformatter, FrameSink, FrameStats, StreamFormat};
 use crate::image::{MemSpace, MemoryAccess, MemoryImage};
 use crate::insn::ArchVersion;
 use crate::packet::{Address, Atoms, Lookahead, Packet, PacketDemux, PacketSink, PacketStats};
@@ -267,8 +267,11 @@ struct Fs<'a, M: ?Sized, S: ?Sized> {
     stop: bool,
 }
 
-impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> FrameSink for Fs<'_, M, S> {
-    fn data(&mut self, id: u8, index: u64, bytes: &[u8]) {
+impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> Fs<'_, M, S> {
+    /// Bytes of trace ID `id` to its parser and decoder, then what the decoder holds to the
+    /// sink.
+    #[inline]
+    fn chunk(&mut self, id: u8, index: ChunkIndex, bytes: &[u8]) {
         if self.stop {
             return;
         }
@@ -281,6 +284,16 @@ impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> FrameSink for Fs<'_, M, 
             // no decoder for this ID: its packets are parsed (and counted) only
             None => self.demux.feed_to(id, index, bytes, &mut |_: u64, _: &Packet, _: &[u8]| {}),
         }
+    }
+}
+
+impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> FrameSink for Fs<'_, M, S> {
+    fn data(&mut self, id: u8, index: u64, bytes: &[u8]) {
+        self.chunk(id, ChunkIndex::linear(index), bytes);
+    }
+
+    fn frames(&mut self, id: u8, index: u64, bytes: &[u8]) {
+        self.chunk(id, ChunkIndex::frames(index), bytes);
     }
 
     fn reset(&mut self) {
@@ -318,7 +331,7 @@ impl<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized> PacketSink for IdSink<'_
     }
 
     #[inline]
-    fn atom_run(&mut self, index: u64, data: &[u8], look: &mut Lookahead<'_>) -> usize {
+    fn atom_run(&mut self, index: ChunkIndex, data: &[u8], look: &mut Lookahead<'_>) -> usize {
         let mut n = 0;
         if !self.stop {
             let r;

@@ -2,7 +2,7 @@
 
 use super::{Packet, PacketParser, PacketSink, PacketStats};
 use crate::by_id::ById;
-use crate::frame::FrameSink;
+use crate::frame::{ChunkIndex, FrameSink};
 use crate::snapshot::EtmConfig;
 
 /// Parsers for up to 128 trace IDs; only the IDs added hold one ([`ById`]).
@@ -58,9 +58,9 @@ impl PacketDemux {
     /// Feeds bytes of trace ID `id` to a sink of that ID's packets (which may take atom
     /// packets without a [`Packet`], see [`PacketSink::atoms`]).
     #[inline]
-    pub fn feed_to<S: PacketSink + ?Sized>(&mut self, id: u8, index: u64, bytes: &[u8], sink: &mut S) {
+    pub fn feed_to<S: PacketSink + ?Sized>(&mut self, id: u8, index: ChunkIndex, bytes: &[u8], sink: &mut S) {
         match self.parsers.get_mut(id) {
-            Some(p) => p.feed(index, bytes, sink),
+            Some(p) => p.feed_at(index, bytes, sink),
             None => self.unknown_id_bytes += bytes.len() as u64,
         }
     }

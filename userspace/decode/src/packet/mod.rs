@@ -30,6 +30,8 @@
 //!
 //! The printer in [`crate::listing`] renders packets in `trc_pkt_lister` format.
 
+use crate::frame::ChunkIndex;
+
 mod demux;
 #[doc(hidden)]
 pub mod fuzz;
@@ -38,17 +40,17 @@ mod parser;
 pub use demux::{DemuxSink, PacketDemux};
 pub use parser::{Lookahead, PacketParser, PacketStats};
 
-/// [`PacketSink::atom_run`]'s default: the atom packets that lead `data` (`data[0]` has trace
-/// index `index`), each to [`PacketSink::atoms`]; returns how many (one byte each).
+/// [`PacketSink::atom_run`]'s default: the atom packets that lead `data` (its bytes' trace
+/// indices `index`'s), each to [`PacketSink::atoms`]; returns how many (one byte each).
 #[inline]
-pub fn atom_packets<S: PacketSink + ?Sized>(sink: &mut S, index: u64, data: &[u8], look: &mut Lookahead<'_>) -> usize {
+pub fn atom_packets<S: PacketSink + ?Sized>(sink: &mut S, index: ChunkIndex, data: &[u8], look: &mut Lookahead<'_>) -> usize {
     let mut n = 0;
     while let Some(&b) = data.get(n) {
         let (format, atoms) = look.atoms(b);
         if format == 0 {
             break;
         }
-        sink.atoms(index + n as u64, format, atoms, b);
+        sink.atoms(index.at(n), format, atoms, b);
         n += 1;
     }
     n
@@ -68,14 +70,14 @@ pub trait PacketSink {
         self.packet(index, &Packet::Atom { format, atoms }, &[header]);
     }
 
-    /// The packets that lead `data` (the parser in sync, between packets; `data[0]` has trace
-    /// index `index`), as many as the sink takes in a loop of its own: single-byte atom
+    /// The packets that lead `data` (the parser in sync, between packets; the trace indices
+    /// of its bytes are `index`'s), as many as the sink takes in a loop of its own: single-byte atom
     /// packets, whose format and atoms `look` gives ([`Lookahead::atoms`]), and target address
     /// packets, which `look` parses ([`Lookahead::target_address`]). Returns how many bytes it
     /// took: at least all the leading atom packets (each one byte), and only whole packets.
     /// The default takes the atom packets, passing each to [`atoms`](PacketSink::atoms).
     #[inline]
-    fn atom_run(&mut self, index: u64, data: &[u8], look: &mut Lookahead<'_>) -> usize {
+    fn atom_run(&mut self, index: ChunkIndex, data: &[u8], look: &mut Lookahead<'_>) -> usize {
         atom_packets(self, index, data, look)
     }
 

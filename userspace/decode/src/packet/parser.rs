@@ -6,6 +6,7 @@
 //! line-for-line with `trc_pkt_lister`.
 
 use super::{AddrForm, Address, Atoms, Context, Exception, Packet, PacketSink, PacketType, QPacket, TraceInfo};
+use crate::frame::ChunkIndex;
 use crate::snapshot::{CoreProfile, EtmConfig};
 
 /// Maximum bytes buffered for one packet; longer packets are reported as `BadSequence`.
@@ -79,7 +80,7 @@ pub struct PacketParser {
     err_ty: PacketType,
     err_hdr: u8,
     packet_index: u64,
-    block_index: u64,
+    block_index: ChunkIndex,
     processed: usize,
     update_on_unsync: u64,
     dump_unsynced: usize,
@@ -141,7 +142,7 @@ impl PacketParser {
             err_ty: PacketType::NoErrType,
             err_hdr: 0,
             packet_index: 0,
-            block_index: 0,
+            block_index: ChunkIndex::linear(0),
             processed: 0,
             update_on_unsync: 0,
             dump_unsynced: 0,
@@ -236,6 +237,11 @@ impl PacketParser {
     /// Feeds `data`, whose first byte has trace index `index`. Each complete packet is passed
     /// to `sink(packet_index, &packet, raw_bytes)`.
     pub fn feed<S: PacketSink + ?Sized>(&mut self, index: u64, data: &[u8], sink: &mut S) {
+        self.feed_at(ChunkIndex::linear(index), data, sink);
+    }
+
+    /// [`feed`](Self::feed) of `data` whose bytes have the trace indices `index` gives.
+    pub fn feed_at<S: PacketSink + ?Sized>(&mut self, index: ChunkIndex, data: &[u8], sink: &mut S) {
         self.block_index = index;
         self.processed = 0;
         self.stats.bytes += data.len() as u64;
@@ -249,7 +255,7 @@ impl PacketParser {
                         // them in one call (see `PacketSink::atom_run`)
                         let p = self.processed;
                         if let Some(rest) = data.get(p..) {
-                            let index = self.block_index + p as u64;
+                            let index = self.block_index.skip(p);
                             let mut look = Lookahead { parser: self, addr_bytes: 0 };
                             let n = sink.atom_run(index, rest, &mut look);
                             let addr_bytes = look.addr_bytes;
@@ -265,7 +271,7 @@ impl PacketParser {
                         self.init_packet_state();
                         continue;
                     }
-                    self.packet_index = self.block_index + self.processed as u64;
+                    self.packet_index = self.block_index.at(self.processed);
                     if self.is_sync {
                         let b = data[self.processed];
                         let (t, h) = self.table[b as usize];
@@ -540,15 +546,17 @@ impl PacketParser {
             if self.len > 1 {
                 self.dump_unsynced = self.len - 1;
                 self.state = State::SendUnsynced;
-                self.update_on_unsync = self.block_index + self.processed as u64 - 1;
+                self.update_on_unsync = self.block_index.at(self.processed - 1);
             } else {
-                self.packet_index = self.block_index + self.processed as u64 - 1;
+                self.packet_index = self.block_index.at(self.processed - 1);
             }
             self.handler = H::Extension;
         } else if self.len >= 8 {
             self.dump_unsynced = self.len;
             self.state = State::SendUnsynced;
-            self.update_on_unsync = self.block_index + self.processed as u64;
+            // the index one past the byte (as OpenCSD counts it within the frame's data: a
+            // frame's last byte is followed by its flag byte's index)
+            self.update_on_unsync = self.block_index.at(self.processed - 1) + 1;
         }
     }
 
@@ -1205,7 +1213,7 @@ impl PacketParser {
     #[inline]
     fn address_whole<S: PacketSink + ?Sized>(&mut self, data: &[u8], p: usize, sink: &mut S) -> bool {
         let Some((addr, source, n)) = self.address_at::<true>(data, p) else { return false };
-        let index = self.block_index + p as u64;
+        let index = self.block_index.at(p);
         self.packet_index = index;
         self.processed = p + n;
         let raw = &data[p..p + n];
