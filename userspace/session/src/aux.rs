@@ -3,7 +3,7 @@
 //! and the calls of each step ([`run_step`]), the same on the pipeline's thread and on a
 //! decode worker ([`crate::pool`]).
 
-use std::collections::HashMap;
+use etm_profile::exact::IntMap;
 
 use crate::code::CodeMap;
 use crate::session::{
@@ -16,8 +16,8 @@ use crate::window::{CallSink, WindowDecoder};
 /// record should start at, and the CPU that wrote the last one.
 #[derive(Debug, Default)]
 pub(crate) struct AuxTrack {
-    pub(crate) next_offset: HashMap<i32, u64>,
-    pub(crate) source: HashMap<i32, i32>,
+    pub(crate) next_offset: IntMap<i32, u64>,
+    pub(crate) source: IntMap<i32, i32>,
 }
 
 /// What one AUX record asks of its buffer's decoder: the one rule for what is counted and

@@ -2,7 +2,7 @@
 //! the recording's images), read for the decoder ([`crate::window::WindowDecoder`]), the
 //! join's validation ([`CodeOracle`]) and the exact counts.
 
-use std::collections::HashMap;
+use etm_profile::exact::IntMap;
 use std::sync::Arc;
 
 use etm_profile::{AddressResolver, BinaryId, BinaryInfo};
@@ -65,7 +65,7 @@ pub struct CodeMap {
     target: Option<u32>,
     /// Thread id -> process id, from the sideband and the samples (a traced context is a
     /// thread id: CONTEXTIDR holds `task_pid_nr`, `contextidr_thread_switch`).
-    tids: HashMap<u32, u32>,
+    tids: IntMap<u32, u32>,
     /// Bumped whenever which code a context sees may have changed (mappings, threads): the
     /// decoders' block-cache tags ([`MemoryAccess::code_id`](etm_decode::image::MemoryAccess::code_id)) are recomputed then.
     pub(crate) generation: u64,

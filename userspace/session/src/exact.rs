@@ -3,7 +3,7 @@
 //! the function of each range (cached per range for the code map's generation), the shadow
 //! call stack over the segment's calls and returns for the inclusive counts and contexts.
 
-use std::collections::HashMap;
+use etm_profile::exact::IntMap;
 
 use etm_profile::AddressResolver;
 
@@ -41,7 +41,7 @@ pub(crate) struct ExactState {
 /// The functions named so far: indices by (image, symbol start), and their (binary, name).
 #[derive(Default)]
 struct Names {
-    index: HashMap<(usize, u64), u32>,
+    index: IntMap<(usize, u64), u32>,
     names: Vec<(String, String)>,
 }
 

@@ -17,7 +17,7 @@
 //! [`PipelineStats`]; the decoder of the affected buffer is reset so the next window decodes
 //! afresh, and the open window is marked broken so its branches are never attached to a pause.
 
-use std::collections::HashMap;
+use etm_profile::exact::IntMap;
 use std::sync::Arc;
 
 use etm_profile::{AddressResolver, BinaryInfo, HybridProfile, HybridSample, ProfileLimits};
@@ -333,9 +333,9 @@ pub struct Pipeline {
     factory: Option<Arc<dyn DecoderFactory>>,
     /// What the decoders share (the block cache).
     shared: DecoderShared,
-    aux: HashMap<i32, AuxState>,
+    aux: IntMap<i32, AuxState>,
     /// trace ID -> CPU.
-    trace_cpu: HashMap<u8, i32>,
+    trace_cpu: IntMap<u8, i32>,
     joiner: Joiner,
     code: CodeMap,
     resolver: Resolver,
@@ -389,7 +389,7 @@ impl Pipeline {
             factory,
             shared: DecoderShared::default(),
             cfg,
-            aux: HashMap::new(),
+            aux: IntMap::default(),
             trace_cpu,
             code,
             resolver: Resolver::default(),
@@ -1224,7 +1224,7 @@ struct WinSink<'a, 'b> {
     aux_cpu: i32,
     aux_time: u64,
     raw: bool,
-    trace_cpu: &'a HashMap<u8, i32>,
+    trace_cpu: &'a IntMap<u8, i32>,
     pending_begin: &'a mut CpuMap<bool>,
     clock: Option<ClockParams>,
     /// Trace timestamps date segments (else the AUX record times do).
@@ -1405,6 +1405,7 @@ impl WindowSink for WinSink<'_, '_> {
 #[cfg(test)]
 mod tests {
     use std::cell::RefCell;
+    use std::collections::HashMap;
     use std::rc::Rc;
 
     use crate::session::{PERF_AUX_FLAG_COLLISION, PERF_AUX_FLAG_TRUNCATED};
