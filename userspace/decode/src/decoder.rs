@@ -461,6 +461,8 @@ pub struct Decoder {
     /// memory space for code reads and the cache tag derived from it (see `refresh_space`)
     space: MemSpace,
     tag: u64,
+    /// The context sees no code ([`MemoryAccess::has_code`]), as of `tag`.
+    no_code: bool,
     scratch: Vec<P0>,
     /// Where [`cached_packets`](Self::cached_packets) and [`cached_atoms`](Self::cached_atoms)
     /// build a run.
@@ -513,6 +515,7 @@ impl Decoder {
             tag_gen: 0,
             space: MemSpace::S,
             tag: MemSpace::S.0 as u64,
+            no_code: false,
             scratch: Vec::new(),
             run_scratch: RunScratch::default(),
             src_addr_n: false,
@@ -800,7 +803,8 @@ impl Decoder {
                 if self.next_addr.set {
                     self.atoms_now();
                 }
-                if !(self.need_ctxt || self.need_addr || self.ret.pop_pending) && self.walk.isa == Isa::A64 {
+                // (`no_code` as of the last tag: a context without code takes the general path)
+                if !(self.need_ctxt || self.need_addr || self.ret.pop_pending || self.no_code) && self.walk.isa == Isa::A64 {
                     let r;
                     (i, r) = self.cached_packets(index, data, i, look, mem, sink);
                     if r.is_break() {
@@ -1653,7 +1657,7 @@ impl Decoder {
                 k += 1;
                 continue;
             }
-            if self.walk.isa == Isa::A64 {
+            if self.walk.isa == Isa::A64 && !self.no_code {
                 let m = (n - k).min(RUN_MAX as u8);
                 let start = self.walk.addr;
                 let key = b & ((1u32 << m) - 1);
@@ -1922,6 +1926,7 @@ impl Decoder {
         if self.tag_dirty || g != self.tag_gen {
             let id = mem.code_id(self.space, self.ctx.context_id) & 0xffff_ffff;
             self.tag = self.cfg_tag | (id << 8) | self.space.0 as u64;
+            self.no_code = !mem.has_code(self.space, self.ctx.context_id);
             self.tag_dirty = false;
             self.tag_gen = g;
         }
@@ -1956,6 +1961,12 @@ impl Decoder {
         target: Option<u64>,
         tag: u64,
     ) -> Result<(RawRange, WpRes), DecodeErr> {
+        if self.no_code {
+            // (what the walk would find at its first instruction, without the reads; `tag`
+            // and `no_code` were computed together)
+            let a = self.walk.addr;
+            return Ok((RawRange { start: a, end: a, num: 0 }, WpRes::Nacc));
+        }
         let (r, res) = walk::walk(
             &mut self.walk,
             mem,
@@ -2331,6 +2342,69 @@ mod tests {
             let _ = d.packet(i as u64, p, &img, &mut sink);
         }
         out.into_iter().filter(|l| l.contains("RANGE") || l.contains("EXCEPTION")).collect()
+    }
+
+    /// Memory with no code, which says so or not ([`MemoryAccess::has_code`]), counting the
+    /// reads the decoder makes.
+    struct NoCode {
+        says: bool,
+        reads: std::cell::Cell<u32>,
+    }
+
+    impl MemoryAccess for NoCode {
+        fn read(&self, _addr: u64, _space: MemSpace, _buf: &mut [u8]) -> usize {
+            self.reads.set(self.reads.get() + 1);
+            0
+        }
+        fn slice_at(&self, _addr: u64, _space: MemSpace) -> Option<&[u8]> {
+            self.reads.set(self.reads.get() + 1);
+            None
+        }
+        fn has_code(&self, _space: MemSpace, _context_id: Option<u32>) -> bool {
+            !self.says
+        }
+    }
+
+    /// A context that has no code (`has_code` false) is not walked, and gives the elements
+    /// walking it gives: each atom after an address an address-not-accessible element, the
+    /// atoms after it dropped until the next address.
+    #[test]
+    fn context_without_code() {
+        let addr = |a: u64| Packet::Address {
+            addr: Address { form: AddrForm::Long64, is: 0, addr: a, pkt_bits: 64 },
+            context: None,
+            source: false,
+        };
+        let mut pkts = start_packets(0x1000);
+        for k in 0..6u64 {
+            pkts.extend([
+                atom(true),
+                atom(false),
+                Packet::Atom { format: 3, atoms: Atoms { bits: 0b101, count: 3 } },
+                addr(0x2000 + 8 * k),
+            ]);
+        }
+        pkts.push(atom(true));
+        let decode = |says: bool| {
+            let mem = NoCode { says, reads: std::cell::Cell::new(0) };
+            let mut d = Decoder::new(cfg(0));
+            let mut out = Vec::new();
+            let mut sink = |e: &Element| {
+                out.push(format!("{} {}", e.index, e.kind));
+                ControlFlow::Continue(())
+            };
+            for (i, p) in pkts.iter().enumerate() {
+                let _ = d.packet(i as u64, p, &mem, &mut sink);
+            }
+            let _ = d.finish(&mut sink);
+            (out, mem.reads.get())
+        };
+        let (walked, reads) = decode(false);
+        let (skipped, none) = decode(true);
+        assert_eq!(skipped, walked);
+        assert_eq!(walked.iter().filter(|l| l.contains("ADDR_NACC")).count(), 7, "{walked:#?}");
+        assert!(reads > 0);
+        assert_eq!(none, 0);
     }
 
     /// The ranges of atom packets entered through `atoms` are held back, not lost: an error

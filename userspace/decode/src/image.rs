@@ -124,6 +124,13 @@ pub trait MemoryAccess {
         u64::from(context_id.unwrap_or(0))
     }
 
+    /// False when `context_id` sees no code at all (every read fails: another process's
+    /// context, say), so the decoder need not walk: each walk there would end at its first
+    /// instruction with the address not accessible. Default: true.
+    fn has_code(&self, _space: MemSpace, _context_id: Option<u32>) -> bool {
+        true
+    }
+
     /// Changes whenever [`code_id`](MemoryAccess::code_id) or the bytes behind it may have
     /// changed (decoders then recompute their cache tags). Default: never.
     fn generation(&self) -> u64 {

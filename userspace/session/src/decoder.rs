@@ -398,6 +398,10 @@ impl MemoryAccess for Mem<'_> {
     fn code_id(&self, _space: MemSpace, context_id: Option<u32>) -> u64 {
         self.0.code_id(context_id)
     }
+    /// Another process's context has none (see `slice_at_ctx`).
+    fn has_code(&self, _space: MemSpace, context_id: Option<u32>) -> bool {
+        self.0.context_code(context_id) != ContextCode::Foreign
+    }
     fn generation(&self) -> u64 {
         self.0.generation()
     }
