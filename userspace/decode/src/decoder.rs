@@ -803,6 +803,14 @@ impl Decoder {
                 if self.next_addr.set {
                     self.atoms_now();
                 }
+                if (self.need_ctxt || self.need_addr) && !self.ret.pop_pending {
+                    // no address to go from (after code not accessible, say): the packet's
+                    // atoms are dropped, as `atoms` would drop them (`run_atoms`)
+                    self.begin_packet(index.at(i));
+                    self.hold_or_flush(sink);
+                    i += 1;
+                    continue;
+                }
                 // (`no_code` as of the last tag: a context without code takes the general path)
                 if !(self.need_ctxt || self.need_addr || self.ret.pop_pending || self.no_code) && self.walk.isa == Isa::A64 {
                     let r;
@@ -2572,7 +2580,8 @@ mod tests {
     /// not, give the elements and counts that entering them one by one gives: the loop
     /// entered with and without a pending target address, left at a run not cached (also in
     /// the middle of a packet of more than `RUN_MAX` atoms), at a compressed return after a
-    /// taken indirect branch, at two address packets in a row, at the other packets.
+    /// taken indirect branch, at two address packets in a row, at the other packets; atom
+    /// packets dropped after code not accessible.
     #[test]
     fn atom_run_as_packets() {
         use crate::packet::PacketParser;
@@ -2601,6 +2610,11 @@ mod tests {
                 data.extend(long(0x1000));
                 data.extend(long(0x1000));
                 data.extend([0xFF, 0x90, 0xF7, 0x95, 0x00, 0xF6, 0xF7, 0xC9]);
+                // code not accessible at 0x40000: the atoms after its first dropped, up to
+                // 0x1000
+                data.extend(long(0x40000));
+                data.extend([0xF7, 0xF7, 0xDB, 0xC5, 0xF6]);
+                data.extend(long(0x1000));
             }
         }
         let decode = |runs: bool, direct: bool| {
@@ -2620,6 +2634,7 @@ mod tests {
         let by_packet = decode(false, false);
         assert!(by_packet.0.iter().filter(|l| l.contains("RANGE")).count() > 100, "{:?}", by_packet.0);
         assert!(by_packet.1.cache_hits > 100);
+        assert!(by_packet.0.iter().filter(|l| l.contains("ADDR_NACC")).count() >= 18, "{:?}", by_packet.0);
         assert_eq!(decode(true, false), by_packet);
         assert_eq!(decode(true, true), by_packet);
     }
