@@ -13,6 +13,8 @@ APT_PKGS=(
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross binutils-aarch64-linux-gnu qemu-user
   # peers and tools: perf (overhead benchmark), OpenCSD trc_pkt_lister (independent decoder)
   linux-perf libopencsd-bin xz-utils valgrind pkg-config libelf-dev zlib1g-dev
+  # peak RSS in the benchmarks (/usr/bin/time: bench/hw_replay.sh, bench/profile.sh)
+  time
   # the unwinding tests against perf: a C++ workload built by g++ and clang++-22, and the
   # system python3 (tests/tests/run_peers.rs)
   g++ python3
