@@ -807,8 +807,10 @@ impl Decoder {
                     // no address to go from (after code not accessible, say): the packet's
                     // atoms are dropped, as `atoms` would drop them (`run_atoms`)
                     self.begin_packet(index.at(i));
-                    self.hold_or_flush(sink);
                     i += 1;
+                    if self.hold_or_flush(sink).is_break() {
+                        return (i, ControlFlow::Break(()));
+                    }
                     continue;
                 }
                 // (`no_code` as of the last tag: a context without code takes the general path)
@@ -837,8 +839,9 @@ impl Decoder {
     /// [`address`](Self::address)'s fast path and [`atoms_now`](Self::atoms_now) do with
     /// them), with the address, the pending target and the counts in locals. Returns the
     /// position of the first packet not taken, at least `i + 1`: a packet with a run not stored
-    /// is finished by [`atoms_from`](Self::atoms_from) (`Break` if the sink asked to stop
-    /// there).
+    /// is finished by [`atoms_from`](Self::atoms_from). `Break` if the sink asked to stop,
+    /// after the packet whose ranges it was given (`i` itself when it stopped at the ranges
+    /// buffered before the loop).
     #[inline]
     fn cached_packets<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
         &mut self,
@@ -851,10 +854,10 @@ impl Decoder {
     ) -> (usize, ControlFlow<()>) {
         let tag = self.cache_tag(mem);
         let direct = sink.takes_packet_ranges();
-        if direct && !self.ranges.is_empty() {
-            // what is buffered goes first
+        if direct && !self.ranges.is_empty() && self.flush_out_of_line(sink).is_break() {
+            // what is buffered goes first; the sink asked to stop there
             self.stopped = false;
-            self.flush(sink);
+            return (i, ControlFlow::Break(()));
         }
         let id = self.cfg.trace_id;
         // (a handle of its own: the loop changes `self`)
@@ -967,8 +970,13 @@ impl Decoder {
                 let r = self.packet_rest(r0, pkt_index, bits, n - k, format, atoms, mem, sink);
                 return (at.pos, if stop { ControlFlow::Break(()) } else { r });
             }
-            if self.ranges.len() >= if direct { 1 } else { HOLD_MAX } {
-                self.flush_out_of_line(sink);
+            if self.ranges.len() >= if direct { 1 } else { HOLD_MAX } && self.flush_out_of_line(sink).is_break() {
+                // (all handed over)
+                self.end_cached(ranges, handed, instructions, packets, addr, need_addr, pending);
+                self.cur_index = last;
+                self.stopped = false;
+                self.held = 0;
+                return (at.pos, ControlFlow::Break(()));
             }
         }
         self.end_cached(ranges, handed, instructions, packets, addr, need_addr, pending);
@@ -1014,9 +1022,10 @@ impl Decoder {
     /// [`flush`](Self::flush) at a packet's end (see [`begin_packet`](Self::begin_packet)),
     /// out of line: for the atom-run loop, whose registers are for its hits.
     #[inline(never)]
-    fn flush_out_of_line<S: ElementSink + ?Sized>(&mut self, sink: &mut S) {
+    fn flush_out_of_line<S: ElementSink + ?Sized>(&mut self, sink: &mut S) -> ControlFlow<()> {
         self.stopped = false;
         self.flush(sink);
+        if self.stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
     }
 
     /// The end of packet `index` (`format`, `atoms`) that
@@ -1055,8 +1064,7 @@ impl Decoder {
             }
             self.atoms_from(bits, n, index, format, atoms, mem, sink)
         } else {
-            self.hold_or_flush(sink);
-            ControlFlow::Continue(())
+            self.hold_or_flush(sink)
         }
     }
 
@@ -1077,21 +1085,22 @@ impl Decoder {
         sink: &mut S,
     ) -> ControlFlow<()> {
         if self.run_atoms(bits, n, index, mem).is_ok() {
-            self.hold_or_flush(sink);
-            return ControlFlow::Continue(());
+            return self.hold_or_flush(sink);
         }
         self.run(index, &Packet::Atom { format, atoms }, mem, sink)
     }
 
     /// After an atom packet committed at once: output that is only ranges stays buffered
-    /// (see [`atoms`](Self::atoms)), up to [`HOLD_MAX`] of them; anything else is handed over.
+    /// (see [`atoms`](Self::atoms)), up to [`HOLD_MAX`] of them; anything else is handed over
+    /// (`Break` if the sink asked to stop).
     #[inline]
-    fn hold_or_flush<S: ElementSink + ?Sized>(&mut self, sink: &mut S) {
+    fn hold_or_flush<S: ElementSink + ?Sized>(&mut self, sink: &mut S) -> ControlFlow<()> {
         if self.out.is_empty() && self.ranges.len() < HOLD_MAX {
             self.held = self.ranges.len();
-        } else {
-            self.flush(sink);
+            return ControlFlow::Continue(());
         }
+        self.flush(sink);
+        if self.stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
     }
 
     /// An atom packet now, the decoder [`quiet`](Self::quiet), is committed at once (the
@@ -2525,14 +2534,19 @@ mod tests {
 
     /// Records every element as "index kind"; with `direct`, takes ranges through
     /// `packet_ranges`.
+    /// With `stop_at` n > 0, asks to stop at the n-th element (it keeps it, and any after it).
     struct Recorder {
         direct: bool,
         out: Vec<String>,
+        stop_at: usize,
     }
 
     impl ElementSink for Recorder {
         fn element(&mut self, e: &Element) -> ControlFlow<()> {
             self.out.push(format!("{} {}", e.index, e.kind));
+            if self.out.len() == self.stop_at {
+                return ControlFlow::Break(());
+            }
             ControlFlow::Continue(())
         }
         fn takes_packet_ranges(&self) -> bool {
@@ -2548,29 +2562,31 @@ mod tests {
 
     /// The parser's packets to a decoder: each through `packet`, `atoms` or `address`, or
     /// (with `runs`) those that lead the data through `atom_run`.
+    /// Once the sink asked to stop (`stopped`), the decoder is not called again.
     struct ToDecoder<'a> {
         dec: &'a mut Decoder,
         img: &'a MemoryImage,
         rec: &'a mut Recorder,
         runs: bool,
+        stopped: bool,
     }
 
     impl crate::packet::PacketSink for ToDecoder<'_> {
         fn packet(&mut self, index: u64, p: &Packet, _raw: &[u8]) {
-            let _ = self.dec.packet(index, p, self.img, self.rec);
+            self.stopped = self.stopped || self.dec.packet(index, p, self.img, self.rec).is_break();
         }
         fn atoms(&mut self, index: u64, format: u8, atoms: Atoms, _header: u8) {
-            let _ = self.dec.atoms(index, format, atoms, self.img, self.rec);
+            self.stopped = self.stopped || self.dec.atoms(index, format, atoms, self.img, self.rec).is_break();
         }
         fn address(&mut self, index: u64, addr: Address, _raw: &[u8]) {
-            let _ = self.dec.address(index, addr, self.img, self.rec);
+            self.stopped = self.stopped || self.dec.address(index, addr, self.img, self.rec).is_break();
         }
         fn atom_run(&mut self, index: ChunkIndex, data: &[u8], look: &mut Lookahead<'_>) -> usize {
-            if !self.runs {
+            if !self.runs || self.stopped {
                 return crate::packet::atom_packets(self, index, data, look);
             }
             let (n, r) = self.dec.atom_run(index, data, look, self.img, self.rec);
-            assert!(r.is_continue());
+            self.stopped = r.is_break();
             n
         }
     }
@@ -2617,26 +2633,36 @@ mod tests {
                 data.extend(long(0x1000));
             }
         }
-        let decode = |runs: bool, direct: bool| {
+        let decode = |runs: bool, direct: bool, stop_at: usize| {
             let mut dec = Decoder::with_cache(DecoderConfig::new(&etm, ArchVersion::V8), cache::shared(8));
-            let mut rec = Recorder { direct, out: Vec::new() };
+            let mut rec = Recorder { direct, out: Vec::new(), stop_at };
             let mut parser = PacketParser::new(&etm);
-            let mut sink = ToDecoder { dec: &mut dec, img: &img, rec: &mut rec, runs };
+            let mut sink = ToDecoder { dec: &mut dec, img: &img, rec: &mut rec, runs, stopped: false };
             // in chunks, so runs are also cut by the end of the data
             for (k, chunk) in data.chunks(37).enumerate() {
                 parser.feed(k as u64 * 37, chunk, &mut sink);
-                let _ = sink.dec.flush_held(sink.rec);
+                sink.stopped = sink.stopped || sink.dec.flush_held(sink.rec).is_break();
             }
             parser.finish(&mut sink);
-            let _ = dec.finish(&mut rec);
+            if !sink.stopped {
+                let _ = dec.finish(&mut rec);
+            }
             (rec.out, dec.stats(), parser.stats().packets)
         };
-        let by_packet = decode(false, false);
+        let by_packet = decode(false, false, 0);
         assert!(by_packet.0.iter().filter(|l| l.contains("RANGE")).count() > 100, "{:?}", by_packet.0);
         assert!(by_packet.1.cache_hits > 100);
         assert!(by_packet.0.iter().filter(|l| l.contains("ADDR_NACC")).count() >= 18, "{:?}", by_packet.0);
-        assert_eq!(decode(true, false), by_packet);
-        assert_eq!(decode(true, true), by_packet);
+        assert_eq!(decode(true, false, 0), by_packet);
+        assert_eq!(decode(true, true, 0), by_packet);
+        // a sink that asks to stop at any element, the caller then calling the decoder no
+        // more: it has the elements up to that one, and no more
+        for n in 1..by_packet.0.len() {
+            for (runs, direct) in [(false, false), (true, false), (true, true)] {
+                let got = decode(runs, direct, n).0;
+                assert_eq!(got[..], by_packet.0[..n], "stop at {n}, runs {runs}, direct {direct}");
+            }
+        }
     }
 
     fn addr_pkt(addr: u64) -> Packet {
