@@ -93,6 +93,23 @@ pub struct Run {
     pub next: u64,
 }
 
+/// The atoms of a run as the run cache keys them: the `count` atoms `bits` packed into one
+/// word, and their part of the slot's hash. A function of the atoms alone, so an atom
+/// packet's can be computed once per header byte ([`crate::packet::Lookahead::run_key`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunKey {
+    atoms: u64,
+    mix: u64,
+}
+
+impl RunKey {
+    /// The key of the `count` atoms `bits` (oldest in bit 0, no bits above `count`).
+    #[inline]
+    pub const fn new(bits: u32, count: u8) -> Self {
+        RunKey { atoms: bits as u64 | (count as u64) << 32, mix: (bits as u64).wrapping_mul(0x9e37_79b9) ^ ((count as u64) << 7) }
+    }
+}
+
 /// A stored run: key (start, tag with bit 63 set, atom bits | count << 32), the run and where
 /// its ranges are in the arena.
 pub(crate) struct RunSlot {
@@ -211,9 +228,8 @@ impl BlockCache {
     }
 
     #[inline]
-    fn run_index(start: u64, bits: u32, count: u8) -> usize {
-        let h = (start >> 2) ^ (bits as u64).wrapping_mul(0x9e37_79b9) ^ ((count as u64) << 7);
-        h as usize & (RUN_SLOTS - 1)
+    fn run_index(start: u64, key: RunKey) -> usize {
+        ((start >> 2) ^ key.mix) as usize & (RUN_SLOTS - 1)
     }
 
     /// Replays the run of the `count` atoms `bits` (oldest in bit 0, no bits above `count`)
@@ -232,8 +248,14 @@ impl BlockCache {
     /// and its ranges ([`run_ranges`](Self::run_ranges)) itself.
     #[inline]
     pub(crate) fn find_run(&self, start: u64, tag: u64, bits: u32, count: u8) -> Option<&RunSlot> {
-        let s = &self.runs.slots[Self::run_index(start, bits, count)];
-        if s.start.get() != start || s.tag.get() != tag | VALID || s.atoms.get() != bits as u64 | (count as u64) << 32 {
+        self.find_key(start, tag, RunKey::new(bits, count))
+    }
+
+    /// [`find_run`](Self::find_run) with the atoms' key computed beforehand.
+    #[inline]
+    pub(crate) fn find_key(&self, start: u64, tag: u64, key: RunKey) -> Option<&RunSlot> {
+        let s = &self.runs.slots[Self::run_index(start, key)];
+        if s.start.get() != start || s.atoms.get() != key.atoms || s.tag.get() != tag | VALID {
             return None;
         }
         Some(s)
@@ -315,7 +337,8 @@ impl BlockCache {
         }
         fill(&mut cells[p..p + n]);
         drop(cells);
-        let i = Self::run_index(start, bits, count);
+        let key = RunKey::new(bits, count);
+        let i = Self::run_index(start, key);
         let s = &runs.slots[i];
         if let Some(o) = runs.owner.get(p)
             && n > 0
@@ -325,7 +348,7 @@ impl BlockCache {
         runs.head.set(p + n);
         s.start.set(start);
         s.tag.set(tag | VALID);
-        s.atoms.set(bits as u64 | (count as u64) << 32);
+        s.atoms.set(key.atoms);
         s.run.set(Run { count: n as u8, ..run });
         s.pos.set(p as u32);
         Some(s)

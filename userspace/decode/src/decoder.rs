@@ -384,6 +384,18 @@ impl RetStack {
         }
         r
     }
+    /// Pushes the return addresses of a run's ranges that ended in a taken branch with link
+    /// (bit `i` of `links`: range `i`, whose end `end(i)` gives), oldest first.
+    #[inline(always)]
+    fn push_links(&mut self, mut links: u8, end: impl Fn(usize) -> Option<u64>) {
+        while links != 0 {
+            let i = links.trailing_zeros() as usize;
+            links &= links - 1;
+            if let Some(e) = end(i) {
+                self.push(e, Isa::A64);
+            }
+        }
+    }
     /// The pending pop, if the top entry is there and A64 (what
     /// [`Decoder::return_stack_pop`] then does, without its error case): its address.
     #[inline(always)]
@@ -910,6 +922,37 @@ impl Decoder {
                     None => break,
                 }
             }
+            // the common packet first, for a sink taking a packet's ranges from the run cache:
+            // one stored run for all the packet's atoms
+            if direct
+                && atoms.count as usize <= RUN_MAX
+                && let Some(slot) = cache.find_key(addr, tag, look.run_key(b))
+                && slot.run().count == atoms.count
+            {
+                let run = slot.run();
+                {
+                    let rs = cache.run_ranges(slot);
+                    stop |= sink.packet_ranges(id, pkt_index, &rs).is_break();
+                    self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
+                }
+                addr = run.next;
+                handed += run.count as u64;
+                ranges += run.count as u64;
+                instructions += run.instructions as u64;
+                if run.indirect {
+                    self.ret.set_pop_pending();
+                    need_addr = true;
+                }
+                packets += 1;
+                last = pkt_index;
+                at.advance(1);
+                if stop {
+                    self.end_cached(ranges, handed, instructions, packets - 1, addr, need_addr, pending);
+                    let _ = self.packet_rest(self.ranges.len(), pkt_index, 0, 0, format, atoms, mem, sink);
+                    return (at.pos, ControlFlow::Break(()));
+                }
+                continue;
+            }
             let (mut bits, n) = (atoms.bits, atoms.count);
             let mut k = 0;
             let r0 = self.ranges.len();
@@ -934,14 +977,7 @@ impl Decoder {
                 } else {
                     self.ranges.extend(rs.iter().map(|&range| Range { index: pkt_index, range }));
                 }
-                let mut links = run.links;
-                while links != 0 {
-                    let j = links.trailing_zeros() as usize;
-                    links &= links - 1;
-                    if let Some(r) = rs.get(j) {
-                        self.ret.push(r.end, Isa::A64);
-                    }
-                }
+                self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
                 addr = run.next;
                 ranges += c as u64;
                 instructions += run.instructions as u64;
@@ -1726,12 +1762,7 @@ impl Decoder {
     /// address and pop after a taken indirect branch, the address, the counts.
     #[inline(always)]
     fn apply_run(&mut self, run: &Run, r0: usize) {
-        let mut links = run.links;
-        while links != 0 {
-            let i = links.trailing_zeros() as usize;
-            links &= links - 1;
-            self.ret.push(self.ranges[r0 + i].range.end, Isa::A64);
-        }
+        self.ret.push_links(run.links, |i| self.ranges.get(r0 + i).map(|r| r.range.end));
         if run.indirect {
             self.need_addr = true;
             self.ret.set_pop_pending();

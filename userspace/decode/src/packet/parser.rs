@@ -6,6 +6,7 @@
 //! line-for-line with `trc_pkt_lister`.
 
 use super::{AddrForm, Address, Atoms, Context, Exception, Packet, PacketSink, PacketType, QPacket, TraceInfo};
+use crate::cache::RunKey;
 use crate::frame::ChunkIndex;
 use crate::snapshot::{CoreProfile, EtmConfig};
 
@@ -72,6 +73,8 @@ pub struct PacketParser {
     /// Per header byte, the atom packet it is (format 0: not an atom header): single-byte
     /// atom packets are decoded by one lookup.
     atom_table: [(u8, Atoms); 256],
+    /// Per header byte, the run-cache key of its atoms (see [`Lookahead::run_key`]).
+    run_keys: [RunKey; 256],
     state: State,
     buf: [u8; MAX_PKT],
     len: usize,
@@ -134,6 +137,7 @@ impl PacketParser {
             cfg: *cfg,
             table: [(PacketType::Reserved, H::Reserved); 256],
             atom_table: [(0, Atoms::default()); 256],
+            run_keys: [RunKey::default(); 256],
             state: State::Hdr,
             buf: [0; MAX_PKT],
             len: 0,
@@ -188,7 +192,9 @@ impl PacketParser {
         p.build_table();
         for b in 0..=255u8 {
             if let (ty, H::Atom) = p.table[b as usize] {
-                p.atom_table[b as usize] = atom_of(ty, b);
+                let (format, atoms) = atom_of(ty, b);
+                p.atom_table[b as usize] = (format, atoms);
+                p.run_keys[b as usize] = RunKey::new(atoms.bits, atoms.count);
             }
         }
         p
@@ -1408,6 +1414,13 @@ impl Lookahead<'_> {
     #[inline]
     pub fn atoms(&self, b: u8) -> (u8, Atoms) {
         self.parser.atom_table[b as usize]
+    }
+
+    /// The run-cache key of the atoms of the single-byte atom packet with header `b` (of
+    /// [`atoms`](Self::atoms)`(b).1`): computed when the parser is built, not per packet.
+    #[inline]
+    pub fn run_key(&self, b: u8) -> RunKey {
+        self.parser.run_keys[b as usize]
     }
 
     /// The target address packet without context (short, long or exact match) at `data[p..]`
