@@ -55,9 +55,9 @@ struct Slot {
 /// Most atoms one [`Run`] covers.
 pub const RUN_MAX: usize = 8;
 
-/// Entries of the run cache (2^15, 48 bytes each), whatever the size of the block cache: a
+/// Entries of the run cache (2^16, 48 bytes each: 3 MiB), whatever the size of the block cache: a
 /// constant, so a lookup needs no mask loaded and no bounds check.
-const RUN_BITS: u32 = 15;
+const RUN_BITS: u32 = 16;
 const RUN_SLOTS: usize = 1 << RUN_BITS;
 
 /// Ranges the run cache holds (2^16, ~2 MiB), in a ring shared by its slots: a run takes as
