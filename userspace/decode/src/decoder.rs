@@ -880,8 +880,8 @@ impl Decoder {
         let mut need_addr = false;
         // a target address packet taken, not applied yet (`next_addr`): address, IS, index
         let mut pending: Option<(u64, u8, u64)> = None;
-        // ranges (handed over directly), instructions, packets
-        let (mut ranges, mut handed, mut instructions, mut packets) = (0u64, 0u64, 0u64, 0u64);
+        // ranges (those not handed over directly: `buffered`), instructions, packets
+        let (mut ranges, mut buffered, mut instructions, mut packets) = (0u64, 0u64, 0u64, 0u64);
         let mut at = index.cursor(i);
         let mut last = at.index;
         let mut stop = false;
@@ -936,7 +936,6 @@ impl Decoder {
                     self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
                 }
                 addr = run.next;
-                handed += run.count as u64;
                 ranges += run.count as u64;
                 instructions += run.instructions as u64;
                 if run.indirect {
@@ -947,7 +946,7 @@ impl Decoder {
                 last = pkt_index;
                 at.advance(1);
                 if stop {
-                    self.end_cached(ranges, handed, instructions, packets - 1, addr, need_addr, pending);
+                    self.end_cached(ranges, ranges - buffered, instructions, packets - 1, addr, need_addr, pending);
                     let _ = self.packet_rest(self.ranges.len(), pkt_index, 0, 0, format, atoms, mem, sink);
                     return (at.pos, ControlFlow::Break(()));
                 }
@@ -973,9 +972,9 @@ impl Decoder {
                 if direct && k == 0 && run.count == n {
                     // the whole packet (no error can discard it)
                     stop |= sink.packet_ranges(id, pkt_index, rs).is_break();
-                    handed += c as u64;
                 } else {
                     self.ranges.extend(rs.iter().map(|&range| Range { index: pkt_index, range }));
+                    buffered += c as u64;
                 }
                 self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
                 addr = run.next;
@@ -1002,20 +1001,20 @@ impl Decoder {
             if k < n || stop {
                 // atoms left (a run not in the cache, or after a taken indirect branch the
                 // address or the return stack is needed): the general path
-                self.end_cached(ranges, handed, instructions, packets - 1, addr, need_addr, pending);
+                self.end_cached(ranges, ranges - buffered, instructions, packets - 1, addr, need_addr, pending);
                 let r = self.packet_rest(r0, pkt_index, bits, n - k, format, atoms, mem, sink);
                 return (at.pos, if stop { ControlFlow::Break(()) } else { r });
             }
             if self.ranges.len() >= if direct { 1 } else { HOLD_MAX } && self.flush_out_of_line(sink).is_break() {
                 // (all handed over)
-                self.end_cached(ranges, handed, instructions, packets, addr, need_addr, pending);
+                self.end_cached(ranges, ranges - buffered, instructions, packets, addr, need_addr, pending);
                 self.cur_index = last;
                 self.stopped = false;
                 self.held = 0;
                 return (at.pos, ControlFlow::Break(()));
             }
         }
-        self.end_cached(ranges, handed, instructions, packets, addr, need_addr, pending);
+        self.end_cached(ranges, ranges - buffered, instructions, packets, addr, need_addr, pending);
         self.cur_index = last;
         self.stopped = false;
         self.held = self.ranges.len();
