@@ -108,6 +108,13 @@ impl RunKey {
     pub const fn new(bits: u32, count: u8) -> Self {
         RunKey { atoms: bits as u64 | (count as u64) << 32, mix: (bits as u64).wrapping_mul(0x9e37_79b9) ^ ((count as u64) << 7) }
     }
+
+    /// The key of an atom packet's `count` atoms `bits` as one run: no stored run has it when
+    /// they are more than one run holds ([`RUN_MAX`]).
+    #[inline]
+    pub const fn of_packet(bits: u32, count: u8) -> Self {
+        if count as usize <= RUN_MAX { Self::new(bits, count) } else { RunKey { atoms: u64::MAX, mix: 0 } }
+    }
 }
 
 /// A stored run: key (start, tag with bit 63 set, atom bits | count << 32), the run and where

@@ -925,7 +925,6 @@ impl Decoder {
             // the common packet first, for a sink taking a packet's ranges from the run cache:
             // one stored run for all the packet's atoms
             if direct
-                && atoms.count as usize <= RUN_MAX
                 && let Some(slot) = cache.find_key(addr, tag, look.run_key(b))
                 && slot.run().count == atoms.count
             {

@@ -194,7 +194,7 @@ impl PacketParser {
             if let (ty, H::Atom) = p.table[b as usize] {
                 let (format, atoms) = atom_of(ty, b);
                 p.atom_table[b as usize] = (format, atoms);
-                p.run_keys[b as usize] = RunKey::new(atoms.bits, atoms.count);
+                p.run_keys[b as usize] = RunKey::of_packet(atoms.bits, atoms.count);
             }
         }
         p
@@ -1417,7 +1417,8 @@ impl Lookahead<'_> {
     }
 
     /// The run-cache key of the atoms of the single-byte atom packet with header `b` (of
-    /// [`atoms`](Self::atoms)`(b).1`): computed when the parser is built, not per packet.
+    /// [`atoms`](Self::atoms)`(b).1`) as one run ([`RunKey::of_packet`]): computed when the
+    /// parser is built, not per packet.
     #[inline]
     pub fn run_key(&self, b: u8) -> RunKey {
         self.parser.run_keys[b as usize]
