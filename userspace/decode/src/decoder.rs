@@ -912,7 +912,10 @@ impl Decoder {
                 addr = a;
                 need_addr = false;
             }
-            if need_addr || self.ret.pop_pending {
+            // (a pop is pending only after a taken indirect branch: entered without one, the
+            // loop sets it only with `need_addr`)
+            debug_assert!(need_addr || !self.ret.pop_pending);
+            if need_addr {
                 // a compressed return (`return_stack_pop` at the packet's first atom)
                 match self.ret.pop_pending_a64() {
                     Some(a) => {
