@@ -928,29 +928,44 @@ impl Decoder {
             // the common packet first, for a sink taking a packet's ranges from the run cache:
             // one stored run for all the packet's atoms
             if direct
-                && let Some(slot) = cache.find_key(addr, tag, look.run_key(b))
+                && let Some(mut slot) = cache.find_key(addr, tag, look.run_key(b))
                 && slot.run().count == atoms.count
             {
-                let run = slot.run();
-                {
-                    let rs = cache.run_ranges(slot);
-                    stop |= sink.packet_ranges(id, pkt_index, &rs).is_break();
-                    self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
-                }
-                addr = run.next;
-                ranges += run.count as u64;
-                instructions += run.instructions as u64;
-                if run.indirect {
-                    self.ret.set_pop_pending();
-                    need_addr = true;
-                }
-                packets += 1;
-                last = pkt_index;
-                at.advance(1);
-                if stop {
-                    self.end_cached(ranges, ranges - buffered, instructions, packets - 1, addr, need_addr, pending);
-                    let _ = self.packet_rest(self.ranges.len(), pkt_index, 0, 0, format, atoms, mem, sink);
-                    return (at.pos, ControlFlow::Break(()));
+                // and the packets after it as long as they are such packets
+                let (mut format, mut atoms, mut pkt_index) = (format, atoms, pkt_index);
+                loop {
+                    let run = slot.run();
+                    {
+                        let rs = cache.run_ranges(slot);
+                        stop |= sink.packet_ranges(id, pkt_index, &rs).is_break();
+                        self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
+                    }
+                    addr = run.next;
+                    ranges += run.count as u64;
+                    instructions += run.instructions as u64;
+                    packets += 1;
+                    last = pkt_index;
+                    at.advance(1);
+                    if stop {
+                        self.end_cached(ranges, ranges - buffered, instructions, packets - 1, addr, need_addr, pending);
+                        let _ = self.packet_rest(self.ranges.len(), pkt_index, 0, 0, format, atoms, mem, sink);
+                        return (at.pos, ControlFlow::Break(()));
+                    }
+                    if run.indirect {
+                        self.ret.set_pop_pending();
+                        need_addr = true;
+                        break;
+                    }
+                    let Some(&b) = data.get(at.pos) else { break };
+                    (format, atoms) = look.atoms(b);
+                    if format == 0 {
+                        break;
+                    }
+                    match cache.find_key(addr, tag, look.run_key(b)) {
+                        Some(s) if s.run().count == atoms.count => slot = s,
+                        _ => break,
+                    }
+                    pkt_index = at.index;
                 }
                 continue;
             }
