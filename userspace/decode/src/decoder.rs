@@ -1067,7 +1067,7 @@ impl Decoder {
         self.stats.ranges += ranges;
         self.stats.instructions += instructions;
         // (`flush` counts what it hands over)
-        self.stats.elements += handed;
+        self.stats.elements = self.stats.elements.wrapping_add(handed);
         self.stats.packets += packets;
     }
 
@@ -1345,7 +1345,9 @@ impl Decoder {
 
     #[inline]
     fn flush<S: ElementSink + ?Sized>(&mut self, sink: &mut S) {
-        self.stats.elements += (self.out.len() + self.ranges.len()) as u64;
+        // (wrapping: a TRACE_INFO, not an OpenCSD element, is taken off the count when it is
+        // emitted, before the flush that counts it)
+        self.stats.elements = self.stats.elements.wrapping_add((self.out.len() + self.ranges.len()) as u64);
         if !self.stopped {
             // the common case (an atom packet's ranges and nothing else) without the loop
             let r = if !self.out.is_empty() {
