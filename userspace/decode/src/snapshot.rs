@@ -731,13 +731,16 @@ impl Snapshot {
     /// Reads the bytes of one memory region (`length` defaults to the rest of the file after
     /// `offset`; a region extending past the end of the file is truncated).
     pub fn read_dump(&self, files: &dyn SnapshotFiles, dump: &MemDump) -> Result<Vec<u8>, SnapshotError> {
-        let data = files.read(&dump.file)?;
+        let mut data = files.read(&dump.file)?;
         let start = (dump.offset as usize).min(data.len());
         let end = match dump.length {
             Some(l) => start.saturating_add(l as usize).min(data.len()),
             None => data.len(),
         };
-        Ok(data[start..end].to_vec())
+        // the file's bytes themselves, not a copy (most dumps are whole files)
+        data.truncate(end);
+        data.drain(..start);
+        Ok(data)
     }
 }
 
