@@ -16,7 +16,7 @@
 use std::cell::{Cell, Ref, RefCell};
 
 use crate::elements::{InstrRange, Range};
-use crate::insn::InstrInfo;
+use crate::insn::{InstrInfo, InstrSubtype, InstrType, Isa};
 
 /// A walked block: `[start, end)` holds `num_instr` instructions ending in a waypoint.
 #[derive(Debug, Clone, Copy, Default)]
@@ -47,9 +47,30 @@ const VALID: u64 = 1 << 63;
 
 /// A slot: key (start, tag with bit 63 set; 0 = empty) and block side by side, so a lookup
 /// touches one place.
+#[derive(Clone)]
 struct Slot {
     key: Cell<(u64, u64)>,
     block: Cell<Block>,
+}
+
+impl Slot {
+    /// An empty slot (its block never read): all zero bytes, which `vec!` writes in one go.
+    const EMPTY: Slot = Slot {
+        key: Cell::new((0, 0)),
+        block: Cell::new(Block {
+            end: 0,
+            num_instr: 0,
+            last: InstrInfo {
+                ty: InstrType::Other,
+                subtype: InstrSubtype::None,
+                size: 0,
+                is_link: false,
+                is_cond: false,
+                branch_addr: 0,
+                next_isa: Isa::Arm,
+            },
+        }),
+    };
 }
 
 /// Most atoms one [`Run`] covers.
@@ -66,9 +87,19 @@ const ARENA: usize = 1 << 16;
 
 /// An empty arena (on the heap: it is too large to build on the stack).
 fn arena() -> Box<[InstrRange; ARENA + RUN_MAX]> {
-    let Ok(a) = vec![InstrRange::default(); ARENA + RUN_MAX].into_boxed_slice().try_into() else {
-        unreachable!("ARENA + RUN_MAX ranges")
+    // (never read before a run is stored there: all zero bytes, which `vec!` writes in one go)
+    const UNUSED: InstrRange = InstrRange {
+        start: 0,
+        end: 0,
+        num_instr: 0,
+        isa: Isa::Arm,
+        last_size: 0,
+        executed: false,
+        last_type: InstrType::Other,
+        last_subtype: InstrSubtype::None,
+        last_cond: false,
     };
+    let Ok(a) = vec![UNUSED; ARENA + RUN_MAX].into_boxed_slice().try_into() else { unreachable!("ARENA + RUN_MAX ranges") };
     a
 }
 
@@ -119,6 +150,7 @@ impl RunKey {
 
 /// A stored run: key (start, tag with bit 63 set, atom bits | count << 32), the run and where
 /// its ranges are in the arena.
+#[derive(Clone, Default)]
 pub(crate) struct RunSlot {
     start: Cell<u64>,
     tag: Cell<u64>,
@@ -158,29 +190,16 @@ impl BlockCache {
     /// A cache with `2^bits` entries (at least 2: one set).
     pub fn new(bits: u32) -> Self {
         let n = 1usize << bits.clamp(1, 24);
-        let runs: Box<[RunSlot]> = (0..RUN_SLOTS)
-            .map(|_| RunSlot {
-                start: Cell::new(0),
-                tag: Cell::new(0),
-                atoms: Cell::new(0),
-                run: Cell::new(Run::default()),
-                pos: Cell::new(0),
-            })
-            .collect();
+        // (empty slots: all zero, which `vec!` writes in one go)
+        let runs = vec![RunSlot::default(); RUN_SLOTS].into_boxed_slice();
         let Ok(slots) = runs.try_into() else { unreachable!("RUN_SLOTS slots") };
         let runs = RunCache {
             slots,
             ranges: RefCell::new(arena()),
-            owner: (0..ARENA).map(|_| Cell::new(NO_OWNER)).collect(),
+            owner: vec![Cell::new(NO_OWNER); ARENA].into_boxed_slice(),
             head: Cell::new(0),
         };
-        BlockCache {
-            slots: (0..n).map(|_| Slot { key: Cell::new((0, 0)), block: Cell::new(Block::default()) }).collect(),
-            mask: n - 1,
-            runs,
-            hits: Cell::new(0),
-            misses: Cell::new(0),
-        }
+        BlockCache { slots: vec![Slot::EMPTY; n].into_boxed_slice(), mask: n - 1, runs, hits: Cell::new(0), misses: Cell::new(0) }
     }
 
     /// The two ways of `start`'s set: the more recently stored first.
