@@ -79,7 +79,7 @@ pub const RUN_MAX: usize = 8;
 /// Entries of the run cache (2^16, 48 bytes each: 3 MiB), whatever the size of the block cache: a
 /// constant, so a lookup needs no mask loaded and no bounds check.
 const RUN_BITS: u32 = 16;
-const RUN_SLOTS: usize = 1 << RUN_BITS;
+pub(crate) const RUN_SLOTS: usize = 1 << RUN_BITS;
 
 /// Ranges the run cache holds (2^16, ~2 MiB), in a ring shared by its slots: a run takes as
 /// many as it has atoms (~3.3 on average), not [`RUN_MAX`], so the slots are many and small.
@@ -280,7 +280,20 @@ impl BlockCache {
     /// [`find_run`](Self::find_run) with the atoms' key computed beforehand.
     #[inline]
     pub(crate) fn find_key(&self, start: u64, tag: u64, key: RunKey) -> Option<&RunSlot> {
-        let s = &self.runs.slots[Self::run_index(start, key)];
+        Self::find_in(self.run_slots(), start, tag, key)
+    }
+
+    /// The run slots, for a loop of [`find_in`](Self::find_in) lookups that holds them in a
+    /// register.
+    #[inline]
+    pub(crate) fn run_slots(&self) -> &[RunSlot; RUN_SLOTS] {
+        &self.runs.slots
+    }
+
+    /// [`find_key`](Self::find_key) in `slots` ([`run_slots`](Self::run_slots)).
+    #[inline]
+    pub(crate) fn find_in(slots: &[RunSlot; RUN_SLOTS], start: u64, tag: u64, key: RunKey) -> Option<&RunSlot> {
+        let s = &slots[Self::run_index(start, key)];
         if s.start.get() != start || s.atoms.get() != key.atoms || s.tag.get() != tag | VALID {
             return None;
         }

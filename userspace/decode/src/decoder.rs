@@ -875,6 +875,7 @@ impl Decoder {
         // (a handle of its own: the loop changes `self`)
         let cache = self.cache.clone();
         let cache = &*cache;
+        let slots = cache.run_slots();
         let mut addr = self.walk.addr;
         // an indirect branch was taken: the next atom needs an address (or the return stack)
         let mut need_addr = false;
@@ -928,7 +929,7 @@ impl Decoder {
             // the common packet first, for a sink taking a packet's ranges from the run cache:
             // one stored run for all the packet's atoms
             if direct
-                && let Some(mut slot) = cache.find_key(addr, tag, look.run_key(b))
+                && let Some(mut slot) = cache::BlockCache::find_in(slots, addr, tag, look.run_key(b))
                 && slot.run().count == atoms.count
             {
                 // and the packets after it as long as they are such packets
@@ -961,7 +962,7 @@ impl Decoder {
                     if format == 0 {
                         break;
                     }
-                    match cache.find_key(addr, tag, look.run_key(b)) {
+                    match cache::BlockCache::find_in(slots, addr, tag, look.run_key(b)) {
                         Some(s) if s.run().count == atoms.count => slot = s,
                         _ => break,
                     }
