@@ -276,13 +276,7 @@ impl BlockCache {
     /// and its ranges ([`run_ranges`](Self::run_ranges)) itself.
     #[inline]
     pub(crate) fn find_run(&self, start: u64, tag: u64, bits: u32, count: u8) -> Option<&RunSlot> {
-        self.find_key(start, tag, RunKey::new(bits, count))
-    }
-
-    /// [`find_run`](Self::find_run) with the atoms' key computed beforehand.
-    #[inline]
-    pub(crate) fn find_key(&self, start: u64, tag: u64, key: RunKey) -> Option<&RunSlot> {
-        Self::find_in(self.run_slots(), start, tag, key)
+        Self::find_in(self.run_slots(), start, tag, RunKey::new(bits, count))
     }
 
     /// The run slots, for a loop of [`find_in`](Self::find_in) lookups that holds them in a
@@ -292,7 +286,8 @@ impl BlockCache {
         &self.runs.slots
     }
 
-    /// [`find_key`](Self::find_key) in `slots` ([`run_slots`](Self::run_slots)).
+    /// [`find_run`](Self::find_run) in `slots` ([`run_slots`](Self::run_slots)), with the atoms'
+    /// key computed beforehand.
     #[inline]
     pub(crate) fn find_in(slots: &[RunSlot; RUN_SLOTS], start: u64, tag: u64, key: RunKey) -> Option<&RunSlot> {
         let s = &slots[Self::run_index(start, key)];

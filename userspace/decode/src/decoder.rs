@@ -685,7 +685,7 @@ impl Decoder {
         }
         self.stopped = false;
         self.flush(sink);
-        if self.stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        self.sink_answer()
     }
 
     #[inline]
@@ -1072,13 +1072,20 @@ impl Decoder {
         self.stats.packets += packets;
     }
 
+    /// What the sink answered to the output handed over since the entry point began
+    /// (`stopped`, which [`flush`](Self::flush) records).
+    #[inline]
+    fn sink_answer(&self) -> ControlFlow<()> {
+        if self.stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+    }
+
     /// [`flush`](Self::flush) at a packet's end (see [`begin_packet`](Self::begin_packet)),
     /// out of line: for the atom-run loop, whose registers are for its hits.
     #[inline(never)]
     fn flush_out_of_line<S: ElementSink + ?Sized>(&mut self, sink: &mut S) -> ControlFlow<()> {
         self.stopped = false;
         self.flush(sink);
-        if self.stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        self.sink_answer()
     }
 
     /// The end of packet `index` (`format`, `atoms`) that
@@ -1153,7 +1160,7 @@ impl Decoder {
             return ControlFlow::Continue(());
         }
         self.flush(sink);
-        if self.stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        self.sink_answer()
     }
 
     /// An atom packet now, the decoder [`quiet`](Self::quiet), is committed at once (the
@@ -1287,7 +1294,7 @@ impl Decoder {
                 }
             }
         }
-        if self.stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        self.sink_answer()
     }
 
     /// End of trace: flushes what can be flushed and emits `EO_TRACE`.
@@ -1322,7 +1329,7 @@ impl Decoder {
         let reason = if self.prev_overflow { UnsyncReason::Overflow } else { UnsyncReason::EndOfTrace };
         self.add(self.cur_index, ElementKind::EoTrace(reason));
         self.flush(sink);
-        if self.stopped { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        self.sink_answer()
     }
 
     // ---------------------------------------------------------------- output
@@ -2583,8 +2590,7 @@ mod tests {
     }
 
     /// Records every element as "index kind"; with `direct`, takes ranges through
-    /// `packet_ranges`.
-    /// With `stop_at` n > 0, asks to stop at the n-th element (it keeps it, and any after it).
+    /// `packet_ranges`. With `stop_at` n > 0, asks to stop at the n-th element (it keeps it, and any after it).
     struct Recorder {
         direct: bool,
         out: Vec<String>,
@@ -2611,8 +2617,7 @@ mod tests {
     }
 
     /// The parser's packets to a decoder: each through `packet`, `atoms` or `address`, or
-    /// (with `runs`) those that lead the data through `atom_run`.
-    /// Once the sink asked to stop (`stopped`), the decoder is not called again.
+    /// (with `runs`) those that lead the data through `atom_run`. Once the sink asked to stop (`stopped`), the decoder is not called again.
     struct ToDecoder<'a> {
         dec: &'a mut Decoder,
         img: &'a MemoryImage,
