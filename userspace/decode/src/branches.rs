@@ -7,7 +7,7 @@
 //! (`TRACE_ON`, `NO_SYNC`, `EO_TRACE`, which also covers overflow) breaks the chain and empties
 //! the ring. Records are kept in a fixed-depth ring, newest first (LBR order).
 
-use crate::elements::{Element, ElementKind, InstrRange};
+use crate::elements::{Element, ElementKind, InstrRange, Range};
 use crate::insn::InstrType;
 
 /// One taken branch: `from` is the branch instruction, `to` its target. The one branch type of
@@ -113,6 +113,32 @@ impl BranchRule {
         self.prev_taken = r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect);
         self.by_exception = false;
         rec
+    }
+
+    /// [`range`](Self::range) over a run of ranges: the records they complete, in order,
+    /// written to the start of `out` (which must hold `rs.len()`: a range completes at most
+    /// one); returns how many. `each(i, range)` is called for every range in the same loop.
+    /// One loop with the chain in locals and a store per range, taken or not, for the
+    /// decoder's runs.
+    #[inline(always)]
+    pub fn ranges(&mut self, rs: &[Range], out: &mut [BranchRecord], mut each: impl FnMut(usize, &InstrRange)) -> usize {
+        let Some(last) = rs.last() else { return 0 };
+        let out = &mut out[..rs.len()];
+        let mut from = self.prev.map_or(0, |p| p.0);
+        let mut taken = self.prev.is_some() && self.prev_taken;
+        let mut k = 0;
+        for (i, r) in rs.iter().enumerate() {
+            let r = &r.range;
+            each(i, r);
+            out[k] = BranchRecord { from, to: r.start };
+            k += usize::from(taken);
+            from = r.last_instr_addr();
+            taken = r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect);
+        }
+        self.prev = Some((from, last.range.last_type));
+        self.prev_taken = taken;
+        self.by_exception = false;
+        k
     }
 
     /// An exception (or exception return) after the last range: the next range's start is
@@ -278,5 +304,67 @@ mod tests {
         assert_eq!(v, vec![4, 3, 2]);
         let mut out = [BranchRecord::default(); 8];
         assert_eq!(r.copy_to(&mut out), 3);
+    }
+
+    /// The rule over a run makes what it makes range by range: the same records, in order,
+    /// and the same chain after, from every chain state before (none, after a taken or a
+    /// not-taken branch, after an exception), over runs of every length cut from a sequence
+    /// of taken, not-taken and non-branch ranges.
+    #[test]
+    fn run_as_range_by_range() {
+        let types = [InstrType::Br, InstrType::BrIndirect, InstrType::Other, InstrType::Isb];
+        let mut seq = Vec::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for i in 0..64u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let start = 0x1000 + 0x40 * i;
+            let n = 1 + (x % 5);
+            let ElementKind::InstrRange(r) = range(start, start + 4 * n, types[(x >> 8) as usize % 4], x & 0x10000 != 0).kind
+            else {
+                unreachable!()
+            };
+            seq.push(Range { index: i, range: r });
+        }
+        let befores: [fn(&mut BranchRule); 4] = [
+            |_| {},
+            |b| {
+                b.range(&InstrRange { start: 0x10, end: 0x18, executed: true, last_type: InstrType::Br, ..Default::default() });
+            },
+            |b| {
+                b.range(&InstrRange { start: 0x10, end: 0x18, executed: false, last_type: InstrType::Br, ..Default::default() });
+            },
+            |b| {
+                b.range(&InstrRange {
+                    start: 0x10,
+                    end: 0x18,
+                    executed: true,
+                    last_type: InstrType::Other,
+                    ..Default::default()
+                });
+                b.exception();
+            },
+        ];
+        let mut made = 0;
+        for before in befores {
+            for at in 0..seq.len() {
+                for len in 0..=(seq.len() - at).min(9) {
+                    let run = &seq[at..at + len];
+                    let (mut one, mut all) = (BranchRule::default(), BranchRule::default());
+                    before(&mut one);
+                    before(&mut all);
+                    let want: Vec<BranchRecord> = run.iter().filter_map(|r| one.range(&r.range)).collect();
+                    let mut out = vec![BranchRecord::default(); len];
+                    let mut seen = Vec::new();
+                    let k = all.ranges(run, &mut out, |i, r| seen.push((i, r.start)));
+                    assert_eq!(&out[..k], &want[..], "run {at}+{len}");
+                    assert_eq!(all, one, "chain after run {at}+{len}");
+                    assert_eq!(seen, run.iter().enumerate().map(|(i, r)| (i, r.range.start)).collect::<Vec<_>>());
+                    made += k;
+                }
+            }
+        }
+        assert!(made > 1000, "{made} records: too few taken branches to test anything");
     }
 }

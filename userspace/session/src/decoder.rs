@@ -95,9 +95,11 @@ struct Adapter {
     insn_cfg: DecodeConfig,
     /// Branches not yet handed to the sink, of trace ID `batch_id` (oldest first): handed
     /// over in one call before any other sink call and at the end of every piece of data.
-    batch: Vec<BranchPair>,
-    /// The ranges of the same stretch.
-    rbatch: Vec<TraceRange>,
+    /// The first `batch.len` are held.
+    batch: Batch<BranchPair>,
+    /// The ranges of the same stretch (at least as many as branches: a range completes at
+    /// most one).
+    rbatch: Batch<TraceRange>,
     batch_id: Option<u8>,
     /// Per trace ID: the traced context is another process's (its code is not read).
     foreign: Vec<bool>,
@@ -129,24 +131,27 @@ impl IdState {
 
     /// perf's rule for a run of ranges, the previous range's taken branch ending at each: the
     /// records to `out`, except the one [`Adapter::complete_pending`] already emitted; each
-    /// range to `rout`.
+    /// range to `rout`. Both have room for the run.
     #[inline]
-    fn ranges(&mut self, rs: &[Range], out: &mut Vec<BranchPair>, rout: &mut Vec<TraceRange>) {
+    fn ranges(&mut self, rs: &[Range], out: &mut Batch<BranchPair>, rout: &mut Batch<TraceRange>) {
         let Some(last) = rs.last() else { return };
-        // the chain in a local for the loop
-        let mut rule = self.rule;
-        let mut done = self.completed.take();
-        for r in rs {
-            let r = &r.range;
-            rout.push(TraceRange { start: r.start, n: r.num_instr, kind: range_kind(r) });
-            if let Some(rec) = rule.range(r)
-                && done != Some((rec.from, rec.to))
+        let mut rest = rs;
+        if let Some(done) = self.completed.take() {
+            // the first range's record, unless it is the one already emitted
+            let r = &rs[0].range;
+            rout.buf[rout.len] = trace_range(r);
+            rout.len += 1;
+            if let Some(rec) = self.rule.range(r)
+                && done != (rec.from, rec.to)
             {
-                out.push(rec);
+                out.buf[out.len] = rec;
+                out.len += 1;
             }
-            done = None;
+            rest = &rs[1..];
         }
-        self.rule = rule;
+        let rbuf = &mut rout.buf[rout.len..rout.len + rest.len()];
+        out.len += self.rule.ranges(rest, &mut out.buf[out.len..], |i, r| rbuf[i] = trace_range(r));
+        rout.len += rest.len();
         self.ranges += rs.len() as u64;
         self.last_range_index = last.index;
     }
@@ -186,8 +191,8 @@ impl EtmWindowDecoder {
                 ids: (0..128).map(|_| None).collect(),
                 raw,
                 insn_cfg: DecodeConfig { arch: ArchVersion::Aa64, wfi_wfe_branch: false, dsb_dmb_waypoints: false },
-                batch: Vec::with_capacity(BATCH),
-                rbatch: Vec::with_capacity(BATCH),
+                batch: Batch::default(),
+                rbatch: Batch::default(),
                 batch_id: None,
                 foreign: vec![false; 128],
             },
@@ -215,6 +220,12 @@ impl EtmWindowDecoder {
     }
 }
 
+/// The range as the window sink takes it.
+#[inline(always)]
+fn trace_range(r: &InstrRange) -> TraceRange {
+    TraceRange { start: r.start, n: r.num_instr, kind: range_kind(r) }
+}
+
 /// What a range's last instruction does to the call stack, as the decoder classified it
 /// (its type and sub-type, those OpenCSD reports): a branch with link is a call, a return
 /// (A64 RET family, or an A32/T32 instruction that implies one) a return.
@@ -229,6 +240,25 @@ fn range_kind(r: &InstrRange) -> InsnKind {
 
 /// Most branches batched before they are handed to the sink.
 const BATCH: usize = 256;
+
+/// A batch being filled: its first `len` of `BATCH` held (written in place by the run loops,
+/// no capacity check per item).
+struct Batch<T> {
+    buf: Box<[T; BATCH]>,
+    len: usize,
+}
+
+impl<T: Copy + Default> Default for Batch<T> {
+    fn default() -> Self {
+        Batch { buf: Box::new([T::default(); BATCH]), len: 0 }
+    }
+}
+
+impl<T> Batch<T> {
+    fn held(&self) -> &[T] {
+        &self.buf[..self.len]
+    }
+}
 
 impl Adapter {
     /// Hands the batched branches to the sink.
@@ -249,7 +279,7 @@ impl Adapter {
         }
         // at most BATCH of each handed over at once, as the batches fill
         for run in rs.chunks(BATCH) {
-            if self.batch.len() + run.len() > BATCH || self.rbatch.len() + run.len() > BATCH {
+            if self.rbatch.len + run.len() > BATCH {
                 flush_batches(&mut self.batch, &mut self.rbatch, id, sink);
             }
             st.ranges(run, &mut self.batch, &mut self.rbatch);
@@ -364,14 +394,14 @@ impl Adapter {
 
 /// Hands the batched branches, then the batched ranges, of `id` to the sink.
 #[inline]
-fn flush_batches(batch: &mut Vec<BranchPair>, rbatch: &mut Vec<TraceRange>, id: Option<u8>, sink: &mut dyn WindowSink) {
-    if !batch.is_empty() {
-        sink.branches(id, batch);
-        batch.clear();
+fn flush_batches(batch: &mut Batch<BranchPair>, rbatch: &mut Batch<TraceRange>, id: Option<u8>, sink: &mut dyn WindowSink) {
+    if batch.len > 0 {
+        sink.branches(id, batch.held());
+        batch.len = 0;
     }
-    if !rbatch.is_empty() {
-        sink.ranges(id, rbatch);
-        rbatch.clear();
+    if rbatch.len > 0 {
+        sink.ranges(id, rbatch.held());
+        rbatch.len = 0;
     }
 }
 
@@ -444,8 +474,8 @@ impl WindowDecoder for EtmWindowDecoder {
     }
 
     fn reset(&mut self) {
-        self.st.batch.clear();
-        self.st.rbatch.clear();
+        self.st.batch.len = 0;
+        self.st.rbatch.len = 0;
         // The same decoders (and cache), back to unsynchronised (not rebuilt: a reset follows
         // every gap and COLLISION).
         self.buf.restart();

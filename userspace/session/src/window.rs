@@ -12,7 +12,7 @@ use crate::session::{BranchPair, CpuTraceConfig};
 /// instructions it holds, and what its last instruction did to the call stack as the
 /// decoder's walk classified it ([`InsnKind::Call`], [`InsnKind::Return`], else
 /// [`InsnKind::Other`]: only calls and returns move the shadow call stack).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TraceRange {
     /// First instruction.
     pub start: u64,
