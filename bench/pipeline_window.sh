@@ -27,7 +27,8 @@ WORK=$(mktemp -d /tmp/etm-pipeline-window.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 aarch64-linux-gnu-gcc -O2 -static -fno-omit-frame-pointer -o "$WORK/$PROG" "$ROOT/tests/aarch64/$PROG.c"
 run() { # argument -> "windows push_aux_inclusive"
-    "$ETM_BPF_BIN" synth --out "$WORK/s$1" --window "$WINDOW" --period $((2 * WINDOW)) -- "$WORK/$PROG" "$1" > /dev/null
+    "$ETM_BPF_BIN" synth --out "$WORK/s$1" --window "$WINDOW" --period $((2 * WINDOW)) --snapshot "$WORK/ss$1" \
+        -- "$WORK/$PROG" "$1" > /dev/null
     valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.$1" "$ETM_BPF_BIN" replay "$WORK/s$1" --headless "${@:2}" \
         > "$WORK/out.$1" 2>&1
     local w ir
@@ -36,7 +37,17 @@ run() { # argument -> "windows push_aux_inclusive"
         | awk '{gsub(",", "", $1); print $1}')
     echo "$w $ir"
 }
+dec() { # argument -> whole-process Ir of `decode --stats` of the same trace (the OpenCSD snapshot synth wrote)
+    valgrind --tool=callgrind --callgrind-out-file="$WORK/cgd.$1" "$ETM_BPF_BIN" decode --snapshot "$WORK/ss$1" --stats \
+        > /dev/null 2>&1
+    callgrind_annotate "$WORK/cgd.$1" 2>/dev/null | grep 'PROGRAM TOTALS' | awk '{gsub(",", "", $1); print $1}'
+}
 read -r w1 i1 < <(run "$SHORT" "$@")
 read -r w2 i2 < <(run "$LONG" "$@")
 per=$(( (i2 - i1) / (w2 - w1) ))
 echo "$PROG, $WINDOW-instruction windows: $w1 / $w2 windows; Pipeline::push_aux, marginal: $per instructions per window, $(awk -v p="$per" -v w="$WINDOW" 'BEGIN { printf "%.1f", p / w }') per traced instruction"
+# The decoder alone on the same trace, through `etm-bpf decode` (its own sink: counts only),
+# marginal the same way: the share of the figure above no later stage can remove.
+d1=$(dec "$SHORT"); d2=$(dec "$LONG")
+dper=$(( (d2 - d1) / (w2 - w1) ))
+echo "$PROG, decoder alone (decode --stats of the same trace), marginal: $dper instructions per window, $(awk -v p="$dper" -v w="$WINDOW" 'BEGIN { printf "%.1f", p / w }') per traced instruction"
