@@ -7,7 +7,8 @@
 #
 #   bench/pipeline_window.sh [replay args]     e.g. --no-synth-samples, --no-exact
 #
-# Env: PROG (indirect: branchy, default; loops: long basic blocks), WINDOW (1000; the
+# Env: STAGES=1 also prints the marginal self cost per window by stage (bench/stages.py);
+# PROG (indirect: branchy, default; loops: long basic blocks), WINDOW (1000; the
 # period is twice it), SHORT/LONG (the program's argument for the two runs; defaults give
 # 308 / 1,528 windows of 1,000 for indirect, 75 / 396 for loops), ETM_BPF_BIN.
 # Needs aarch64-linux-gnu-gcc, qemu-aarch64 and valgrind (scripts/setup.sh installs them).
@@ -46,6 +47,10 @@ read -r w1 i1 < <(run "$SHORT" "$@")
 read -r w2 i2 < <(run "$LONG" "$@")
 per=$(( (i2 - i1) / (w2 - w1) ))
 echo "$PROG, $WINDOW-instruction windows: $w1 / $w2 windows; Pipeline::push_aux, marginal: $per instructions per window, $(awk -v p="$per" -v w="$WINDOW" 'BEGIN { printf "%.1f", p / w }') per traced instruction"
+if [ "${STAGES:-0}" = 1 ]; then
+    echo "by stage, instructions per window (self, marginal):"
+    python3 "$ROOT/bench/stages.py" "$WORK/cg.$SHORT" "$WORK/cg.$LONG" $((w2 - w1))
+fi
 # The decoder alone on the same trace, through `etm-bpf decode` (its own sink: counts only),
 # marginal the same way: the share of the figure above no later stage can remove.
 d1=$(dec "$SHORT"); d2=$(dec "$LONG")
