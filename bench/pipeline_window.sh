@@ -8,6 +8,7 @@
 #   bench/pipeline_window.sh [replay args]     e.g. --no-synth-samples, --no-exact
 #
 # Env: STAGES=1 also prints the marginal self cost per window by stage (bench/stages.py);
+# KEEP=1 keeps the work directory (sessions, snapshots, callgrind outputs: `bash -x` shows it);
 # PROG (indirect: branchy, default; loops: long basic blocks), WINDOW (1000; the
 # period is twice it), SHORT/LONG (the program's argument for the two runs; defaults give
 # 308 / 1,528 windows of 1,000 for indirect, 75 / 396 for loops), ETM_BPF_BIN.
@@ -25,7 +26,7 @@ case $PROG in
 esac
 WINDOW=${WINDOW:-1000}
 WORK=$(mktemp -d /tmp/etm-pipeline-window.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+trap '[ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 aarch64-linux-gnu-gcc -O2 -static -fno-omit-frame-pointer -o "$WORK/$PROG" "$ROOT/tests/aarch64/$PROG.c"
 run() { # argument -> "windows push_aux_inclusive"
     "$ETM_BPF_BIN" synth --out "$WORK/s$1" --window "$WINDOW" --period $((2 * WINDOW)) --snapshot "$WORK/ss$1" \
