@@ -110,9 +110,16 @@ impl BranchRule {
             _ => None,
         };
         self.prev = Some((r.last_instr_addr(), r.last_type));
-        self.prev_taken = r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect);
+        self.prev_taken = Self::ends_taken(r);
         self.by_exception = false;
         rec
+    }
+
+    /// The range ends in a branch that was taken (the one rule of [`range`](Self::range) and
+    /// [`ranges`](Self::ranges)).
+    #[inline(always)]
+    fn ends_taken(r: &InstrRange) -> bool {
+        r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect)
     }
 
     /// [`range`](Self::range) over a run of ranges: the records they complete, in order,
@@ -133,7 +140,7 @@ impl BranchRule {
             out[k] = BranchRecord { from, to: r.start };
             k += usize::from(taken);
             from = r.last_instr_addr();
-            taken = r.executed && matches!(r.last_type, InstrType::Br | InstrType::BrIndirect);
+            taken = Self::ends_taken(r);
         }
         self.prev = Some((from, last.range.last_type));
         self.prev_taken = taken;

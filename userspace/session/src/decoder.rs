@@ -232,7 +232,14 @@ fn trace_range(r: &InstrRange) -> TraceRange {
 /// [`kind_of`]; this reads its table (no branches in the adapter's loop).
 #[inline(always)]
 fn range_kind(r: &InstrRange) -> InsnKind {
-    KINDS[(r.last_type as usize * 8 + r.last_subtype as usize) & 63]
+    // (masked: no bounds check)
+    KINDS[kind_at(r.last_type, r.last_subtype) & 63]
+}
+
+/// Where [`KINDS`] holds the kind of (type, sub-type).
+#[inline(always)]
+const fn kind_at(t: InstrType, s: InstrSubtype) -> usize {
+    t as usize * 8 + s as usize
 }
 
 /// The rule of [`range_kind`].
@@ -258,14 +265,14 @@ const TYPES: [InstrType; 7] = [
 const SUBTYPES: [InstrSubtype; 5] =
     [InstrSubtype::None, InstrSubtype::BrLink, InstrSubtype::V8Ret, InstrSubtype::V8Eret, InstrSubtype::V7ImpliedRet];
 
-/// [`kind_of`] of every (type, sub-type), at `type * 8 + sub-type`.
+/// [`kind_of`] of every (type, sub-type), at [`kind_at`].
 const KINDS: [InsnKind; 64] = {
     let mut k = [InsnKind::Other; 64];
     let mut i = 0;
     while i < TYPES.len() {
         let mut j = 0;
         while j < SUBTYPES.len() {
-            k[TYPES[i] as usize * 8 + SUBTYPES[j] as usize] = kind_of(TYPES[i], SUBTYPES[j]);
+            k[kind_at(TYPES[i], SUBTYPES[j])] = kind_of(TYPES[i], SUBTYPES[j]);
             j += 1;
         }
         i += 1;
