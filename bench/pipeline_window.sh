@@ -7,7 +7,8 @@
 #
 #   bench/pipeline_window.sh [replay args]     e.g. --no-synth-samples, --no-exact
 #
-# Env: STAGES=1 also prints the marginal self cost per window by stage (bench/stages.py);
+# Env: STAGES=1 also prints the marginal self cost by stage, per window and per branch record
+# (bench/stages.py; the branch records from the replay reports);
 # KEEP=1 keeps the work directory (sessions, snapshots, callgrind outputs: `bash -x` shows it);
 # PROG (indirect: branchy, default; loops: long basic blocks), WINDOW (1000; the
 # period is twice it), SHORT/LONG (the program's argument for the two runs; defaults give
@@ -49,8 +50,10 @@ read -r w2 i2 < <(run "$LONG" "$@")
 per=$(( (i2 - i1) / (w2 - w1) ))
 echo "$PROG, $WINDOW-instruction windows: $w1 / $w2 windows; Pipeline::push_aux, marginal: $per instructions per window, $(awk -v p="$per" -v w="$WINDOW" 'BEGIN { printf "%.1f", p / w }') per traced instruction"
 if [ "${STAGES:-0}" = 1 ]; then
-    echo "by stage, instructions per window (self, marginal):"
-    python3 "$ROOT/bench/stages.py" "$WORK/cg.$SHORT" "$WORK/cg.$LONG" $((w2 - w1))
+    echo "by stage, instructions (self, marginal):"
+    b1=$(grep -o 'branches [0-9]*' "$WORK/out.$SHORT" | head -1 | awk '{print $2}')
+    b2=$(grep -o 'branches [0-9]*' "$WORK/out.$LONG" | head -1 | awk '{print $2}')
+    python3 "$ROOT/bench/stages.py" "$WORK/cg.$SHORT" "$WORK/cg.$LONG" $((w2 - w1)) $((b2 - b1))
 fi
 # The decoder alone on the same trace, through `etm-bpf decode` (its own sink: counts only),
 # marginal the same way: the share of the figure above no later stage can remove.

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Marginal self cost per trace window, grouped by pipeline stage.
 
-    bench/stages.py CG_SHORT CG_LONG WINDOWS
+    bench/stages.py CG_SHORT CG_LONG WINDOWS [BRANCHES]
 
 CG_SHORT and CG_LONG are callgrind outputs of `etm-bpf replay` of a short and a long session
 of one program (bench/pipeline_window.sh makes them; STAGES=1 there runs this), WINDOWS the
 difference in windows between them. Each function's self instructions are put in the first
 stage whose pattern matches its name; "replay input" (reading events.jsonl) is outside
-`Pipeline::push_aux`, the rest adds up to it within a few per cent.
+`Pipeline::push_aux`, the rest adds up to it within a few per cent. With BRANCHES, the
+difference in branch records between the two runs, each stage's cost per branch record too.
 """
 import re
 import subprocess
@@ -40,6 +41,7 @@ def load(path):
 
 def main():
     short, long_, windows = load(sys.argv[1]), load(sys.argv[2]), int(sys.argv[3])
+    branches = int(sys.argv[4]) / windows if len(sys.argv) > 4 else None
     total = {name: 0.0 for name, _ in STAGES}
     other = {}
     for fn, ir in long_.items():
@@ -50,9 +52,11 @@ def main():
                 break
         else:
             other[fn] = per
-    for name, _ in STAGES:
-        print(f"{total[name]:9.0f}  {name}")
-    print(f"{sum(other.values()):9.0f}  other")
+    rows = [(total[name], name) for name, _ in STAGES] + [(sum(other.values()), "other")]
+    if branches:
+        print(f"{branches:.1f} branch records per window; per window, per branch record:")
+    for ir, name in rows:
+        print(f"{ir:9.0f}  {ir / branches:5.0f}  {name}" if branches else f"{ir:9.0f}  {name}")
 
 
 if __name__ == "__main__":
