@@ -9,6 +9,8 @@ difference in windows between them. Each function's self instructions are put in
 stage whose pattern matches its name; "replay input" (reading events.jsonl) is outside
 `Pipeline::push_aux`, the rest adds up to it within a few per cent. With BRANCHES, the
 difference in branch records between the two runs, each stage's cost per branch record too.
+(perf's branch rule, `etm_decode::branches::BranchRule`, is inlined into the session's
+`Adapter::ranges`: its cost is the adapter's, by that function's name.)
 """
 import re
 import subprocess
@@ -20,7 +22,7 @@ STAGES = [
      r"SessionReader|serde|^de::|read::|from_utf8|memchr|io::|parse_|Deserializ|Content|from_trait|skip_to|session::_::"),
     ("exact counts", r"exact::|shadow::|Names::"),
     ("synthesized samples: backward walk", r"join::synthesize|UndoWalk|CodeCache|Facts"),
-    ("adapter: perf's rule, batches", r"decoder::Adapter|EtmWindowDecoder|ElemSink|flush_batches|BranchRule"),
+    ("adapter: perf's rule, batches", r"decoder::Adapter|EtmWindowDecoder|ElemSink|flush_batches"),
     ("profile: pause and synthesized samples",
      r"etm_profile::|model::|agg::|HybridProfile|BinaryAgg|Sink::accept|trie::|ContextTrie|frame_cache|FrameCache|store::"),
     ("join of the pause sample, window sink", r"join::|Joiner|WinSink|pipeline::|window::|aux::|code::|CodeMap"),
