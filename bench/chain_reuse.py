@@ -84,14 +84,14 @@ def simulate(pkts, ranges, k, slots):
         i = 0
         total += len(ps)
         while i < len(ps):
-            idx, ty, payload, addr = ps[i]
+            _, ty, _, addr = ps[i]
             if not ty.startswith("I_ATOM"):
+                # (taken alone: any packet but an atom packet supplies the next address or
+                # ends the run, so no compressed return follows it)
                 if addr is not None:
                     hist = [addr, hist[0], hist[1]]
-                if ty in TARGET:
-                    eligible += 1
-                elif not ty.startswith("I_ATOM"):
-                    prev_indirect = False
+                eligible += ty in TARGET
+                prev_indirect = False
                 i += 1
                 continue
             j = i
