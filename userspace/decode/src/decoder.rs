@@ -2646,6 +2646,13 @@ mod tests {
         }
     }
 
+    /// The start of an ETMv4 trace at 0x1000 ([`decode_stream`]'s configuration): A-sync, trace
+    /// info, trace on, then the address 0x1000 with its context (AArch64, EL0, non-secure).
+    const SYNC_AT_0X1000: &[u8] = &[
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 0x01, 0x00, 0x04, // A-sync, TINFO, TRACE_ON
+        0x85, 0, 8, 0, 0, 0, 0, 0, 0, 0x30, // 0x1000 with context
+    ];
+
     /// `data`, an ETMv4 trace (trace ID 1, generic configuration: return stack compression on),
     /// through the packet parser to a decoder over `img`, in chunks of 37 bytes (so runs are
     /// also cut by the end of the data), its packets entered one by one or (`runs`) as runs,
@@ -2693,8 +2700,7 @@ mod tests {
         };
         let mut data = Vec::new();
         for _ in 0..6 {
-            data.extend([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 0x01, 0x00, 0x04]); // A-sync, TINFO, TRACE_ON
-            data.extend([0x85, 0, 8, 0, 0, 0, 0, 0, 0, 0x30]); // 0x1000 with context (AArch64, EL0 NS)
+            data.extend(SYNC_AT_0X1000);
             for _ in 0..3 {
                 // E E (bl, ret) 0x1000 EE (bl, ret) E (compressed return) E 0x2000 E
                 data.extend([0xF7, 0xF7]);
@@ -2755,8 +2761,7 @@ mod tests {
     #[test]
     fn runs_through_compressed_returns() {
         let img = two_callers();
-        let mut data = vec![0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 0x01, 0x00, 0x04]; // A-sync, TINFO, TRACE_ON
-        data.extend([0x85, 0, 8, 0, 0, 0, 0, 0, 0, 0x30]); // 0x1000 with context (AArch64, EL0 NS)
+        let mut data = SYNC_AT_0X1000.to_vec();
         // per caller: E (BL) then EE (RET, B.EQ); EEE (BL, RET, B.EQ); E (BL) then EE again
         let cycles = [[0xF7, 0xDB, 0xF7, 0xDB].as_slice(), &[0xFF, 0xFF], &[0xF7, 0xDB, 0xF7, 0xDB]];
         for c in cycles {
