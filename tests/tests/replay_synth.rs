@@ -305,7 +305,9 @@ fn replay_is_deterministic() {
 }
 
 /// `--no-exact` leaves out the exact counts and nothing else: the same samples and the same
-/// profile files, no `functions.csv` or `instructions.*`, and the manifest says so.
+/// profile files, no `functions.csv` or `instructions.*`, and the manifest says so. (Without
+/// them the decoders make no instruction ranges for the sink, on the main thread and in the
+/// decode workers alike: the same again with two decode threads.)
 #[test]
 fn replay_without_exact_counts_keeps_the_profile() {
     let tmp = tempfile::tempdir().unwrap();
@@ -314,8 +316,13 @@ fn replay_without_exact_counts_keeps_the_profile() {
     synth(&prog, &[], &sess, 1000, 20_000, true);
     let a = replay(&sess, tmp.path(), "a");
     let b = replay_with(&sess, tmp.path(), "b", &["--no-exact"]);
+    let c = replay_with(&sess, tmp.path(), "c", &["--no-exact", "--decode-threads", "2"]);
     assert!(!a.samples.is_empty());
     assert_eq!(a.samples, b.samples);
+    assert_eq!(a.samples, c.samples);
+    assert!(!a.synth.is_empty());
+    assert_eq!(a.synth, b.synth);
+    assert_eq!(a.synth, c.synth);
     let names = |d: &Path| -> Vec<String> {
         let mut v: Vec<String> =
             std::fs::read_dir(d).unwrap().map(|f| f.unwrap().file_name().to_string_lossy().into_owned()).collect();
@@ -356,10 +363,12 @@ fn replay_without_exact_counts_keeps_the_profile() {
     assert_eq!(manifest(&a.dumps), manifest(&b.dumps));
     for n in &nb {
         if n != "manifest.json" {
-            assert!(
-                std::fs::read(a.dumps.join(n)).unwrap() == std::fs::read(b.dumps.join(n)).unwrap(),
-                "{n} differs with --no-exact"
-            );
+            for (x, how) in [(&b, "--no-exact"), (&c, "--no-exact --decode-threads 2")] {
+                assert!(
+                    std::fs::read(a.dumps.join(n)).unwrap() == std::fs::read(x.dumps.join(n)).unwrap(),
+                    "{n} differs with {how}"
+                );
+            }
         }
     }
 }

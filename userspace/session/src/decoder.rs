@@ -57,7 +57,7 @@ pub struct EtmFactory;
 
 impl DecoderFactory for EtmFactory {
     fn create(&self, aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool, shared: &DecoderShared) -> Box<dyn WindowDecoder> {
-        Box::new(EtmWindowDecoder::with_cache(aux_cpu, cpus, raw, shared.block_cache.clone()))
+        Box::new(EtmWindowDecoder::with_shared(aux_cpu, cpus, raw, shared))
     }
 }
 
@@ -97,9 +97,12 @@ struct Adapter {
     /// over in one call before any other sink call and at the end of every piece of data.
     /// The first `batch.len` are held.
     batch: Batch<BranchPair>,
-    /// The ranges of the same stretch (at least as many as branches: a range completes at
-    /// most one).
+    /// The ranges of the same stretch, if the sink takes them (then at least as many as
+    /// branches: a range completes at most one).
     rbatch: Batch<TraceRange>,
+    /// The sink takes the ranges ([`DecoderShared::ranges`]; else `rbatch` stays empty and
+    /// each range costs perf's rule alone).
+    want_ranges: bool,
     batch_id: Option<u8>,
     /// Per trace ID: the traced context is another process's (its code is not read).
     foreign: Vec<bool>,
@@ -130,28 +133,26 @@ impl IdState {
     }
 
     /// perf's rule for a run of ranges, the previous range's taken branch ending at each: the
-    /// records to `out`, except the one [`Adapter::complete_pending`] already emitted; each
-    /// range to `rout`. Both have room for the run.
-    #[inline]
-    fn ranges(&mut self, rs: &[Range], out: &mut Batch<BranchPair>, rout: &mut Batch<TraceRange>) {
+    /// records to `out` (which has room for the run), except the one
+    /// [`Adapter::complete_pending`] already emitted; `each(i, range)` for every range, `i` its
+    /// place in `rs` (the sink's ranges, when it takes them).
+    #[inline(always)]
+    fn ranges(&mut self, rs: &[Range], out: &mut Batch<BranchPair>, mut each: impl FnMut(usize, &InstrRange)) {
         let Some(last) = rs.last() else { return };
-        let mut rest = rs;
         if let Some(done) = self.completed.take() {
             // the first range's record, unless it is the one already emitted
             let r = &rs[0].range;
-            rout.buf[rout.len] = trace_range(r);
-            rout.len += 1;
+            each(0, r);
             if let Some(rec) = self.rule.range(r)
                 && done != (rec.from, rec.to)
             {
                 out.buf[out.len] = rec;
                 out.len += 1;
             }
-            rest = &rs[1..];
+            out.len += self.rule.ranges(&rs[1..], &mut out.buf[out.len..], |i, r| each(i + 1, r));
+        } else {
+            out.len += self.rule.ranges(rs, &mut out.buf[out.len..], each);
         }
-        let rbuf = &mut rout.buf[rout.len..rout.len + rest.len()];
-        out.len += self.rule.ranges(rest, &mut out.buf[out.len..], |i, r| rbuf[i] = trace_range(r));
-        rout.len += rest.len();
         self.ranges += rs.len() as u64;
         self.last_range_index = last.index;
     }
@@ -165,11 +166,14 @@ impl EtmWindowDecoder {
     /// A decoder for the buffer of `aux_cpu`. Raw data belongs to that CPU's trace unit
     /// (TRBE); formatted data is demultiplexed by trace ID.
     pub fn new(aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool) -> Self {
-        Self::with_cache(aux_cpu, cpus, raw, etm_decode::cache::shared(etm_decode::cache::DEFAULT_BITS))
+        Self::with_shared(aux_cpu, cpus, raw, &DecoderShared::default())
     }
 
-    /// [`new`](Self::new) sharing `cache` with the pipeline's other decoders.
-    pub fn with_cache(aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool, cache: etm_decode::cache::SharedBlockCache) -> Self {
+    /// [`new`](Self::new) sharing the block cache with the pipeline's other decoders, making
+    /// instruction ranges for the sink only if the pipeline takes them
+    /// ([`DecoderShared::ranges`]).
+    pub fn with_shared(aux_cpu: i32, cpus: &[CpuTraceConfig], raw: bool, shared: &DecoderShared) -> Self {
+        let cache = shared.block_cache.clone();
         let sources: Vec<(u8, EtmConfig, ArchVersion)> = if raw {
             cpus.iter()
                 .find(|c| c.cpu == aux_cpu)
@@ -193,6 +197,7 @@ impl EtmWindowDecoder {
                 insn_cfg: DecodeConfig { arch: ArchVersion::Aa64, wfi_wfe_branch: false, dsb_dmb_waypoints: false },
                 batch: Batch::default(),
                 rbatch: Batch::default(),
+                want_ranges: shared.ranges,
                 batch_id: None,
                 foreign: vec![false; 128],
             },
@@ -319,12 +324,22 @@ impl Adapter {
             flush_batches(&mut self.batch, &mut self.rbatch, self.batch_id, sink);
             self.batch_id = id;
         }
-        // at most BATCH of each handed over at once, as the batches fill
+        // at most BATCH of each handed over at once, as the batches fill (a range completes
+        // at most one record: with ranges batched, the branches never outnumber them)
         for run in rs.chunks(BATCH) {
-            if self.rbatch.len + run.len() > BATCH {
-                flush_batches(&mut self.batch, &mut self.rbatch, id, sink);
+            if self.want_ranges {
+                if self.rbatch.len + run.len() > BATCH {
+                    flush_batches(&mut self.batch, &mut self.rbatch, id, sink);
+                }
+                let rout = &mut self.rbatch.buf[self.rbatch.len..self.rbatch.len + run.len()];
+                st.ranges(run, &mut self.batch, |i, r| rout[i] = trace_range(r));
+                self.rbatch.len += run.len();
+            } else {
+                if self.batch.len + run.len() > BATCH {
+                    flush_batches(&mut self.batch, &mut self.rbatch, id, sink);
+                }
+                st.ranges(run, &mut self.batch, |_, _| {});
             }
-            st.ranges(run, &mut self.batch, &mut self.rbatch);
         }
     }
 

@@ -376,7 +376,7 @@ impl Pipeline {
         let code = CodeMap::new(arch);
         let pool = match &factory {
             Some(f) if cfg.decode_threads > 1 && !cfg.cpus.is_empty() => {
-                crate::pool::Pool::start(cfg.decode_threads, f.clone(), &cfg.cpus, code.clone())
+                crate::pool::Pool::start(cfg.decode_threads, f.clone(), &cfg.cpus, code.clone(), cfg.exact)
             }
             _ => None,
         };
@@ -387,7 +387,7 @@ impl Pipeline {
             profile: HybridProfile::new(cfg.profile),
             trie: ContextTrie::new(cfg.trie_nodes),
             factory,
-            shared: DecoderShared::default(),
+            shared: DecoderShared::new(cfg.exact),
             cfg,
             aux: IntMap::default(),
             trace_cpu,

@@ -209,7 +209,14 @@ pub(crate) struct Pool {
 
 impl Pool {
     /// `n` workers creating decoders with `factory`; `None` if a thread cannot be started.
-    pub(crate) fn start(n: usize, factory: Arc<dyn DecoderFactory>, cpus: &[CpuTraceConfig], code: CodeMap) -> Option<Pool> {
+    /// `ranges`: whether the pipeline takes the decoded ranges ([`DecoderShared::ranges`]).
+    pub(crate) fn start(
+        n: usize,
+        factory: Arc<dyn DecoderFactory>,
+        cpus: &[CpuTraceConfig],
+        code: CodeMap,
+        ranges: bool,
+    ) -> Option<Pool> {
         let mut pool = Pool {
             jobs: Vec::new(),
             results: Vec::new(),
@@ -226,7 +233,7 @@ impl Pool {
             let (factory, cpus) = (factory.clone(), cpus.to_vec());
             let h = std::thread::Builder::new()
                 .name(format!("{WORKER_THREAD_PREFIX}{i}"))
-                .spawn(move || worker(factory.as_ref(), &cpus, jrx, rtx))
+                .spawn(move || worker(factory.as_ref(), &cpus, ranges, jrx, rtx))
                 .ok()?;
             pool.jobs.push(jtx);
             pool.results.push(rrx);
@@ -280,8 +287,8 @@ impl Drop for Pool {
 }
 
 /// A worker: the decoders of its buffers, one block cache, jobs in, tapes out.
-fn worker(factory: &dyn DecoderFactory, cpus: &[CpuTraceConfig], jobs: Receiver<Job>, results: SyncSender<Tape>) {
-    let shared = DecoderShared::default();
+fn worker(factory: &dyn DecoderFactory, cpus: &[CpuTraceConfig], ranges: bool, jobs: Receiver<Job>, results: SyncSender<Tape>) {
+    let shared = DecoderShared::new(ranges);
     let mut decoders: HashMap<i32, Box<dyn WindowDecoder>> = HashMap::new();
     while let Ok(job) = jobs.recv() {
         let mut tape = Tape::default();

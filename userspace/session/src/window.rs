@@ -81,15 +81,26 @@ pub trait WindowDecoder {
 }
 
 /// State every decoder of one pipeline shares: the decode block cache of the code (one per
-/// pipeline, not per buffer and trace ID, so memory grows with the code, not with CPUs²).
+/// pipeline, not per buffer and trace ID, so memory grows with the code, not with CPUs²), and
+/// what the pipeline takes from the decoders.
 #[derive(Clone)]
 pub struct DecoderShared {
     pub block_cache: etm_decode::cache::SharedBlockCache,
+    /// A stage takes the decoded instruction ranges ([`WindowSink::ranges`]: the exact
+    /// counts); without one, a decoder need not make them.
+    pub ranges: bool,
+}
+
+impl DecoderShared {
+    /// A block cache of its own; `ranges` as [`DecoderShared::ranges`].
+    pub fn new(ranges: bool) -> Self {
+        DecoderShared { block_cache: etm_decode::cache::shared(etm_decode::cache::DEFAULT_BITS), ranges }
+    }
 }
 
 impl Default for DecoderShared {
     fn default() -> Self {
-        DecoderShared { block_cache: etm_decode::cache::shared(etm_decode::cache::DEFAULT_BITS) }
+        DecoderShared::new(true)
     }
 }
 
