@@ -325,19 +325,17 @@ impl Adapter {
             self.batch_id = id;
         }
         // at most BATCH of each handed over at once, as the batches fill (a range completes
-        // at most one record: with ranges batched, the branches never outnumber them)
+        // at most one record: with ranges batched, the branches never outnumber them; without,
+        // `rbatch` stays empty)
         for run in rs.chunks(BATCH) {
+            if self.batch.len.max(self.rbatch.len) + run.len() > BATCH {
+                flush_batches(&mut self.batch, &mut self.rbatch, id, sink);
+            }
             if self.want_ranges {
-                if self.rbatch.len + run.len() > BATCH {
-                    flush_batches(&mut self.batch, &mut self.rbatch, id, sink);
-                }
                 let rout = &mut self.rbatch.buf[self.rbatch.len..self.rbatch.len + run.len()];
                 st.ranges(run, &mut self.batch, |i, r| rout[i] = trace_range(r));
                 self.rbatch.len += run.len();
             } else {
-                if self.batch.len + run.len() > BATCH {
-                    flush_batches(&mut self.batch, &mut self.rbatch, id, sink);
-                }
                 st.ranges(run, &mut self.batch, |_, _| {});
             }
         }

@@ -374,9 +374,11 @@ impl Pipeline {
         let factory = cfg.decoder.clone().or_else(crate::decoder::default_factory);
         let arch = cfg.arch.or((!cfg.cpus.is_empty()).then_some(CodeArch::Aarch64));
         let code = CodeMap::new(arch);
+        // (the decoded ranges feed the exact counts alone)
+        let shared = DecoderShared::new(cfg.exact);
         let pool = match &factory {
             Some(f) if cfg.decode_threads > 1 && !cfg.cpus.is_empty() => {
-                crate::pool::Pool::start(cfg.decode_threads, f.clone(), &cfg.cpus, code.clone(), cfg.exact)
+                crate::pool::Pool::start(cfg.decode_threads, f.clone(), &cfg.cpus, code.clone(), shared.ranges)
             }
             _ => None,
         };
@@ -387,7 +389,7 @@ impl Pipeline {
             profile: HybridProfile::new(cfg.profile),
             trie: ContextTrie::new(cfg.trie_nodes),
             factory,
-            shared: DecoderShared::new(cfg.exact),
+            shared,
             cfg,
             aux: IntMap::default(),
             trace_cpu,
