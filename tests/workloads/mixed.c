@@ -1,9 +1,9 @@
 /* Workload mixing a frame-pointer executable with a shared library built without frame
  * pointers (tests/workloads/mixedlib.c), for `run --unwind auto`'s per-binary rule.
- * Per iteration main calls fa() and fb(): fa -> lib_work -> lib_inner (in the library) and
- * fb -> spin (here) run the same loop of UNIT iterations, so each path gets half the CPU
- * (a loop through a volatile variable ran 2.3x slower in the library, addressed through its
- * GOT, than in the executable: perf showed 30% : 70%).
+ * main calls fa() -> lib_work -> lib_inner (in the library) and fb() -> spin (here), the same
+ * loop of UNIT iterations, to hold them at 1 : 1 of its CPU time (share.h), so each path gets
+ * half. (The loop is a register-only chain because one through a volatile variable ran 2.3x
+ * slower in the library, addressed through its GOT, than in the executable.)
  * `mixed SECONDS`: prints "ready PID", runs for SECONDS.
  * Build (the same -O2 as the library, so the two loops are the same code): cc -O2 -g
  *   -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer
@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "share.h"
 
 #define UNIT 100000UL
 void lib_work(void);
@@ -30,19 +32,15 @@ __attribute__((noinline)) void spin(void) {
 __attribute__((noinline)) void fa(void) { lib_work(); }
 __attribute__((noinline)) void fb(void) { spin(); }
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int main(int argc, char **argv) {
-  double end = now() + (argc > 1 ? atof(argv[1]) : 1e12);
+  double end = share_clock(CLOCK_MONOTONIC) + (argc > 1 ? atof(argv[1]) : 1e12);
   printf("ready %d\n", (int)getpid());
   fflush(stdout);
-  while (now() < end) {
-    fa();
-    fb();
+  struct share s = {.n = 2, .fn = {fa, fb}, .weight = {1, 1}};
+  while (share_clock(CLOCK_MONOTONIC) < end) {
+    int k = share_begin(&s);
+    s.fn[k]();
+    share_end(&s);
   }
   return 0;
 }
