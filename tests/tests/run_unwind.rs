@@ -2,8 +2,8 @@
 //! distributions build code, `-O2 -fomit-frame-pointer` (tests/workloads/chains.c; tail calls
 //! off so every caller stays on the stack, as in run_e2e). Needs root; skips otherwise.
 //!
-//! Truth (from the workload's code, as in run_e2e): main->a->hot1->spin takes twice the main
-//! thread's CPU time of main->b->hot2->spin; a thread started after profiling began runs worker->c->hot3->spin.
+//! Truth (from the workload's code, as in run_e2e): main->a->hot1->spin runs twice as often
+//! as main->b->hot2->spin; a thread started after profiling began runs worker->c->hot3->spin.
 //! * `--unwind fp`: frame-pointer walks through code without frame pointers lose the callers:
 //!   fewer than 10% of the samples in `spin` carry a full chain (this shows the test can fail).
 //! * `--unwind dwarf` and `auto`: at least 90% of the samples in each hot path carry the full

