@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Overhead of `etm-bpf run` next to `perf record -g` at the same frequency, on the same
-# fixed-work workload (tests/workloads/chains.c: ITERS iterations of main->a->hot1 x2 +
+# fixed-work workload (tests/workloads/chains.c: ITERS iterations of (main->a->hot1) x2 +
 # main->b->hot2), in one run. Reports, as medians over REPS runs:
 #   * workload slowdown: CPU time (user + sys, which includes the sampling interrupts and the
 #     eBPF program / perf's in-kernel unwinding charged to the workload) of the fixed work vs.

@@ -1,9 +1,10 @@
 //! End-to-end: `etm-bpf run --headless --duration` on a workload with known hot call chains
 //! (tests/workloads/chains.c). Needs root (BPF + perf events); skips with a reason otherwise.
 //!
-//! Truth (from the workload's code): per iteration the main thread runs the same `spin` loop
-//! twice via main->a->hot1->spin and once via main->b->hot2->spin, so hot1 : hot2 = 2 : 1; a
-//! thread started after profiling began (SIGUSR1) runs worker->c->hot3->spin.
+//! Truth (from the workload's code): the main thread runs the same `spin` loop via
+//! main->a->hot1->spin with probability 2/3 and via main->b->hot2->spin with 1/3, in random
+//! order, so hot1 : hot2 = 2 : 1; a thread started after profiling began (SIGUSR1) runs
+//! worker->c->hot3->spin.
 //! Tolerances: hot1 / (hot1 + hot2) = 0.667 +- (4 binomial standard deviations + 0.02), e.g.
 //! +- 0.09 at 700 main-thread samples, with at least 200 of them;
 //! at least 97% of the samples in each hot path carry the full chain (a sample on a function's

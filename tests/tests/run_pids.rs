@@ -3,8 +3,8 @@
 //! reason otherwise (fails under CI).
 //!
 //! Truth, from the workloads' code and from which process runs which workload:
-//! * tests/workloads/chains.c runs main->a->hot1->spin twice and main->b->hot2->spin once per
-//!   iteration (the same spin loop): hot1 / (hot1 + hot2) = 2/3.
+//! * tests/workloads/chains.c runs main->a->hot1->spin and main->b->hot2->spin (the same spin
+//!   loop) at random, 2 : 1: hot1 / (hot1 + hot2) = 2/3.
 //! * tests/workloads/ab.c (UA=2, UB=1) runs unit() from fa, fb and fc, each call chosen to keep
 //!   their shares of the thread's CPU clock at 2 : 1 : 1: fa / (fa + fb + fc) = 1/2. (Equal
 //!   work is not equal time: with fa running two units per call it had 0.55-0.57 of the time,

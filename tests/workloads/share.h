@@ -9,9 +9,9 @@
  * samples), give or take a random jitter of up to two mean calls per function, so
  * that the sequence of calls has no period for a sampling timer to alias with (chains.c's two
  * paths paced by the clock without the jitter gave perf -F 999 a share of 0.73 and -F 1777
- * 0.40 of a true 0.67). The shares hold within a few calls at any moment. (chains.c keeps its
- * fixed a(); b(); loop: paced by share.h, the arm64 kernel lab's stand-in windows under QEMU
- * split its chains 378 : 53, not 2 : 1, for reasons not yet known.) */
+ * 0.40 of a true 0.67). The shares hold within a few calls at any moment. (chains.c does not
+ * use this: paced by it, the arm64 kernel lab's stand-in windows under QEMU split its chains
+ * 378 : 53, not 2 : 1, for reasons not yet known; it draws its calls at random instead.) */
 #include <time.h>
 #include <unistd.h>
 
