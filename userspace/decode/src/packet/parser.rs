@@ -234,6 +234,12 @@ impl PacketParser {
         self.ts_valid = false;
     }
 
+    /// Between packets the per-packet state is as [`init_packet_state`](Self::init_packet_state) leaves it.
+    #[inline(always)]
+    fn debug_assert_initialised(&self) {
+        debug_assert!(self.len == 0 && self.err_ty == PacketType::NoErrType && self.update_on_unsync == 0);
+    }
+
     fn init_packet_state(&mut self) {
         self.len = 0;
         self.err_ty = PacketType::NoErrType;
@@ -1120,6 +1126,7 @@ impl PacketParser {
         Packet::Address { addr: a, context: None, source: self.ty == PacketType::SrcAddrMatch }
     }
 
+    #[inline(always)]
     fn exact_match(&mut self, idx: u8) -> Address {
         let e = self.vstack[(idx as usize).min(2)];
         self.vaddr = e;
@@ -1432,7 +1439,9 @@ impl Lookahead<'_> {
     #[inline]
     pub fn target_address(&mut self, data: &[u8], p: usize) -> Option<(Address, usize)> {
         let (addr, _, n) = self.parser.address_at::<false>(data, p)?;
-        self.parser.init_packet_state();
+        // (`address_at` parses from `data` and leaves the per-packet state as it found it:
+        // initialised, as it always is between the packets of the sink's loop)
+        self.parser.debug_assert_initialised();
         self.addr_bytes += n;
         Some((addr, n))
     }
