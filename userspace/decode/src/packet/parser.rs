@@ -279,7 +279,7 @@ impl PacketParser {
                     if self.processed >= data.len() {
                         break;
                     }
-                    if self.is_sync && self.address_whole(data, self.processed, sink) {
+                    if self.is_sync && (self.address_whole(data, self.processed, sink) || self.async_whole(data, self.processed, sink)) {
                         self.init_packet_state();
                         continue;
                     }
@@ -1236,6 +1236,27 @@ impl PacketParser {
             sink.address(index, addr, raw);
         }
         true
+    }
+
+    /// The A-sync packet (eleven 0x00 bytes and 0x80) whose bytes are all in `data[p..]`,
+    /// in sync, taken whole and passed to the sink as [`h_async`](Self::h_async) would end
+    /// it, without the byte-by-byte state machine: every trace window starts with one. False
+    /// (nothing taken) for any other bytes.
+    #[inline]
+    fn async_whole<S: PacketSink + ?Sized>(&mut self, data: &[u8], p: usize, sink: &mut S) -> bool {
+        const ASYNC: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80];
+        match data.get(p..p + 12) {
+            Some(raw) if raw == ASYNC => {
+                let index = self.block_index.at(p);
+                self.packet_index = index;
+                self.processed = p + 12;
+                self.ty = PacketType::Async;
+                self.stats.packets += 1;
+                sink.packet(index, &Packet::Async, raw);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The address packet (short, long, or exact match; a source address only with
