@@ -94,9 +94,6 @@ pub struct PacketParser {
     // per-handler scratch
     tinfo_flags: u8,
     tinfo_ctrl_bytes: u8,
-    ts_done: bool,
-    ts_bytes: u8,
-    cc_done: bool,
     excep_size: usize,
     count_done: bool,
     commit_done: bool,
@@ -156,9 +153,6 @@ impl PacketParser {
             monitor_unsynced: false,
             tinfo_flags: 0,
             tinfo_ctrl_bytes: 0,
-            ts_done: false,
-            ts_bytes: 0,
-            cc_done: false,
             excep_size: 3,
             count_done: false,
             commit_done: false,
@@ -279,7 +273,7 @@ impl PacketParser {
                     if self.processed >= data.len() {
                         break;
                     }
-                    if self.is_sync && (self.address_whole(data, self.processed, sink) || self.async_whole(data, self.processed, sink)) {
+                    if self.is_sync && self.whole(data, self.processed, sink) {
                         self.init_packet_state();
                         continue;
                     }
@@ -637,17 +631,7 @@ impl PacketParser {
     /// Continuation field (7 bits per byte, bit 7 = more) starting at `st`; returns
     /// (value, bytes used).
     fn cont_field(&self, st: usize, limit: usize) -> (u32, usize) {
-        let mut v: u32 = 0;
-        let mut i = 0;
-        while i < limit && st + i < self.len {
-            let b = self.buf[st + i];
-            v |= ((b & 0x7F) as u32).wrapping_shl(7 * i as u32);
-            i += 1;
-            if b & 0x80 == 0 {
-                break;
-            }
-        }
-        (v, i)
+        cont_field_in(&self.buf[..self.len], st, limit)
     }
 
     fn h_trace_info(&mut self, b: u8) {
@@ -731,51 +715,49 @@ impl PacketParser {
         self.vaddr = VAddr::default();
     }
 
-    fn h_timestamp(&mut self, b: u8) {
-        if self.len == 1 {
-            self.cc_done = b & 1 == 0;
-            self.ts_done = false;
-            self.ts_bytes = 0;
-        } else if !self.ts_done {
-            self.ts_bytes += 1;
-            self.ts_done = self.ts_bytes == 9 || b & 0x80 == 0;
-        } else if !self.cc_done {
-            self.cc_done = b & 0x80 == 0;
+    fn h_timestamp(&mut self, _b: u8) {
+        if timestamp_len(&self.buf[..self.len]).is_some() {
+            let buf = self.buf;
+            let p = self.timestamp_packet(&buf[..self.len]);
+            self.send(p);
         }
-        if self.ts_done && self.cc_done {
-            let mut val: u64 = 0;
-            let mut n = 0usize;
-            while 1 + n < self.len {
-                let byte = self.buf[1 + n];
-                if n == 8 {
-                    val |= (byte as u64) << 56;
-                    n += 1;
-                    break;
-                }
-                val |= ((byte & 0x7F) as u64) << (7 * n);
+    }
+
+    /// The timestamp packet `b` (whole, see [`timestamp_len`]): the timestamp it updates and
+    /// its cycle count.
+    #[inline]
+    fn timestamp_packet(&mut self, b: &[u8]) -> Packet {
+        let mut val: u64 = 0;
+        let mut n = 0usize;
+        while 1 + n < b.len() {
+            let byte = b[1 + n];
+            if n == 8 {
+                val |= (byte as u64) << 56;
                 n += 1;
-                if byte & 0x80 == 0 {
-                    break;
-                }
+                break;
             }
-            let mut bits: u32 = if n >= 9 { 64 } else { 7 * n as u32 };
-            if !self.ts_valid && self.first_trace_info {
-                bits = 64;
+            val |= ((byte & 0x7F) as u64) << (7 * n);
+            n += 1;
+            if byte & 0x80 == 0 {
+                break;
             }
-            let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
-            self.ts = (self.ts & !mask) | (val & mask);
-            self.ts_valid = true;
-            let cycle_count = if self.buf[0] & 1 == 1 {
-                let (c, _) = self.cont_field(1 + n, 3);
-                let cc_size = self.cfg.cc_size().min(32);
-                let m = if cc_size >= 32 { u32::MAX } else { (1u32 << cc_size) - 1 };
-                Some(c & m)
-            } else {
-                None
-            };
-            let ts = self.ts;
-            self.send(Packet::Timestamp { value: ts, bits: bits as u8, cycle_count });
         }
+        let mut bits: u32 = if n >= 9 { 64 } else { 7 * n as u32 };
+        if !self.ts_valid && self.first_trace_info {
+            bits = 64;
+        }
+        let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+        self.ts = (self.ts & !mask) | (val & mask);
+        self.ts_valid = true;
+        let cycle_count = if b[0] & 1 == 1 {
+            let (c, _) = cont_field_in(b, 1 + n, 3);
+            let cc_size = self.cfg.cc_size().min(32);
+            let m = if cc_size >= 32 { u32::MAX } else { (1u32 << cc_size) - 1 };
+            Some(c & m)
+        } else {
+            None
+        };
+        Packet::Timestamp { value: self.ts, bits: bits as u8, cycle_count }
     }
 
     fn h_exception(&mut self, b: u8) {
@@ -981,8 +963,8 @@ impl PacketParser {
             if b & 0xC0 == 0 {
                 send = true;
             } else {
-                self.vmid_bytes = if b & 0x40 != 0 { (self.cfg.vmid_size() / 8) as u8 } else { 0 };
-                self.cid_bytes = if b & 0x80 != 0 { (self.cfg.cid_size() / 8) as u8 } else { 0 };
+                let (nv, nc) = self.id_bytes(b);
+                (self.vmid_bytes, self.cid_bytes) = (nv as u8, nc as u8);
                 send = self.vmid_bytes == 0 && self.cid_bytes == 0;
             }
         } else {
@@ -1008,8 +990,7 @@ impl PacketParser {
         self.ctx.nse = info & 0x08 != 0 && self.cfg.is_ete();
         self.ctx.sf = info & 0x10 != 0;
         self.ctx.ns = info & 0x20 != 0;
-        let nv = if info & 0x40 != 0 { (self.cfg.vmid_size() / 8) as usize } else { 0 };
-        let nc = if info & 0x80 != 0 { (self.cfg.cid_size() / 8) as usize } else { 0 };
+        let (nv, nc) = self.id_bytes(info);
         let mut i = st + 1;
         let mut c = self.ctx;
         c.vmid = None;
@@ -1035,10 +1016,8 @@ impl PacketParser {
     }
 
     fn h_addr_ctxt(&mut self, b: u8) {
-        use PacketType as T;
         if self.len == 1 {
-            self.addr_is = matches!(self.ty, T::AddrCtxtL32Is1 | T::AddrCtxtL64Is1) as u8;
-            self.addr64 = matches!(self.ty, T::AddrCtxtL64Is0 | T::AddrCtxtL64Is1);
+            self.addr_ctxt_type();
             self.addr_bytes = if self.addr64 { 8 } else { 4 };
             self.vmid_bytes = 0;
             self.cid_bytes = 0;
@@ -1048,8 +1027,8 @@ impl PacketParser {
         if self.addr_bytes == 0 {
             if !self.ctxt_info_done {
                 self.ctxt_info_done = true;
-                self.vmid_bytes = if b & 0x40 != 0 { (self.cfg.vmid_size() / 8) as u8 } else { 0 };
-                self.cid_bytes = if b & 0x80 != 0 { (self.cfg.cid_size() / 8) as u8 } else { 0 };
+                let (nv, nc) = self.id_bytes(b);
+                (self.vmid_bytes, self.cid_bytes) = (nv as u8, nc as u8);
             } else if self.vmid_bytes > 0 {
                 self.vmid_bytes -= 1;
             } else if self.cid_bytes > 0 {
@@ -1059,11 +1038,27 @@ impl PacketParser {
             self.addr_bytes -= 1;
         }
         if self.addr_bytes == 0 && self.ctxt_info_done && self.vmid_bytes == 0 && self.cid_bytes == 0 {
-            let a = if self.addr64 { self.set64(1) } else { self.set32(1) };
-            let st = if self.addr64 { 9 } else { 5 };
-            let c = self.extract_context(st);
-            self.send(Packet::Address { addr: a, context: Some(c), source: false });
+            let p = self.addr_ctxt_packet();
+            self.send(p);
         }
+    }
+
+    /// The address-and-context packet in `buf[..len]` (complete, type in `ty`, `addr_is` and
+    /// `addr64` set from it).
+    #[inline]
+    fn addr_ctxt_packet(&mut self) -> Packet {
+        let a = if self.addr64 { self.set64(1) } else { self.set32(1) };
+        let st = if self.addr64 { 9 } else { 5 };
+        let c = self.extract_context(st);
+        Packet::Address { addr: a, context: Some(c), source: false }
+    }
+
+    /// The VMID and context ID bytes that follow a context information byte `info`.
+    #[inline]
+    fn id_bytes(&self, info: u8) -> (usize, usize) {
+        let nv = if info & 0x40 != 0 { (self.cfg.vmid_size() / 8) as usize } else { 0 };
+        let nc = if info & 0x80 != 0 { (self.cfg.cid_size() / 8) as usize } else { 0 };
+        (nv, nc)
     }
 
     fn short_addr(&self, st: usize, is: u8) -> (u64, u8, usize) {
@@ -1238,6 +1233,67 @@ impl PacketParser {
         true
     }
 
+    /// The packet at `data[p..]`, in sync, taken whole if it is one of the kinds parsed so
+    /// (address, A-sync, timestamp, address and context) and all its bytes are in `data`: passed to the sink as its
+    /// byte-by-byte handler would send it. False (nothing taken) otherwise.
+    #[inline]
+    fn whole<S: PacketSink + ?Sized>(&mut self, data: &[u8], p: usize, sink: &mut S) -> bool {
+        let Some(&b) = data.get(p) else { return false };
+        match self.table[b as usize].1 {
+            H::Extension => self.async_whole(data, p, sink),
+            H::Timestamp => self.timestamp_whole(data, p, sink),
+            H::AddrCtxt => self.addr_ctxt_whole(data, p, sink),
+            _ => self.address_whole(data, p, sink),
+        }
+    }
+
+    /// [`whole`](Self::whole) of an address-and-context packet: its length from its type
+    /// and its context information byte, then [`addr_ctxt_packet`](Self::addr_ctxt_packet)
+    /// on its bytes.
+    #[inline]
+    fn addr_ctxt_whole<S: PacketSink + ?Sized>(&mut self, data: &[u8], p: usize, sink: &mut S) -> bool {
+        let t = self.table[data[p] as usize].0;
+        let a = if matches!(t, PacketType::AddrCtxtL64Is0 | PacketType::AddrCtxtL64Is1) { 8 } else { 4 };
+        let Some(&info) = data.get(p + 1 + a) else { return false };
+        let (nv, nc) = self.id_bytes(info);
+        let n = 2 + a + nv + nc;
+        let Some(raw) = data.get(p..p + n) else { return false };
+        let index = self.block_index.at(p);
+        self.packet_index = index;
+        self.processed = p + n;
+        self.ty = t;
+        self.addr_ctxt_type();
+        self.buf[..n].copy_from_slice(raw);
+        self.len = n;
+        self.stats.packets += 1;
+        let pkt = self.addr_ctxt_packet();
+        sink.packet(index, &pkt, raw);
+        true
+    }
+
+    /// `addr_is` and `addr64` of the address-and-context packet type `ty`.
+    #[inline]
+    fn addr_ctxt_type(&mut self) {
+        use PacketType as T;
+        self.addr_is = matches!(self.ty, T::AddrCtxtL32Is1 | T::AddrCtxtL64Is1) as u8;
+        self.addr64 = matches!(self.ty, T::AddrCtxtL64Is0 | T::AddrCtxtL64Is1);
+    }
+
+    /// [`whole`](Self::whole) of a timestamp packet.
+    #[inline]
+    fn timestamp_whole<S: PacketSink + ?Sized>(&mut self, data: &[u8], p: usize, sink: &mut S) -> bool {
+        let Some(n) = data.get(p..).and_then(timestamp_len) else { return false };
+        let raw = &data[p..p + n];
+        let index = self.block_index.at(p);
+        self.packet_index = index;
+        self.processed = p + n;
+        self.ty = self.table[raw[0] as usize].0;
+        self.stats.packets += 1;
+        let pkt = self.timestamp_packet(raw);
+        sink.packet(index, &pkt, raw);
+        true
+    }
+
     /// The A-sync packet (eleven 0x00 bytes and 0x80) whose bytes are all in `data[p..]`,
     /// in sync, taken whole and passed to the sink as [`h_async`](Self::h_async) would end
     /// it, without the byte-by-byte state machine: every trace window starts with one. False
@@ -1382,6 +1438,48 @@ impl PacketParser {
             self.send(Packet::Ite { el, value: v });
         }
     }
+}
+
+/// The continued field at `b[st..]` (7 bits a byte, bit 7 set on every byte but its last), of
+/// at most `limit` bytes: its value and its bytes.
+fn cont_field_in(b: &[u8], st: usize, limit: usize) -> (u32, usize) {
+    let mut v: u32 = 0;
+    let mut i = 0;
+    while i < limit && st + i < b.len() {
+        let x = b[st + i];
+        v |= ((x & 0x7F) as u32).wrapping_shl(7 * i as u32);
+        i += 1;
+        if x & 0x80 == 0 {
+            break;
+        }
+    }
+    (v, i)
+}
+
+/// The length of the timestamp packet that `b` starts (header `b[0]`) if `b` holds all of it
+/// (IHI 0064 "Timestamp packet"): up to nine timestamp bytes, each but the ninth continued by
+/// bit 7, then, with bit 0 of the header set, a cycle count continued by bit 7. `None` while
+/// it goes on past `b`, or past [`MAX_PKT`] (an over-long packet, the byte path's error).
+#[inline]
+fn timestamp_len(b: &[u8]) -> Option<usize> {
+    let mut i = 1;
+    loop {
+        let x = *b.get(i)?;
+        i += 1;
+        if i == 10 || x & 0x80 == 0 {
+            break;
+        }
+    }
+    if b[0] & 1 == 1 {
+        loop {
+            let x = *b.get(i)?;
+            i += 1;
+            if x & 0x80 == 0 {
+                break;
+            }
+        }
+    }
+    (i <= MAX_PKT).then_some(i)
 }
 
 /// The address field of a short address packet from `b[st]` (one byte, or two if the first
