@@ -1653,8 +1653,31 @@ mod tests {
         d.extend([0x01, 0x81, 0x01, 0x00]);
         d.extend([0x02, 0x81, 0x82, 0x01, 0x03, 0x81, 0x02, 0x05]);
         d.extend([0x81, 0xD1, 0x44, 0x33, 0x22, 0x11, 0x85, 0x04, 0x03, 0x02, 0x01, 0x00, 0x00, 0x00, 0x00, 0x11]);
+        // in sync, the packets the parser takes whole when their bytes are all in one chunk:
+        // A-sync; address and context (32-bit, VMID and context ID); a timestamp of nine
+        // bytes; a timestamp whose cycle count runs on past the three bytes its value takes
+        d.extend(ASYNC);
+        d.extend([0x82, 0x10, 0x20, 0x30, 0x40, 0xC1, 0x2A, 0x78, 0x56, 0x34, 0x12]);
+        d.extend([0x02, 0x81, 0x81, 0x81, 0x81, 0x81, 0x81, 0x81, 0x81, 0x7F]);
+        d.extend([0x03, 0x05, 0x81, 0x82, 0x83, 0x04, 0xF5]);
         d.extend([0x06, 0x1D, 0xA6, 0x83, 0x05, 0x0C, 0x2D, 0x83, 0x01, 0xF5, 0x09]);
         let whole = parse(&cfg, &d);
+        let kinds = |t: fn(&Packet) -> bool| whole.iter().filter(|(_, p)| t(p)).count();
+        assert_eq!(kinds(|p| matches!(p, Packet::Async)), 2);
+        assert_eq!(kinds(|p| matches!(p, Packet::Address { context: Some(_), .. })), 1);
+        assert_eq!(kinds(|p| matches!(p, Packet::Timestamp { .. })), 5);
+        // (IS0 32-bit address field: bits 8:2 and 15:9 from the first two bytes' low 7 bits)
+        let ctxt = whole.iter().find_map(|(_, p)| match p {
+            Packet::Address { addr, context: Some(c), .. } => Some((addr.addr, c.el, c.vmid, c.context_id)),
+            _ => None,
+        });
+        assert_eq!(ctxt, Some(((0x10 << 2) | (0x20 << 9) | (0x30 << 16) | (0x40 << 24), 1, Some(0x2A), Some(0x1234_5678))));
+        // (nine bytes: 7 bits from each of the first eight, 8 from the ninth; then the low 7
+        // bits replaced, and a cycle count of its first three bytes, cut to the counter's size)
+        let ts = (0x7Fu64 << 56) | 0x2_0408_1020_4081;
+        assert!(whole.contains(&(66, Packet::Timestamp { value: ts, bits: 64, cycle_count: None })));
+        let cc = (0x01 | (0x02 << 7) | (0x03 << 14)) & ((1u32 << cfg.cc_size()) - 1);
+        assert!(whole.contains(&(76, Packet::Timestamp { value: (ts & !0x7F) | 5, bits: 7, cycle_count: Some(cc) })));
         for split in 0..d.len() {
             let mut p = PacketParser::new(&cfg);
             let mut v = Vec::new();
