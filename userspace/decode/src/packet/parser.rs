@@ -228,7 +228,8 @@ impl PacketParser {
         self.ts_valid = false;
     }
 
-    /// Between packets the per-packet state is as [`init_packet_state`](Self::init_packet_state) leaves it.
+    /// Between packets the per-packet state is as
+    /// [`init_packet_state`](Self::init_packet_state) leaves it.
     #[inline(always)]
     fn debug_assert_initialised(&self) {
         debug_assert!(self.len == 0 && self.err_ty == PacketType::NoErrType && self.update_on_unsync == 0);
@@ -1234,8 +1235,9 @@ impl PacketParser {
     }
 
     /// The packet at `data[p..]`, in sync, taken whole if it is one of the kinds parsed so
-    /// (address, A-sync, timestamp, address and context) and all its bytes are in `data`: passed to the sink as its
-    /// byte-by-byte handler would send it. False (nothing taken) otherwise.
+    /// (address, A-sync, timestamp, address and context) and all its bytes are in `data`:
+    /// passed to the sink as its byte-by-byte handler would send it. False (nothing taken)
+    /// otherwise.
     #[inline]
     fn whole<S: PacketSink + ?Sized>(&mut self, data: &[u8], p: usize, sink: &mut S) -> bool {
         let Some(&b) = data.get(p) else { return false };
