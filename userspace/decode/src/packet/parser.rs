@@ -1255,19 +1255,15 @@ impl PacketParser {
     #[inline]
     fn addr_ctxt_whole<S: PacketSink + ?Sized>(&mut self, data: &[u8], p: usize, sink: &mut S) -> bool {
         let t = self.table[data[p] as usize].0;
-        let a = if matches!(t, PacketType::AddrCtxtL64Is0 | PacketType::AddrCtxtL64Is1) { 8 } else { 4 };
+        let a = if addr_ctxt_kind(t).1 { 8 } else { 4 };
         let Some(&info) = data.get(p + 1 + a) else { return false };
         let (nv, nc) = self.id_bytes(info);
         let n = 2 + a + nv + nc;
         let Some(raw) = data.get(p..p + n) else { return false };
-        let index = self.block_index.at(p);
-        self.packet_index = index;
-        self.processed = p + n;
-        self.ty = t;
+        let index = self.take_whole(p, n, t);
         self.addr_ctxt_type();
         self.buf[..n].copy_from_slice(raw);
         self.len = n;
-        self.stats.packets += 1;
         let pkt = self.addr_ctxt_packet();
         sink.packet(index, &pkt, raw);
         true
@@ -1276,9 +1272,19 @@ impl PacketParser {
     /// `addr_is` and `addr64` of the address-and-context packet type `ty`.
     #[inline]
     fn addr_ctxt_type(&mut self) {
-        use PacketType as T;
-        self.addr_is = matches!(self.ty, T::AddrCtxtL32Is1 | T::AddrCtxtL64Is1) as u8;
-        self.addr64 = matches!(self.ty, T::AddrCtxtL64Is0 | T::AddrCtxtL64Is1);
+        (self.addr_is, self.addr64) = addr_ctxt_kind(self.ty);
+    }
+
+    /// A packet of type `t` at `data[p..p + n]` taken whole: the parser's place, type and count
+    /// as its byte path leaves them; returns its trace index.
+    #[inline]
+    fn take_whole(&mut self, p: usize, n: usize, t: PacketType) -> u64 {
+        let index = self.block_index.at(p);
+        self.packet_index = index;
+        self.processed = p + n;
+        self.ty = t;
+        self.stats.packets += 1;
+        index
     }
 
     /// [`whole`](Self::whole) of a timestamp packet.
@@ -1286,11 +1292,7 @@ impl PacketParser {
     fn timestamp_whole<S: PacketSink + ?Sized>(&mut self, data: &[u8], p: usize, sink: &mut S) -> bool {
         let Some(n) = data.get(p..).and_then(timestamp_len) else { return false };
         let raw = &data[p..p + n];
-        let index = self.block_index.at(p);
-        self.packet_index = index;
-        self.processed = p + n;
-        self.ty = self.table[raw[0] as usize].0;
-        self.stats.packets += 1;
+        let index = self.take_whole(p, n, self.table[raw[0] as usize].0);
         let pkt = self.timestamp_packet(raw);
         sink.packet(index, &pkt, raw);
         true
@@ -1305,11 +1307,7 @@ impl PacketParser {
         const ASYNC: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80];
         match data.get(p..p + 12) {
             Some(raw) if raw == ASYNC => {
-                let index = self.block_index.at(p);
-                self.packet_index = index;
-                self.processed = p + 12;
-                self.ty = PacketType::Async;
-                self.stats.packets += 1;
+                let index = self.take_whole(p, 12, PacketType::Async);
                 sink.packet(index, &Packet::Async, raw);
                 true
             }
@@ -1440,6 +1438,14 @@ impl PacketParser {
             self.send(Packet::Ite { el, value: v });
         }
     }
+}
+
+/// The instruction set (`addr_is`) and the 64-bit address (`addr64`) of an address-and-context
+/// packet of type `t`.
+#[inline]
+fn addr_ctxt_kind(t: PacketType) -> (u8, bool) {
+    use PacketType as T;
+    (matches!(t, T::AddrCtxtL32Is1 | T::AddrCtxtL64Is1) as u8, matches!(t, T::AddrCtxtL64Is0 | T::AddrCtxtL64Is1))
 }
 
 /// The continued field at `b[st..]` (7 bits a byte, bit 7 set on every byte but its last), of
