@@ -21,6 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "share.h"
+
 #define UNIT 100000UL
 volatile unsigned long sink;
 
@@ -45,18 +47,6 @@ __attribute__((noinline)) void *worker(void *arg) {
 static volatile sig_atomic_t spawn;
 static void on_usr1(int sig) { (void)sig; spawn = 1; }
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static double cpu_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int main(int argc, char **argv) {
   double secs = argc > 1 ? atof(argv[1]) : 1e12;
   long iters = argc > 2 ? atol(argv[2]) : 0;
@@ -65,22 +55,19 @@ int main(int argc, char **argv) {
   fflush(stdout);
   if (iters > 0) {
     usleep((useconds_t)(argc > 3 ? atol(argv[3]) : 0) * 1000);
-    double t0 = now(), c0 = cpu_now();
+    double t0 = share_clock(CLOCK_MONOTONIC), c0 = share_clock(CLOCK_PROCESS_CPUTIME_ID);
     for (long i = 0; i < iters; i++) {
       a();
       a();
       b();
     }
-    fprintf(stderr, "elapsed %.6f cpu %.6f\n", now() - t0, cpu_now() - c0);
+    fprintf(stderr, "elapsed %.6f cpu %.6f\n", share_clock(CLOCK_MONOTONIC) - t0, share_clock(CLOCK_PROCESS_CPUTIME_ID) - c0);
     return 0;
   }
-  unsigned long rng = (unsigned long)getpid() * 0x9E3779B97F4A7C15UL | 1;
-  double end = now() + secs;
-  while (now() < end) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    if (rng % 3)
+  unsigned long rng = share_seed();
+  double end = share_clock(CLOCK_MONOTONIC) + secs;
+  while (share_clock(CLOCK_MONOTONIC) < end) {
+    if (share_next(&rng) % 3)
       a();
     else
       b();

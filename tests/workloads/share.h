@@ -1,4 +1,5 @@
-/* The test workloads' known ratios as shares of CPU time (included by ab.c and mixed.c).
+/* The test workloads' known ratios as shares of CPU time (included by ab.c and mixed.c;
+ * chains.c takes its clock and random helpers only).
  *
  * A profiler samples CPU time, not calls; equal work is not equal time (on a 2-vCPU VM the
  * same loop ran ~20% slower called twice in a row than once, by rdtsc without any profiler),
@@ -28,25 +29,33 @@ struct share {
   double t0;
 };
 
-static double share_clock(clockid_t c) {
+static inline double share_clock(clockid_t c) {
   struct timespec ts;
   clock_gettime(c, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* A seed for `share_next` that differs between processes (never 0). */
+static inline unsigned long share_seed(void) { return (unsigned long)getpid() * 0x9E3779B97F4A7C15UL | 1; }
+
+/* The next of a xorshift sequence (`*rng` not 0). */
+static inline unsigned long share_next(unsigned long *rng) {
+  *rng ^= *rng << 13;
+  *rng ^= *rng >> 7;
+  *rng ^= *rng << 17;
+  return *rng;
+}
+
 /* The next call: the index of the function furthest behind its share (with the jitter); the
  * caller calls it itself, so the function's caller on the stack is the caller's own frame
  * (main), then `share_end`. */
-static int share_begin(struct share *s) {
+static inline int share_begin(struct share *s) {
   double weights = 0, mean = s->calls ? s->total / s->calls : 0, behind = -1e300;
   int k = 0;
-  if (!s->rng) s->rng = (unsigned long)getpid() * 0x9E3779B97F4A7C15UL | 1;
+  if (!s->rng) s->rng = share_seed();
   for (int i = 0; i < s->n; i++) weights += s->weight[i];
   for (int i = 0; i < s->n; i++) {
-    s->rng ^= s->rng << 13;
-    s->rng ^= s->rng >> 7;
-    s->rng ^= s->rng << 17;
-    double jitter = ((double)(s->rng >> 11) / (double)(1UL << 53) * 4.0 - 2.0) * mean;
+    double jitter = ((double)(share_next(&s->rng) >> 11) / (double)(1UL << 53) * 4.0 - 2.0) * mean;
     double d = s->weight[i] / weights * s->total - s->spent[i] + jitter;
     if (d > behind) {
       behind = d;
@@ -59,7 +68,7 @@ static int share_begin(struct share *s) {
 }
 
 /* The call `share_begin` chose returned: its CPU time to its function. */
-static void share_end(struct share *s) {
+static inline void share_end(struct share *s) {
   double dt = share_clock(CLOCK_THREAD_CPUTIME_ID) - s->t0;
   s->spent[s->k] += dt;
   s->total += dt;
