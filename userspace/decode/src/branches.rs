@@ -7,7 +7,7 @@
 //! (`TRACE_ON`, `NO_SYNC`, `EO_TRACE`, which also covers overflow) breaks the chain and empties
 //! the ring. Records are kept in a fixed-depth ring, newest first (LBR order).
 
-use crate::elements::{Element, ElementKind, InstrRange, Range};
+use crate::elements::{Element, ElementKind, InstrRange};
 use crate::insn::InstrType;
 
 /// One taken branch: `from` is the branch instruction, `to` its target. The one branch type of
@@ -128,26 +128,117 @@ impl BranchRule {
     /// One loop with the chain in locals and a store per range, taken or not, for the
     /// decoder's runs.
     #[inline(always)]
-    pub fn ranges(&mut self, rs: &[Range], out: &mut [BranchRecord], mut each: impl FnMut(usize, &InstrRange)) -> usize {
+    pub fn ranges<R: AsRef<InstrRange>>(
+        &mut self,
+        rs: &[R],
+        out: &mut [BranchRecord],
+        mut each: impl FnMut(usize, &InstrRange),
+    ) -> usize {
         let Some(last) = rs.last() else { return 0 };
         let out = &mut out[..rs.len()];
         let mut from = self.prev.map_or(0, |p| p.0);
         let mut taken = self.prev.is_some() && self.prev_taken;
         let mut k = 0;
         for (i, r) in rs.iter().enumerate() {
-            let r = &r.range;
+            let r = r.as_ref();
             each(i, r);
             out[k] = BranchRecord { from, to: r.start };
             k += usize::from(taken);
             from = r.last_instr_addr();
             taken = Self::ends_taken(r);
         }
-        self.prev = Some((from, last.range.last_type));
+        self.prev = Some((from, last.as_ref().last_type));
         self.prev_taken = taken;
         self.by_exception = false;
         k
     }
 
+    /// The chain a stretch of ranges is ruled from where the chain before it is not known
+    /// (the decoder's branch batches, `ElementSink::branches`; the run cache's stored runs):
+    /// as after a taken branch at address 0, so the stretch's first range always makes a
+    /// record, whose `from` the chain it [`join`](Self::join)s fills in, or drops.
+    pub const OPEN: BranchRule = BranchRule::after(RangeEnd::OPEN);
+
+    /// A stretch of at least one range, ruled from [`OPEN`](Self::OPEN) to `end`, continues
+    /// this chain: returns the `from` of the stretch's first record if this chain makes that
+    /// record (the previous range ended in a taken branch or an exception followed it), `None`
+    /// if it drops it; the chain is then `end`. The same records as [`range`](Self::range)
+    /// over the stretch's ranges from here.
+    #[inline(always)]
+    pub fn join(&mut self, end: &BranchRule) -> Option<u64> {
+        let from = match self.prev {
+            Some((from, _)) if self.prev_taken => Some(from),
+            _ => None,
+        };
+        *self = *end;
+        from
+    }
+
+    /// A stored stretch of ranges (ruled from [`OPEN`](Self::OPEN) when it was stored, to
+    /// `end`: its records after the first, `n` (at most `N`) of them at the start of
+    /// `inner`) whose first range starts at `start`, after the range `chain` describes: its
+    /// records written to `out` from `k` (room for `1 + N` there); returns the `k` after them,
+    /// `chain` is then `end`. For the decoder's loop over the run cache, on the chain packed:
+    /// no branch, a fixed-size copy.
+    #[inline(always)]
+    pub fn stored<const N: usize>(
+        chain: &mut RangeEnd,
+        start: u64,
+        inner: &[BranchRecord; N],
+        n: usize,
+        end: RangeEnd,
+        out: &mut [BranchRecord],
+        k: usize,
+    ) -> usize {
+        debug_assert!(n <= N);
+        out[k] = BranchRecord { from: chain.from, to: start };
+        let k = k + usize::from(chain.taken);
+        // (most runs make few: half the block, the rest when there are more)
+        let h = N / 2;
+        out[k..k + h].copy_from_slice(&inner[..h]);
+        if n > h {
+            out[k + h..k + N].copy_from_slice(&inner[h..]);
+        }
+        *chain = end;
+        k + n
+    }
+
+    /// The chain right after a range, packed ([`RangeEnd`]); `None` before any range or
+    /// with an exception since.
+    #[inline]
+    pub fn range_end(&self) -> Option<RangeEnd> {
+        match self.prev {
+            Some((from, ty)) if !self.by_exception => Some(RangeEnd { from, ty, taken: self.prev_taken }),
+            _ => None,
+        }
+    }
+
+    /// The chain right after the range `end` describes.
+    #[inline(always)]
+    pub const fn after(end: RangeEnd) -> Self {
+        BranchRule { prev: Some((end.from, end.ty)), prev_taken: end.taken, by_exception: false }
+    }
+}
+
+/// What [`BranchRule`] keeps of a chain right after a range (no exception since), packed for
+/// the run cache and the decoder's batches: the range's last instruction's address and type,
+/// and whether it was a taken branch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RangeEnd {
+    /// Address of the range's last instruction.
+    pub from: u64,
+    /// Its type.
+    pub ty: InstrType,
+    /// It was a taken branch.
+    pub taken: bool,
+}
+
+impl RangeEnd {
+    /// [`BranchRule::OPEN`], packed.
+    pub const OPEN: RangeEnd = RangeEnd { from: 0, ty: InstrType::Br, taken: true };
+}
+
+impl BranchRule {
     /// An exception (or exception return) after the last range: the next range's start is
     /// recorded as its target (`cs_etm__exception`).
     #[inline]
@@ -178,6 +269,40 @@ impl BranchRule {
     #[inline]
     pub fn pending(&self) -> Option<(u64, InstrType)> {
         self.prev.filter(|(_, ty)| self.prev_taken && !self.by_exception && matches!(ty, InstrType::Br | InstrType::BrIndirect))
+    }
+}
+
+/// The taken branches of a stretch of one source's ranges (at least one), as a decoder hands
+/// them to a sink that takes branches instead of ranges (`ElementSink::branches`): perf's rule
+/// over the stretch from [`BranchRule::OPEN`], for the sink to [`join`](Self::join) to its
+/// chain.
+#[derive(Debug)]
+pub struct BranchBatch<'a> {
+    /// The records in order; the first is the stretch's first range's, its `from` the
+    /// chain's to fill in, or its to drop.
+    pub records: &'a mut [BranchRecord],
+    /// The chain after the stretch's last range.
+    pub end: BranchRule,
+    /// Ranges in the stretch.
+    pub ranges: u64,
+    /// Trace index of the packet of its last range.
+    pub last_index: u64,
+}
+
+impl BranchBatch<'_> {
+    /// The records the stretch makes after `chain` (which then continues from its end): what
+    /// [`BranchRule::range`] makes over its ranges.
+    #[inline]
+    pub fn join(&mut self, chain: &mut BranchRule) -> &[BranchRecord] {
+        match chain.join(&self.end) {
+            Some(from) => {
+                if let Some(first) = self.records.first_mut() {
+                    first.from = from;
+                }
+                self.records
+            }
+            None => self.records.get(1..).unwrap_or_default(),
+        }
     }
 }
 
@@ -242,7 +367,7 @@ impl BranchBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::elements::{TraceOnReason, UnsyncReason};
+    use crate::elements::{Range, TraceOnReason, UnsyncReason};
     use crate::insn::{InstrSubtype, Isa};
 
     fn range(start: u64, end: u64, ty: InstrType, executed: bool) -> Element {

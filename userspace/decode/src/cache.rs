@@ -15,6 +15,7 @@
 
 use std::cell::{Cell, Ref, RefCell};
 
+use crate::branches::{BranchRecord, BranchRule, RangeEnd};
 use crate::elements::{InstrRange, Range};
 use crate::insn::{InstrInfo, InstrSubtype, InstrType, Isa};
 
@@ -105,6 +106,14 @@ fn arena() -> Box<[InstrRange; ARENA + RUN_MAX]> {
     a
 }
 
+/// The records of an empty arena.
+fn records() -> Box<[BranchRecord; ARENA + RUN_MAX]> {
+    let Ok(a) = vec![BranchRecord::default(); ARENA + RUN_MAX].into_boxed_slice().try_into() else {
+        unreachable!("ARENA + RUN_MAX records")
+    };
+    a
+}
+
 /// [`RunCache::owner`] of an arena position no run starts at.
 const NO_OWNER: u32 = u32::MAX;
 
@@ -150,8 +159,10 @@ impl RunKey {
     }
 }
 
-/// A stored run: key (start, tag with bit 63 set, atom bits | count << 32), the run and where
-/// its ranges are in the arena.
+/// A stored run: key (start, tag with bit 63 set, atom bits | count << 32), the run, where
+/// its ranges are in the arena, and its taken branches by perf's rule ([`BranchRule`], ruled
+/// from [`BranchRule::OPEN`]): how many after its first range's (in the arena's records at the
+/// same place), and the chain after its last range.
 #[derive(Clone, Default)]
 pub(crate) struct RunSlot {
     start: Cell<u64>,
@@ -159,6 +170,8 @@ pub(crate) struct RunSlot {
     atoms: Cell<u64>,
     run: Cell<Run>,
     pos: Cell<u32>,
+    inner: Cell<u8>,
+    end: Cell<RangeEnd>,
 }
 
 impl RunSlot {
@@ -167,6 +180,45 @@ impl RunSlot {
     pub(crate) fn run(&self) -> Run {
         self.run.get()
     }
+
+    /// Its records after the first range's, and the chain after it (see [`RunSlot`]).
+    #[inline(always)]
+    pub(crate) fn branches(&self) -> (usize, RangeEnd) {
+        (self.inner.get() as usize, self.end.get())
+    }
+}
+
+/// Records a run's ranges make after its first range's: at most one per range after the
+/// first.
+pub(crate) const INNER_MAX: usize = RUN_MAX - 1;
+
+/// The stored runs' ranges and their records (see [`RunSlot`]), at the same positions.
+struct Arena {
+    ranges: Box<[InstrRange; ARENA + RUN_MAX]>,
+    recs: Box<[BranchRecord; ARENA + RUN_MAX]>,
+}
+
+/// A stored run's ranges and records, borrowed (see [`BlockCache::run_arena`]).
+pub(crate) struct RunArena<'a> {
+    arena: Ref<'a, Arena>,
+    pos: usize,
+    count: usize,
+}
+
+impl RunArena<'_> {
+    /// The run's ranges.
+    #[inline(always)]
+    pub(crate) fn ranges(&self) -> &[InstrRange] {
+        &self.arena.ranges[self.pos..][..self.count]
+    }
+
+    /// Its records after the first range's, as many as [`RunSlot::branches`] says, then
+    /// whatever follows them (a block of fixed size to copy).
+    #[inline(always)]
+    pub(crate) fn inner(&self) -> &[BranchRecord; INNER_MAX] {
+        let Some(a) = self.arena.recs[self.pos..].first_chunk() else { unreachable!("RUN_MAX spare records") };
+        a
+    }
 }
 
 /// The runs: slots indexed by a hash of the key, their ranges in a ring (`ranges`, written at
@@ -174,7 +226,7 @@ impl RunSlot {
 /// names, for each position a run's ranges start at, the slot that stored it there.
 struct RunCache {
     slots: Box<[RunSlot; RUN_SLOTS]>,
-    ranges: RefCell<Box<[InstrRange; ARENA + RUN_MAX]>>,
+    arena: RefCell<Arena>,
     owner: Box<[Cell<u32>]>,
     head: Cell<usize>,
 }
@@ -197,7 +249,7 @@ impl BlockCache {
         let Ok(slots) = runs.try_into() else { unreachable!("RUN_SLOTS slots") };
         let runs = RunCache {
             slots,
-            ranges: RefCell::new(arena()),
+            arena: RefCell::new(Arena { ranges: arena(), recs: records() }),
             owner: vec![Cell::new(NO_OWNER); ARENA].into_boxed_slice(),
             head: Cell::new(0),
         };
@@ -305,7 +357,15 @@ impl BlockCache {
         // (masked and bounded, so the slice needs no check: the arena has `RUN_MAX` spare)
         let p = slot.pos.get() as usize & (ARENA - 1);
         let c = (slot.run.get().count as usize).min(RUN_MAX);
-        Ref::map(self.runs.ranges.borrow(), |r| &r[p..][..c])
+        Ref::map(self.runs.arena.borrow(), |a| &a.ranges[p..][..c])
+    }
+
+    /// The ranges and records of the run in `slot` (see [`run_ranges`](Self::run_ranges)).
+    #[inline(always)]
+    pub(crate) fn run_arena(&self, slot: &RunSlot) -> RunArena<'_> {
+        let pos = slot.pos.get() as usize & (ARENA - 1);
+        let count = (slot.run.get().count as usize).min(RUN_MAX);
+        RunArena { arena: self.runs.arena.borrow(), pos, count }
     }
 
     /// [`put_run`](Self::put_run) with the ranges as they are stored: the slot now holding
@@ -358,7 +418,7 @@ impl BlockCache {
     ) -> Option<&RunSlot> {
         let runs = &self.runs;
         let n = n.min(RUN_MAX).min(run.count as usize);
-        let mut cells = runs.ranges.try_borrow_mut().ok()?;
+        let mut arena = runs.arena.try_borrow_mut().ok()?;
         let mut p = runs.head.get();
         if p + n > ARENA {
             p = 0;
@@ -371,8 +431,15 @@ impl BlockCache {
                 old.tag.set(0);
             }
         }
-        fill(&mut cells[p..p + n]);
-        drop(cells);
+        fill(&mut arena.ranges[p..p + n]);
+        // perf's rule over the ranges from an open chain: the first range's record is the
+        // reader's to complete (`BranchRule::stored`); those after it are kept
+        let mut rule = BranchRule::OPEN;
+        let mut recs = [BranchRecord::default(); RUN_MAX];
+        let made = rule.ranges(&arena.ranges[p..p + n], &mut recs, |_, _| {});
+        let inner = made.saturating_sub(1);
+        arena.recs[p..p + inner].copy_from_slice(&recs[1..1 + inner]);
+        drop(arena);
         let key = RunKey::new(bits, count);
         let i = Self::run_index(start, key);
         let s = &runs.slots[i];
@@ -387,6 +454,8 @@ impl BlockCache {
         s.atoms.set(key.atoms);
         s.run.set(Run { count: n as u8, ..run });
         s.pos.set(p as u32);
+        s.inner.set(inner as u8);
+        s.end.set(rule.range_end().unwrap_or_default());
         Some(s)
     }
 

@@ -27,7 +27,8 @@
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
 
-use crate::cache::{self, RUN_MAX, Run, SharedBlockCache};
+use crate::branches::{BranchBatch, BranchRecord, BranchRule, RangeEnd};
+use crate::cache::{self, RUN_MAX, Run, RunArena, RunSlot, SharedBlockCache};
 use crate::elements::{Element, ElementKind, InstrRange, MemTrans, PeContext, Range, Security, TraceOnReason, UnsyncReason};
 use crate::frame::ChunkIndex;
 use crate::image::{MemSpace, MemoryAccess};
@@ -87,6 +88,147 @@ pub trait ElementSink {
             self.ranges(trace_id, &[Range { index, range }])?;
         }
         ControlFlow::Continue(())
+    }
+
+    /// Whether the sink takes the taken branches of the ranges instead of the ranges
+    /// themselves ([`branches`](ElementSink::branches)): then the decoder rules its ranges
+    /// by perf's rule ([`BranchRule`]), from the records its run cache stored with each run
+    /// where a packet is one stored run, and hands no range over. The default is no.
+    #[inline]
+    fn takes_branches(&self) -> bool {
+        false
+    }
+
+    /// Called (only if [`takes_branches`](ElementSink::takes_branches)) with the taken
+    /// branches of a stretch of ranges of source `trace_id` (at least one range), in trace
+    /// order with the other elements: before every call of
+    /// [`elements`](ElementSink::elements), and at the end of every piece of data. The sink
+    /// [`join`](BranchBatch::join)s them to its chain, to which it applies the elements
+    /// (exceptions, discontinuities) itself.
+    #[inline]
+    fn branches(&mut self, _trace_id: u8, _batch: &mut BranchBatch<'_>) -> ControlFlow<()> {
+        ControlFlow::Continue(())
+    }
+}
+
+/// Records [`Branches`] holds before it hands them over at the next packet.
+const BRANCH_BATCH: usize = 256;
+
+/// Room [`Branches`] keeps beyond [`BRANCH_BATCH`] for one packet's records from the run
+/// cache: a packet has at most 32 atoms (`Atoms::bits`), a range makes at most one record, and
+/// a stored run's are copied as a block of [`RUN_MAX`].
+const PACKET_ROOM: usize = 32 + 1 + RUN_MAX;
+
+/// The taken branches not handed over yet, for a sink that takes branches
+/// ([`ElementSink::takes_branches`]): perf's rule over the ranges in trace order, from an open
+/// chain ([`BranchRule::OPEN`]) after each hand-over.
+struct Branches {
+    /// `recs[..len]` held.
+    recs: Box<[BranchRecord; BRANCH_BATCH + PACKET_ROOM]>,
+    len: usize,
+    /// The chain after the last range.
+    chain: RangeEnd,
+    /// Ranges ruled since the hand-over, and the packet index of the last.
+    ranges: u64,
+    last_index: u64,
+    /// Where the current packet's records began, while it may still fail (an error
+    /// discards its output: [`Decoder::discard_out`]).
+    mark: Option<BranchMark>,
+}
+
+/// [`Branches`] before a packet (see [`Branches::mark`]), and what its stored runs added to
+/// the decoder's counts.
+#[derive(Debug, Clone, Copy)]
+struct BranchMark {
+    len: usize,
+    chain: RangeEnd,
+    ranges: u64,
+    last_index: u64,
+    /// The instructions of the packet's ranges so far.
+    instructions: u64,
+}
+
+impl Default for Branches {
+    fn default() -> Self {
+        Branches {
+            recs: Box::new([BranchRecord::default(); BRANCH_BATCH + PACKET_ROOM]),
+            len: 0,
+            chain: RangeEnd::OPEN,
+            ranges: 0,
+            last_index: 0,
+            mark: None,
+        }
+    }
+}
+
+impl Branches {
+    /// Hands the records over, if any range came since the last hand-over.
+    #[inline]
+    fn hand_over<S: ElementSink + ?Sized>(&mut self, id: u8, sink: &mut S) -> ControlFlow<()> {
+        if self.ranges == 0 {
+            return ControlFlow::Continue(());
+        }
+        let mut batch = BranchBatch {
+            records: &mut self.recs[..self.len],
+            end: BranchRule::after(self.chain),
+            ranges: self.ranges,
+            last_index: self.last_index,
+        };
+        let r = sink.branches(id, &mut batch);
+        self.len = 0;
+        self.chain = RangeEnd::OPEN;
+        self.ranges = 0;
+        self.mark = None;
+        r
+    }
+
+    /// Before a packet's records from the run cache: room for them ([`PACKET_ROOM`]), the
+    /// held ones handed over if need be.
+    #[inline(always)]
+    fn room<S: ElementSink + ?Sized>(&mut self, id: u8, sink: &mut S) -> ControlFlow<()> {
+        if self.len > BRANCH_BATCH { self.hand_over(id, sink) } else { ControlFlow::Continue(()) }
+    }
+
+    /// Ranges of the decoder's buffer, ruled one by one.
+    #[inline]
+    fn ranges<S: ElementSink + ?Sized>(&mut self, id: u8, mut rs: &[Range], sink: &mut S) -> ControlFlow<()> {
+        while !rs.is_empty() {
+            if self.len >= BRANCH_BATCH {
+                self.hand_over(id, sink)?;
+            }
+            let (now, rest) = rs.split_at(rs.len().min(BRANCH_BATCH - self.len));
+            let mut rule = BranchRule::after(self.chain);
+            self.len += rule.ranges(now, &mut self.recs[self.len..], |_, _| {});
+            self.chain = rule.range_end().unwrap_or(self.chain);
+            self.ranges += now.len() as u64;
+            self.last_index = now.last().map_or(self.last_index, |r| r.index);
+            rs = rest;
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// A stored run (`slot`, its ranges and records `arena`) from `start` (its first range's)
+    /// in the packet at trace index `index`: its records from the run cache, after
+    /// [`room`](Self::room) for the packet.
+    #[inline(always)]
+    fn stored(&mut self, slot: &RunSlot, arena: &RunArena<'_>, start: u64, index: u64) {
+        let (n, end) = slot.branches();
+        self.len = BranchRule::stored(&mut self.chain, start, arena.inner(), n, end, &mut self.recs[..], self.len);
+        self.ranges += arena.ranges().len() as u64;
+        self.last_index = index;
+    }
+
+    /// Marks the start of a packet whose records may be taken back (see
+    /// [`mark`](Self::mark)).
+    #[inline(always)]
+    fn set_mark(&mut self) {
+        self.mark = Some(BranchMark {
+            len: self.len,
+            chain: self.chain,
+            ranges: self.ranges,
+            last_index: self.last_index,
+            instructions: 0,
+        });
     }
 }
 
@@ -479,6 +621,8 @@ pub struct Decoder {
     /// Where [`cached_packets`](Self::cached_packets) and [`cached_atoms`](Self::cached_atoms)
     /// build a run.
     run_scratch: RunScratch,
+    /// Taken branches not handed over yet (for a sink that takes branches).
+    branches: Branches,
     /// ETE source-address ranges are split at the waypoints they pass (OpenCSD -src_addr_n)
     src_addr_n: bool,
     /// report timestamps before the first ETE timestamp marker too (`set_unmarked_timestamps`)
@@ -530,6 +674,7 @@ impl Decoder {
             no_code: false,
             scratch: Vec::new(),
             run_scratch: RunScratch::default(),
+            branches: Branches::default(),
             src_addr_n: false,
             unmarked_ts: false,
             stopped: false,
@@ -662,6 +807,15 @@ impl Decoder {
             self.stats.ranges -= 1;
             self.stats.instructions -= r.range.num_instr as u64;
         }
+        // (likewise the taken branches of its runs from the run cache)
+        if let Some(m) = self.branches.mark.take() {
+            let b = &mut self.branches;
+            let added = b.ranges - m.ranges;
+            (b.len, b.chain, b.ranges, b.last_index) = (m.len, m.chain, m.ranges, m.last_index);
+            self.stats.ranges -= added;
+            self.stats.instructions -= m.instructions;
+            self.stats.elements = self.stats.elements.wrapping_sub(added);
+        }
         // (the held ranges precede what this packet added: no other element is among them)
         self.out.clear();
         self.out_at.clear();
@@ -680,11 +834,15 @@ impl Decoder {
     /// of the data pushed (before reading what the sink received) and before [`reset`](Self::reset).
     #[inline]
     pub fn flush_held<S: ElementSink + ?Sized>(&mut self, sink: &mut S) -> ControlFlow<()> {
-        if self.ranges.is_empty() {
+        if self.ranges.is_empty() && self.branches.ranges == 0 {
             return ControlFlow::Continue(());
         }
         self.stopped = false;
         self.flush(sink);
+        // (the taken branches, for a sink that takes them, wait for the end of the data)
+        if !self.stopped && self.branches.hand_over(self.cfg.trace_id, sink).is_break() {
+            self.stopped = true;
+        }
         self.sink_answer()
     }
 
@@ -864,8 +1022,31 @@ impl Decoder {
         mem: &M,
         sink: &mut S,
     ) -> (usize, ControlFlow<()>) {
+        // (a loop of its own for a sink that takes branches)
+        if sink.takes_branches() {
+            self.cached_loop::<true, M, S>(index, data, i, look, mem, sink)
+        } else {
+            self.cached_loop::<false, M, S>(index, data, i, look, mem, sink)
+        }
+    }
+
+    /// [`cached_packets`](Self::cached_packets) for a sink that takes branches or not
+    /// (`TAKES_BRANCHES`, [`ElementSink::takes_branches`]).
+    #[inline(always)]
+    fn cached_loop<const TAKES_BRANCHES: bool, M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        index: ChunkIndex,
+        data: &[u8],
+        i: usize,
+        look: &mut Lookahead<'_>,
+        mem: &M,
+        sink: &mut S,
+    ) -> (usize, ControlFlow<()>) {
         let tag = self.cache_tag(mem);
-        let direct = sink.takes_packet_ranges();
+        // a packet that is one stored run goes to the sink from the run cache: its taken
+        // branches, or its ranges
+        let takes_branches = TAKES_BRANCHES;
+        let direct = takes_branches || sink.takes_packet_ranges();
         if direct && !self.ranges.is_empty() && self.flush_out_of_line(sink).is_break() {
             // what is buffered goes first; the sink asked to stop there
             self.stopped = false;
@@ -937,9 +1118,14 @@ impl Decoder {
                 loop {
                     let run = slot.run();
                     {
-                        let rs = cache.run_ranges(slot);
-                        stop |= sink.packet_ranges(id, pkt_index, &rs).is_break();
-                        self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
+                        let a = cache.run_arena(slot);
+                        if takes_branches {
+                            stop |= self.branches.room(id, sink).is_break();
+                            self.branches.stored(slot, &a, addr, pkt_index);
+                        } else {
+                            stop |= sink.packet_ranges(id, pkt_index, a.ranges()).is_break();
+                        }
+                        self.ret.push_links(run.links, |j| a.ranges().get(j).map(|r| r.end));
                     }
                     addr = run.next;
                     ranges += run.count as u64;
@@ -973,6 +1159,12 @@ impl Decoder {
             let (mut bits, n) = (atoms.bits, atoms.count);
             let mut k = 0;
             let r0 = self.ranges.len();
+            if takes_branches {
+                // the packet's runs' records go in as they come; an error later in the packet
+                // (`packet_rest`) takes them back (`discard_out`)
+                stop |= self.branches.room(id, sink).is_break();
+                self.branches.set_mark();
+            }
             while k < n {
                 // (`bits` holds only the atoms left)
                 let (m, key) = if n - k <= RUN_MAX as u8 { (n - k, bits) } else { (RUN_MAX as u8, bits & ((1 << RUN_MAX) - 1)) };
@@ -985,9 +1177,14 @@ impl Decoder {
                 };
                 let run = slot.run();
                 let c = run.count as usize;
-                let rs = cache.run_ranges(slot);
-                let rs = &rs[..];
-                if direct && k == 0 && run.count == n {
+                let a = cache.run_arena(slot);
+                let rs = a.ranges();
+                if takes_branches {
+                    self.branches.stored(slot, &a, addr, pkt_index);
+                    if let Some(m) = &mut self.branches.mark {
+                        m.instructions += run.instructions as u64;
+                    }
+                } else if direct && k == 0 && run.count == n {
                     // the whole packet (no error can discard it)
                     stop |= sink.packet_ranges(id, pkt_index, rs).is_break();
                 } else {
@@ -1021,7 +1218,11 @@ impl Decoder {
                 // address or the return stack is needed): the general path
                 self.end_cached(ranges, ranges - buffered, instructions, packets - 1, addr, need_addr, pending);
                 let r = self.packet_rest(r0, pkt_index, bits, n - k, format, atoms, mem, sink);
+                self.branches.mark = None;
                 return (at.pos, if stop { ControlFlow::Break(()) } else { r });
+            }
+            if takes_branches {
+                self.branches.mark = None;
             }
             if self.ranges.len() >= if direct { 1 } else { HOLD_MAX } && self.flush_out_of_line(sink).is_break() {
                 // (all handed over)
@@ -1358,7 +1559,9 @@ impl Decoder {
         self.stats.elements = self.stats.elements.wrapping_add((self.out.len() + self.ranges.len()) as u64);
         if !self.stopped {
             // the common case (an atom packet's ranges and nothing else) without the loop
-            let r = if !self.out.is_empty() {
+            let r = if sink.takes_branches() {
+                self.hand_over_branches(sink)
+            } else if !self.out.is_empty() {
                 self.hand_over(sink)
             } else if !self.ranges.is_empty() {
                 sink.ranges(self.cfg.trace_id, &self.ranges)
@@ -1396,6 +1599,32 @@ impl Decoder {
             sink.ranges(id, &self.ranges[r0..])?;
         }
         ControlFlow::Continue(())
+    }
+
+    /// [`hand_over`](Self::hand_over) for a sink that takes branches: the ranges ruled into
+    /// [`branches`](Self::branches), which are handed over before each run of other elements
+    /// (and by [`flush_held`](Self::flush_held), at the end of the data).
+    #[inline(never)]
+    fn hand_over_branches<S: ElementSink + ?Sized>(&mut self, sink: &mut S) -> ControlFlow<()> {
+        let id = self.cfg.trace_id;
+        let (branches, ranges, out, out_at) = (&mut self.branches, &self.ranges, &self.out, &self.out_at);
+        let mut r0 = 0;
+        let mut e0 = 0;
+        while e0 < out.len() {
+            let at = out_at[e0] as usize;
+            if at > r0 {
+                branches.ranges(id, &ranges[r0..at], sink)?;
+                r0 = at;
+            }
+            branches.hand_over(id, sink)?;
+            let mut e1 = e0 + 1;
+            while e1 < out.len() && out_at[e1] as usize == at {
+                e1 += 1;
+            }
+            sink.elements(&out[e0..e1])?;
+            e0 = e1;
+        }
+        branches.ranges(id, &ranges[r0..], sink)
     }
 
     // ---------------------------------------------------------------- packets -> P0 stack
@@ -2652,6 +2881,40 @@ mod tests {
         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80, 0x01, 0x00, 0x04, // A-sync, TINFO, TRACE_ON
         0x85, 0, 8, 0, 0, 0, 0, 0, 0, 0x30, // 0x1000 with context
     ];
+
+    /// A sink that takes branches instead of ranges gets the elements' taken branches (perf's
+    /// rule, element by element) also when a packet's first run comes from the run cache and
+    /// the rest of the packet fails, which discards the packet's output: at 0x1000 `nop; b
+    /// 0x2000`, at 0x2000 `nop; ret`; after each sync E (the B), then E E: a compressed return
+    /// (the RET, then an E) with the return stack empty. The first pass walks 0x2000; from the
+    /// second the RET's run comes from the cache.
+    #[test]
+    fn failing_packet_takes_back_its_stored_branches() {
+        use crate::frame::StreamFormat;
+        use crate::pipeline::BufferDecoder;
+        use crate::pipeline::fuzz::branches_agree;
+        use crate::snapshot::Protocol;
+        let mut img = MemoryImage::new();
+        let words = |w: &[u32]| w.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+        img.add(0x1000, words(&[NOP, 0x1400_03FF]), MemSpace::ANY);
+        img.add(0x2000, words(&[NOP, 0xD65F_03C0]), MemSpace::ANY);
+        let mut data = Vec::new();
+        for _ in 0..6 {
+            data.extend(SYNC_AT_0X1000);
+            data.extend([0xF7, 0xDB]);
+        }
+        let etm = EtmConfig::generic(Protocol::Etmv4, 1);
+        let make = || BufferDecoder::new(StreamFormat::Raw { trace_id: 1 }, &[(1, etm, ArchVersion::V8)]);
+        let (mut errors, mut ranges) = (0, 0);
+        let _ = make().push(&data, &img, &mut |e: &Element| {
+            errors += usize::from(matches!(e.kind, ElementKind::NoSync(UnsyncReason::BadPacket)));
+            ranges += usize::from(matches!(e.kind, ElementKind::InstrRange(_)));
+            ControlFlow::Continue(())
+        });
+        // (the B's range each time; the failing packet's ranges are dropped)
+        assert_eq!((errors, ranges), (6, 6));
+        assert_eq!(branches_agree(&make, &data, &[], &img), 0);
+    }
 
     /// `data`, an ETMv4 trace (trace ID 1, generic configuration: return stack compression on),
     /// through the packet parser to a decoder over `img`, in chunks of 37 bytes (so runs are

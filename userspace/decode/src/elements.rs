@@ -234,6 +234,20 @@ pub struct Range {
     pub range: InstrRange,
 }
 
+impl AsRef<InstrRange> for Range {
+    #[inline(always)]
+    fn as_ref(&self) -> &InstrRange {
+        &self.range
+    }
+}
+
+impl AsRef<InstrRange> for InstrRange {
+    #[inline(always)]
+    fn as_ref(&self) -> &InstrRange {
+        self
+    }
+}
+
 impl Range {
     /// The range as an element of source `trace_id`.
     #[inline]

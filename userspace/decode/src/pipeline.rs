@@ -436,6 +436,8 @@ pub mod fuzz {
     use std::ops::ControlFlow;
 
     use super::BufferDecoder;
+    use crate::branches::{BranchBatch, BranchBuilder, BranchRecord, BranchRule};
+    use crate::decoder::ElementSink;
     use crate::elements::{Element, ElementKind};
     use crate::frame::StreamFormat;
     use crate::image::{MemSpace, MemoryImage};
@@ -505,7 +507,8 @@ pub mod fuzz {
         (cfg, arch)
     }
 
-    fn run(data: &[u8], sel: &[u8], splits: &[usize], img: &MemoryImage) -> (u64, u64) {
+    /// The decoder for `data`'s selector bytes `sel` (see [`check`]).
+    fn decoder(sel: &[u8]) -> BufferDecoder {
         let format = match sel[0] & 3 {
             0 => StreamFormat::Coresight,
             1 => StreamFormat::Raw { trace_id: 1 },
@@ -520,7 +523,22 @@ pub mod fuzz {
                 (id, c, a)
             })
             .collect();
-        let mut bd = BufferDecoder::new(format, &srcs);
+        BufferDecoder::new(format, &srcs)
+    }
+
+    /// `data` pushed to `bd` in the pieces `splits` cut, then the end of trace.
+    fn push_all<S: ElementSink>(bd: &mut BufferDecoder, data: &[u8], splits: &[usize], img: &MemoryImage, sink: &mut S) {
+        let mut last = 0;
+        for &s in splits.iter().chain(std::iter::once(&data.len())) {
+            let s = s.clamp(last, data.len());
+            let _ = bd.push(&data[last..s], img, sink);
+            last = s;
+        }
+        let _ = bd.finish(img, sink);
+    }
+
+    fn run(data: &[u8], sel: &[u8], splits: &[usize], img: &MemoryImage) -> (u64, u64) {
+        let mut bd = decoder(sel);
         let mut h = std::collections::hash_map::DefaultHasher::new();
         let mut n = 0u64;
         let mut sink = |e: &Element| {
@@ -531,19 +549,100 @@ pub mod fuzz {
             }
             ControlFlow::Continue(())
         };
-        let mut last = 0;
-        for &s in splits.iter().chain(std::iter::once(&data.len())) {
-            let s = s.clamp(last, data.len());
-            let _ = bd.push(&data[last..s], img, &mut sink);
-            last = s;
-        }
-        let _ = bd.finish(img, &mut sink);
+        push_all(&mut bd, data, splits, img, &mut sink);
         (h.finish(), n)
+    }
+
+    /// Taken branches per trace ID, and per ID the trace index of each range.
+    type Branches = (Vec<(u8, BranchRecord)>, Vec<Vec<u64>>);
+
+    /// The taken branches of the element stream by perf's rule, element by element
+    /// ([`BranchBuilder`]): the reference.
+    fn branches_of_elements(mut bd: BufferDecoder, data: &[u8], splits: &[usize], img: &MemoryImage) -> Branches {
+        let mut builders: Vec<BranchBuilder> = (0..128).map(|_| BranchBuilder::new(1)).collect();
+        let (mut recs, mut ranges) = (Vec::new(), vec![Vec::new(); 128]);
+        let mut sink = |e: &Element| {
+            let id = e.trace_id & 0x7f;
+            if let ElementKind::InstrRange(_) = e.kind {
+                ranges[id as usize].push(e.index);
+            }
+            if let Some(r) = builders[id as usize].element(e) {
+                recs.push((id, r));
+            }
+            ControlFlow::Continue(())
+        };
+        push_all(&mut bd, data, splits, img, &mut sink);
+        (recs, ranges)
+    }
+
+    /// A sink that takes branches ([`ElementSink::takes_branches`]), as the session's does:
+    /// each batch joined to its ID's chain, to which it applies exceptions and discontinuities.
+    struct Taker {
+        rules: Vec<BranchRule>,
+        recs: Vec<(u8, BranchRecord)>,
+        /// Per ID, (ranges so far, trace index of the last) at each batch.
+        batches: Vec<Vec<(u64, u64)>>,
+        ranges: Vec<u64>,
+    }
+
+    impl ElementSink for Taker {
+        fn element(&mut self, e: &Element) -> ControlFlow<()> {
+            let rule = &mut self.rules[(e.trace_id & 0x7f) as usize];
+            match e.kind {
+                ElementKind::InstrRange(_) => panic!("a range handed to a sink that takes branches: {e}"),
+                ElementKind::Exception { .. } | ElementKind::ExceptionRet => rule.exception(),
+                ElementKind::TraceOn(_) | ElementKind::NoSync(_) | ElementKind::EoTrace(_) => rule.break_chain(),
+                _ => {}
+            }
+            ControlFlow::Continue(())
+        }
+
+        fn takes_branches(&self) -> bool {
+            true
+        }
+
+        fn branches(&mut self, trace_id: u8, batch: &mut BranchBatch<'_>) -> ControlFlow<()> {
+            let id = (trace_id & 0x7f) as usize;
+            assert!(batch.ranges > 0, "an empty batch");
+            assert!(batch.records.len() as u64 <= batch.ranges, "more records than ranges");
+            self.ranges[id] += batch.ranges;
+            self.batches[id].push((self.ranges[id], batch.last_index));
+            let recs = batch.join(&mut self.rules[id]);
+            self.recs.extend(recs.iter().map(|&r| (id as u8, r)));
+            ControlFlow::Continue(())
+        }
+    }
+
+    /// The taken branches the decoder hands to a sink that takes them
+    /// ([`ElementSink::takes_branches`]) are those of its element stream by perf's rule,
+    /// element by element ([`BranchBuilder`]), with the same ranges counted and the same last
+    /// range of each batch: `data` decoded over `img` in the pieces `splits` cut by two
+    /// decoders that `make` returns. Panics otherwise; returns the records.
+    pub fn branches_agree(make: &dyn Fn() -> BufferDecoder, data: &[u8], splits: &[usize], img: &MemoryImage) -> usize {
+        let (want, ranges) = branches_of_elements(make(), data, splits, img);
+        let mut bd = make();
+        let mut t = Taker {
+            rules: vec![BranchRule::default(); 128],
+            recs: Vec::new(),
+            batches: vec![Vec::new(); 128],
+            ranges: vec![0; 128],
+        };
+        push_all(&mut bd, data, splits, img, &mut t);
+        assert_eq!(t.recs, want, "taken branches differ from the elements'");
+        for (id, bs) in t.batches.iter().enumerate() {
+            assert_eq!(t.ranges[id], ranges[id].len() as u64, "ranges of ID {id}");
+            for &(n, index) in bs {
+                assert_eq!(index, ranges[id][n as usize - 1], "last range of a batch of ID {id}");
+            }
+        }
+        want.len()
     }
 
     /// Decodes `data` (after 4 selector bytes: format/protocol, IDR0 options, IDR2/RS/CCI/arch,
     /// MAXSPEC) over [`code_image`], whole and split into chunks; panics on any panic inside the
-    /// decoder or if the two runs disagree. Returns the number of elements.
+    /// decoder or if the two runs disagree, or if the taken branches the decoder hands to a
+    /// sink that takes them differ from its elements' ([`branches_agree`]), whole or chunked.
+    /// Returns the number of elements.
     pub fn check(data: &[u8]) -> u64 {
         check_with(data, &code_image())
     }
@@ -559,6 +658,8 @@ pub mod fuzz {
         let splits: Vec<usize> = (step..body.len()).step_by(step).collect();
         let (h2, n2) = run(body, sel, &splits, img);
         assert_eq!((h1, n1), (h2, n2), "chunked decode differs from whole decode");
+        branches_agree(&|| decoder(sel), body, &[], img);
+        branches_agree(&|| decoder(sel), body, &splits, img);
         n1
     }
 }
