@@ -5,7 +5,7 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use etm_decode::branches::BranchRule;
+use etm_decode::branches::{BranchBatch, BranchRule};
 use etm_decode::decoder::ElementSink;
 use etm_decode::elements::{Element, ElementKind, InstrRange, Range, TraceOnReason, UnsyncReason};
 use etm_decode::frame::StreamFormat;
@@ -341,6 +341,35 @@ impl Adapter {
         }
     }
 
+    /// The taken branches of a stretch of ranges of `trace_id` that the decoder ruled (when
+    /// the sink takes no ranges): joined to the chain, except the one
+    /// [`complete_pending`](Self::complete_pending) already emitted, and handed to the sink.
+    #[inline]
+    fn branches(&mut self, trace_id: u8, batch: &mut BranchBatch<'_>, sink: &mut dyn WindowSink) {
+        let Some(st) = self.ids[(trace_id & 0x7f) as usize].as_mut() else { return };
+        let id = if self.raw { None } else { Some(trace_id) };
+        // (what the adapter batched goes first: nothing, unless it took ranges before)
+        if self.batch.len > 0 || self.rbatch.len > 0 {
+            flush_batches(&mut self.batch, &mut self.rbatch, self.batch_id, sink);
+        }
+        let done = st.completed.take();
+        st.ranges += batch.ranges;
+        st.last_range_index = batch.last_index;
+        let all = batch.records.len();
+        let mut recs = batch.join(&mut st.rule);
+        // the first range's record (if the chain made it), unless it is the one already
+        // emitted
+        if let Some(done) = done
+            && recs.len() == all
+            && recs.first().is_some_and(|f| (f.from, f.to) == done)
+        {
+            recs = &recs[1..];
+        }
+        if !recs.is_empty() {
+            sink.branches(id, recs);
+        }
+    }
+
     /// Complete the pending taken branch of `id` (end of a segment).
     fn complete_pending(&mut self, id: u8, code: &CodeMap, sink: &mut dyn WindowSink) {
         self.flush(sink);
@@ -519,6 +548,18 @@ impl ElementSink for ElemSink<'_, '_> {
         self.st.ranges(trace_id, rs, self.sink);
         ControlFlow::Continue(())
     }
+
+    /// Without a stage that takes the ranges, the decoder rules them itself.
+    #[inline]
+    fn takes_branches(&self) -> bool {
+        !self.st.want_ranges
+    }
+
+    #[inline]
+    fn branches(&mut self, trace_id: u8, batch: &mut BranchBatch<'_>) -> ControlFlow<()> {
+        self.st.branches(trace_id, batch, self.sink);
+        ControlFlow::Continue(())
+    }
 }
 
 impl WindowDecoder for EtmWindowDecoder {
@@ -560,6 +601,91 @@ impl WindowDecoder for EtmWindowDecoder {
 mod tests {
     use super::*;
     use crate::isa::a64_kind;
+    use etm_decode::branches::{BranchRecord, RangeEnd};
+    use etm_decode::insn::Isa;
+
+    /// The branches a window sink receives.
+    #[derive(Default)]
+    struct Got(Vec<(u64, u64)>);
+
+    impl WindowSink for Got {
+        fn trace_on(&mut self, _: Option<u8>) {}
+        fn timestamp(&mut self, _: Option<u8>, _: u64) {}
+        fn branch(&mut self, _: Option<u8>, from: u64, to: u64) {
+            self.0.push((from, to));
+        }
+        fn discontinuity(&mut self, _: Option<u8>, _: Discontinuity) {}
+    }
+
+    fn adapter(want_ranges: bool) -> Adapter {
+        let mut ids: Vec<Option<IdState>> = (0..128).map(|_| None).collect();
+        ids[1] = Some(IdState::new());
+        Adapter {
+            ids,
+            raw: false,
+            insn_cfg: DecodeConfig { arch: ArchVersion::Aa64, wfi_wfe_branch: false, dsb_dmb_waypoints: false },
+            batch: Batch::default(),
+            rbatch: Batch::default(),
+            want_ranges,
+            batch_id: None,
+            foreign: vec![false; 128],
+        }
+    }
+
+    /// A window closed while the trace goes on (`complete_pending`: the last taken branch's
+    /// record made from the decoder's pending target) gets that record once, and the trace
+    /// that continues the rest: the same records with the decoder's ranges and with its
+    /// batches of taken branches (ruled from the open chain, as the decoder's run cache
+    /// stores them), and those of the ranges one by one.
+    #[test]
+    fn completed_branch_is_not_made_again() {
+        // 0x100..0x108 ends in a taken BR to 0x200; 0x200..0x208 in a taken B to 0x300;
+        // 0x300..0x304 in a not-taken one
+        let range = |start: u64, end: u64, executed: bool| InstrRange {
+            start,
+            end,
+            num_instr: ((end - start) / 4) as u32,
+            isa: Isa::A64,
+            last_size: 4,
+            executed,
+            last_type: if start == 0x100 { InstrType::BrIndirect } else { InstrType::Br },
+            ..Default::default()
+        };
+        let rs = [range(0x100, 0x108, true), range(0x200, 0x208, true), range(0x300, 0x304, false)];
+        let want = vec![(0x104, 0x200), (0x204, 0x300)];
+        let code = CodeMap::new(None);
+        for decoder_rules in [false, true] {
+            let mut a = adapter(!decoder_rules);
+            let mut got = Got::default();
+            let feed = |a: &mut Adapter, rs: &[InstrRange], got: &mut Got| {
+                if decoder_rules {
+                    let mut rule = BranchRule::OPEN;
+                    let mut recs = [BranchRecord::default(); 4];
+                    let n = rule.ranges(rs, &mut recs, |_, _| {});
+                    let mut batch = BranchBatch { records: &mut recs[..n], end: rule, ranges: rs.len() as u64, last_index: 0 };
+                    a.branches(1, &mut batch, got);
+                } else {
+                    let rs: Vec<Range> = rs.iter().map(|&range| Range { index: 0, range }).collect();
+                    a.ranges(1, &rs, got);
+                    a.flush(got);
+                }
+            };
+            feed(&mut a, &rs[..1], &mut got);
+            // the end of the data: the decoder's target of the pending BR
+            let st = a.ids[1].as_mut().unwrap();
+            assert_eq!(st.pending_branch(), Some((0x104, InstrType::BrIndirect)));
+            st.pending = Some((st.ranges, 0x200));
+            a.complete_pending(1, &code, &mut got);
+            a.complete_pending(1, &code, &mut got);
+            assert_eq!(got.0, want[..1], "decoder rules: {decoder_rules}");
+            feed(&mut a, &rs[1..], &mut got);
+            assert_eq!(got.0, want, "decoder rules: {decoder_rules}");
+            assert_eq!(
+                a.ids[1].as_ref().unwrap().rule.range_end(),
+                Some(RangeEnd { from: 0x300, ty: InstrType::Br, taken: false })
+            );
+        }
+    }
 
     /// The kind the exact counts take from the decoder's classification of a range's last
     /// instruction is the one the code facts give (`a64_kind`, checked against llvm-objdump
