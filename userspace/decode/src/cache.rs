@@ -79,13 +79,15 @@ impl Slot {
 /// Most atoms one [`Run`] covers.
 pub const RUN_MAX: usize = 8;
 
-/// Entries of the run cache (2^16, 48 bytes each: 3 MiB), whatever the size of the block cache: a
-/// constant, so a lookup needs no mask loaded and no bounds check.
+/// Entries of the run cache (2^16, 64 bytes each with their taken branches' summary: 4 MiB),
+/// whatever the size of the block cache: a constant, so a lookup needs no mask loaded and no
+/// bounds check.
 const RUN_BITS: u32 = 16;
 pub(crate) const RUN_SLOTS: usize = 1 << RUN_BITS;
 
-/// Ranges the run cache holds (2^16, ~2 MiB), in a ring shared by its slots: a run takes as
-/// many as it has atoms (~3.3 on average), not [`RUN_MAX`], so the slots are many and small.
+/// Ranges the run cache holds (2^16, ~2 MiB, and as many taken-branch records beside them, 1
+/// MiB), in a ring shared by its slots: a run takes as many as it has atoms (~3.3 on average),
+/// not [`RUN_MAX`], so the slots are many and small.
 const ARENA: usize = 1 << 16;
 
 /// An empty arena (on the heap: it is too large to build on the stack).
@@ -192,41 +194,14 @@ impl RunSlot {
 /// first.
 pub(crate) const INNER_MAX: usize = RUN_MAX - 1;
 
-/// The stored runs' ranges and their records (see [`RunSlot`]), at the same positions.
-struct Arena {
-    ranges: Box<[InstrRange; ARENA + RUN_MAX]>,
-    recs: Box<[BranchRecord; ARENA + RUN_MAX]>,
-}
-
-/// A stored run's ranges and records, borrowed (see [`BlockCache::run_arena`]).
-pub(crate) struct RunArena<'a> {
-    arena: Ref<'a, Arena>,
-    pos: usize,
-    count: usize,
-}
-
-impl RunArena<'_> {
-    /// The run's ranges.
-    #[inline(always)]
-    pub(crate) fn ranges(&self) -> &[InstrRange] {
-        &self.arena.ranges[self.pos..][..self.count]
-    }
-
-    /// Its records after the first range's, as many as [`RunSlot::branches`] says, then
-    /// whatever follows them (a block of fixed size to copy).
-    #[inline(always)]
-    pub(crate) fn inner(&self) -> &[BranchRecord; INNER_MAX] {
-        let Some(a) = self.arena.recs[self.pos..].first_chunk() else { unreachable!("RUN_MAX spare records") };
-        a
-    }
-}
-
 /// The runs: slots indexed by a hash of the key, their ranges in a ring (`ranges`, written at
 /// `head`; a run never wraps). A run whose ranges the ring overwrites is forgotten: `owner`
 /// names, for each position a run's ranges start at, the slot that stored it there.
 struct RunCache {
     slots: Box<[RunSlot; RUN_SLOTS]>,
-    arena: RefCell<Arena>,
+    ranges: RefCell<Box<[InstrRange; ARENA + RUN_MAX]>>,
+    /// The runs' records after their first range's (see [`RunSlot`]), where their ranges are.
+    recs: RefCell<Box<[BranchRecord; ARENA + RUN_MAX]>>,
     owner: Box<[Cell<u32>]>,
     head: Cell<usize>,
 }
@@ -249,7 +224,8 @@ impl BlockCache {
         let Ok(slots) = runs.try_into() else { unreachable!("RUN_SLOTS slots") };
         let runs = RunCache {
             slots,
-            arena: RefCell::new(Arena { ranges: arena(), recs: records() }),
+            ranges: RefCell::new(arena()),
+            recs: RefCell::new(records()),
             owner: vec![Cell::new(NO_OWNER); ARENA].into_boxed_slice(),
             head: Cell::new(0),
         };
@@ -357,15 +333,19 @@ impl BlockCache {
         // (masked and bounded, so the slice needs no check: the arena has `RUN_MAX` spare)
         let p = slot.pos.get() as usize & (ARENA - 1);
         let c = (slot.run.get().count as usize).min(RUN_MAX);
-        Ref::map(self.runs.arena.borrow(), |a| &a.ranges[p..][..c])
+        Ref::map(self.runs.ranges.borrow(), |r| &r[p..][..c])
     }
 
-    /// The ranges and records of the run in `slot` (see [`run_ranges`](Self::run_ranges)).
+    /// The records of the run in `slot` after its first range's, as many as
+    /// [`RunSlot::branches`] says, then whatever follows them (a block of fixed size to copy),
+    /// borrowed like [`run_ranges`](Self::run_ranges).
     #[inline(always)]
-    pub(crate) fn run_arena(&self, slot: &RunSlot) -> RunArena<'_> {
-        let pos = slot.pos.get() as usize & (ARENA - 1);
-        let count = (slot.run.get().count as usize).min(RUN_MAX);
-        RunArena { arena: self.runs.arena.borrow(), pos, count }
+    pub(crate) fn run_inner(&self, slot: &RunSlot) -> Ref<'_, [BranchRecord; INNER_MAX]> {
+        let p = slot.pos.get() as usize & (ARENA - 1);
+        Ref::map(self.runs.recs.borrow(), |r| {
+            let Some(a) = r[p..].first_chunk() else { unreachable!("RUN_MAX spare records") };
+            a
+        })
     }
 
     /// [`put_run`](Self::put_run) with the ranges as they are stored: the slot now holding
@@ -418,7 +398,8 @@ impl BlockCache {
     ) -> Option<&RunSlot> {
         let runs = &self.runs;
         let n = n.min(RUN_MAX).min(run.count as usize);
-        let mut arena = runs.arena.try_borrow_mut().ok()?;
+        let mut cells = runs.ranges.try_borrow_mut().ok()?;
+        let mut recs_at = runs.recs.try_borrow_mut().ok()?;
         let mut p = runs.head.get();
         if p + n > ARENA {
             p = 0;
@@ -431,15 +412,15 @@ impl BlockCache {
                 old.tag.set(0);
             }
         }
-        fill(&mut arena.ranges[p..p + n]);
+        fill(&mut cells[p..p + n]);
         // perf's rule over the ranges from an open chain: the first range's record is the
         // reader's to complete (`BranchRule::stored`); those after it are kept
         let mut rule = BranchRule::OPEN;
         let mut recs = [BranchRecord::default(); RUN_MAX];
-        let made = rule.ranges(&arena.ranges[p..p + n], &mut recs, |_, _| {});
+        let made = rule.ranges(&cells[p..p + n], &mut recs, |_, _| {});
         let inner = made.saturating_sub(1);
-        arena.recs[p..p + inner].copy_from_slice(&recs[1..1 + inner]);
-        drop(arena);
+        recs_at[p..p + inner].copy_from_slice(&recs[1..1 + inner]);
+        drop((cells, recs_at));
         let key = RunKey::new(bits, count);
         let i = Self::run_index(start, key);
         let s = &runs.slots[i];
@@ -479,6 +460,15 @@ impl BlockCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The run cache's size as [`RUN_BITS`] and [`ARENA`] state it: 64-byte slots (one cache
+    /// line), 32-byte ranges and 16-byte records.
+    #[test]
+    fn run_cache_sizes() {
+        assert_eq!(std::mem::size_of::<RunSlot>(), 64);
+        assert_eq!(std::mem::size_of::<InstrRange>(), 32);
+        assert_eq!(std::mem::size_of::<BranchRecord>(), 16);
+    }
 
     /// A stored block is found only under the same start address and tag.
     #[test]

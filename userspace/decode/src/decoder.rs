@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 use std::ops::ControlFlow;
 
 use crate::branches::{BranchBatch, BranchRecord, BranchRule, RangeEnd};
-use crate::cache::{self, RUN_MAX, Run, RunArena, RunSlot, SharedBlockCache};
+use crate::cache::{self, INNER_MAX, RUN_MAX, Run, RunSlot, SharedBlockCache};
 use crate::elements::{Element, ElementKind, InstrRange, MemTrans, PeContext, Range, Security, TraceOnReason, UnsyncReason};
 use crate::frame::ChunkIndex;
 use crate::image::{MemSpace, MemoryAccess};
@@ -50,7 +50,7 @@ pub trait ElementSink {
 
     /// Called with each run of consecutive non-range elements the decoder produced for one
     /// packet (in order); the default calls [`element`](ElementSink::element) for each.
-    #[inline]
+    #[inline(always)]
     fn elements(&mut self, es: &[Element]) -> ControlFlow<()> {
         for e in es {
             self.element(e)?;
@@ -144,7 +144,7 @@ struct BranchMark {
     chain: RangeEnd,
     ranges: u64,
     last_index: u64,
-    /// The instructions of the packet's ranges so far.
+    /// The instructions of the packet's ranges so far (set when the packet leaves the loop).
     instructions: u64,
 }
 
@@ -162,8 +162,9 @@ impl Default for Branches {
 }
 
 impl Branches {
-    /// Hands the records over, if any range came since the last hand-over.
-    #[inline]
+    /// Hands the records over, if any range came since the last hand-over. (Out of line: it
+    /// is called once per batch, and inlined it would grow the parser's loop.)
+    #[inline(never)]
     fn hand_over<S: ElementSink + ?Sized>(&mut self, id: u8, sink: &mut S) -> ControlFlow<()> {
         if self.ranges == 0 {
             return ControlFlow::Continue(());
@@ -207,14 +208,14 @@ impl Branches {
         ControlFlow::Continue(())
     }
 
-    /// A stored run (`slot`, its ranges and records `arena`) from `start` (its first range's)
-    /// in the packet at trace index `index`: its records from the run cache, after
-    /// [`room`](Self::room) for the packet.
+    /// A stored run (`slot`, its `count` ranges, its records after the first range's
+    /// `inner`) from `start` (its first range's) in the packet at trace index `index`: its
+    /// records from the run cache, after [`room`](Self::room) for the packet.
     #[inline(always)]
-    fn stored(&mut self, slot: &RunSlot, arena: &RunArena<'_>, start: u64, index: u64) {
+    fn stored(&mut self, slot: &RunSlot, inner: &[BranchRecord; INNER_MAX], count: u8, start: u64, index: u64) {
         let (n, end) = slot.branches();
-        self.len = BranchRule::stored(&mut self.chain, start, arena.inner(), n, end, &mut self.recs[..], self.len);
-        self.ranges += arena.ranges().len() as u64;
+        self.len = BranchRule::stored(&mut self.chain, start, inner, n, end, &mut self.recs[..], self.len);
+        self.ranges += count as u64;
         self.last_index = index;
     }
 
@@ -1022,17 +1023,32 @@ impl Decoder {
         mem: &M,
         sink: &mut S,
     ) -> (usize, ControlFlow<()>) {
-        // (a loop of its own for a sink that takes branches)
+        // (a loop of its own for a sink that takes branches, out of line: the other is
+        // inlined into the parser's loop as it was)
         if sink.takes_branches() {
-            self.cached_loop::<true, M, S>(index, data, i, look, mem, sink)
+            self.cached_branches(index, data, i, look, mem, sink)
         } else {
             self.cached_loop::<false, M, S>(index, data, i, look, mem, sink)
         }
     }
 
+    /// [`cached_packets`](Self::cached_packets) for a sink that takes branches.
+    #[inline(never)]
+    fn cached_branches<M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
+        &mut self,
+        index: ChunkIndex,
+        data: &[u8],
+        i: usize,
+        look: &mut Lookahead<'_>,
+        mem: &M,
+        sink: &mut S,
+    ) -> (usize, ControlFlow<()>) {
+        self.cached_loop::<true, M, S>(index, data, i, look, mem, sink)
+    }
+
     /// [`cached_packets`](Self::cached_packets) for a sink that takes branches or not
     /// (`TAKES_BRANCHES`, [`ElementSink::takes_branches`]).
-    #[inline(always)]
+    #[inline]
     fn cached_loop<const TAKES_BRANCHES: bool, M: MemoryAccess + ?Sized, S: ElementSink + ?Sized>(
         &mut self,
         index: ChunkIndex,
@@ -1117,15 +1133,17 @@ impl Decoder {
                 let (mut format, mut atoms, mut pkt_index) = (format, atoms, pkt_index);
                 loop {
                     let run = slot.run();
-                    {
-                        let a = cache.run_arena(slot);
-                        if takes_branches {
-                            stop |= self.branches.room(id, sink).is_break();
-                            self.branches.stored(slot, &a, addr, pkt_index);
-                        } else {
-                            stop |= sink.packet_ranges(id, pkt_index, a.ranges()).is_break();
+                    if takes_branches {
+                        stop |= self.branches.room(id, sink).is_break();
+                        self.branches.stored(slot, &cache.run_inner(slot), run.count, addr, pkt_index);
+                        if run.links != 0 {
+                            let rs = cache.run_ranges(slot);
+                            self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
                         }
-                        self.ret.push_links(run.links, |j| a.ranges().get(j).map(|r| r.end));
+                    } else {
+                        let rs = cache.run_ranges(slot);
+                        stop |= sink.packet_ranges(id, pkt_index, &rs).is_break();
+                        self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
                     }
                     addr = run.next;
                     ranges += run.count as u64;
@@ -1159,6 +1177,7 @@ impl Decoder {
             let (mut bits, n) = (atoms.bits, atoms.count);
             let mut k = 0;
             let r0 = self.ranges.len();
+            let instructions0 = instructions;
             if takes_branches {
                 // the packet's runs' records go in as they come; an error later in the packet
                 // (`packet_rest`) takes them back (`discard_out`)
@@ -1177,21 +1196,24 @@ impl Decoder {
                 };
                 let run = slot.run();
                 let c = run.count as usize;
-                let a = cache.run_arena(slot);
-                let rs = a.ranges();
                 if takes_branches {
-                    self.branches.stored(slot, &a, addr, pkt_index);
-                    if let Some(m) = &mut self.branches.mark {
-                        m.instructions += run.instructions as u64;
+                    self.branches.stored(slot, &cache.run_inner(slot), run.count, addr, pkt_index);
+                    if run.links != 0 {
+                        let rs = cache.run_ranges(slot);
+                        self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
                     }
-                } else if direct && k == 0 && run.count == n {
-                    // the whole packet (no error can discard it)
-                    stop |= sink.packet_ranges(id, pkt_index, rs).is_break();
                 } else {
-                    self.ranges.extend(rs.iter().map(|&range| Range { index: pkt_index, range }));
-                    buffered += c as u64;
+                    let rs = cache.run_ranges(slot);
+                    let rs = &rs[..];
+                    if direct && k == 0 && run.count == n {
+                        // the whole packet (no error can discard it)
+                        stop |= sink.packet_ranges(id, pkt_index, rs).is_break();
+                    } else {
+                        self.ranges.extend(rs.iter().map(|&range| Range { index: pkt_index, range }));
+                        buffered += c as u64;
+                    }
+                    self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
                 }
-                self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
                 addr = run.next;
                 ranges += c as u64;
                 instructions += run.instructions as u64;
@@ -1217,6 +1239,9 @@ impl Decoder {
                 // atoms left (a run not in the cache, or after a taken indirect branch the
                 // address or the return stack is needed): the general path
                 self.end_cached(ranges, ranges - buffered, instructions, packets - 1, addr, need_addr, pending);
+                if let Some(m) = &mut self.branches.mark {
+                    m.instructions = instructions - instructions0;
+                }
                 let r = self.packet_rest(r0, pkt_index, bits, n - k, format, atoms, mem, sink);
                 self.branches.mark = None;
                 return (at.pos, if stop { ControlFlow::Break(()) } else { r });
@@ -1559,10 +1584,9 @@ impl Decoder {
         self.stats.elements = self.stats.elements.wrapping_add((self.out.len() + self.ranges.len()) as u64);
         if !self.stopped {
             // the common case (an atom packet's ranges and nothing else) without the loop
-            let r = if sink.takes_branches() {
-                self.hand_over_branches(sink)
-            } else if !self.out.is_empty() {
-                self.hand_over(sink)
+            let takes_branches = sink.takes_branches();
+            let r = if takes_branches || !self.out.is_empty() {
+                self.hand_over(takes_branches, sink)
             } else if !self.ranges.is_empty() {
                 sink.ranges(self.cfg.trace_id, &self.ranges)
             } else {
@@ -1576,47 +1600,28 @@ impl Decoder {
     }
 
     /// The buffered output to the sink in trace order: runs of ranges and runs of other
-    /// elements.
-    #[inline(never)]
-    fn hand_over<S: ElementSink + ?Sized>(&self, sink: &mut S) -> ControlFlow<()> {
-        let id = self.cfg.trace_id;
-        let mut r0 = 0;
-        let mut e0 = 0;
-        while e0 < self.out.len() {
-            let at = self.out_at[e0] as usize;
-            if at > r0 {
-                sink.ranges(id, &self.ranges[r0..at])?;
-                r0 = at;
-            }
-            let mut e1 = e0 + 1;
-            while e1 < self.out.len() && self.out_at[e1] as usize == at {
-                e1 += 1;
-            }
-            sink.elements(&self.out[e0..e1])?;
-            e0 = e1;
-        }
-        if r0 < self.ranges.len() {
-            sink.ranges(id, &self.ranges[r0..])?;
-        }
-        ControlFlow::Continue(())
-    }
-
-    /// [`hand_over`](Self::hand_over) for a sink that takes branches: the ranges ruled into
+    /// elements. For a sink that takes branches (`takes_branches`) the ranges are ruled into
     /// [`branches`](Self::branches), which are handed over before each run of other elements
-    /// (and by [`flush_held`](Self::flush_held), at the end of the data).
+    /// (and by [`flush_held`](Self::flush_held), at the end of the data). (One function for
+    /// both: the sink's element calls are then inlined in one place.)
     #[inline(never)]
-    fn hand_over_branches<S: ElementSink + ?Sized>(&mut self, sink: &mut S) -> ControlFlow<()> {
+    fn hand_over<S: ElementSink + ?Sized>(&mut self, takes_branches: bool, sink: &mut S) -> ControlFlow<()> {
         let id = self.cfg.trace_id;
         let (branches, ranges, out, out_at) = (&mut self.branches, &self.ranges, &self.out, &self.out_at);
+        let ranges_to = |branches: &mut Branches, sink: &mut S, rs: &[Range]| {
+            if takes_branches { branches.ranges(id, rs, sink) } else { sink.ranges(id, rs) }
+        };
         let mut r0 = 0;
         let mut e0 = 0;
         while e0 < out.len() {
             let at = out_at[e0] as usize;
             if at > r0 {
-                branches.ranges(id, &ranges[r0..at], sink)?;
+                ranges_to(branches, sink, &ranges[r0..at])?;
                 r0 = at;
             }
-            branches.hand_over(id, sink)?;
+            if takes_branches {
+                branches.hand_over(id, sink)?;
+            }
             let mut e1 = e0 + 1;
             while e1 < out.len() && out_at[e1] as usize == at {
                 e1 += 1;
@@ -1624,7 +1629,10 @@ impl Decoder {
             sink.elements(&out[e0..e1])?;
             e0 = e1;
         }
-        branches.ranges(id, &ranges[r0..], sink)
+        if r0 < ranges.len() {
+            ranges_to(branches, sink, &ranges[r0..])?;
+        }
+        ControlFlow::Continue(())
     }
 
     // ---------------------------------------------------------------- packets -> P0 stack

@@ -435,7 +435,7 @@ pub mod fuzz {
     use std::hash::{Hash, Hasher};
     use std::ops::ControlFlow;
 
-    use super::BufferDecoder;
+    use super::{BufferDecoder, DecodeStats};
     use crate::branches::{BranchBatch, BranchBuilder, BranchRecord, BranchRule};
     use crate::decoder::ElementSink;
     use crate::elements::{Element, ElementKind};
@@ -553,8 +553,9 @@ pub mod fuzz {
         (h.finish(), n)
     }
 
-    /// Taken branches per trace ID, and per ID the trace index of each range.
-    type Branches = (Vec<(u8, BranchRecord)>, Vec<Vec<u64>>);
+    /// Taken branches per trace ID, per ID the trace index of each range, and the decoder's
+    /// counts.
+    type Branches = (Vec<(u8, BranchRecord)>, Vec<Vec<u64>>, DecodeStats);
 
     /// The taken branches of the element stream by perf's rule, element by element
     /// ([`BranchBuilder`]): the reference.
@@ -572,7 +573,7 @@ pub mod fuzz {
             ControlFlow::Continue(())
         };
         push_all(&mut bd, data, splits, img, &mut sink);
-        (recs, ranges)
+        (recs, ranges, bd.summary().decode)
     }
 
     /// A sink that takes branches ([`ElementSink::takes_branches`]), as the session's does:
@@ -619,7 +620,7 @@ pub mod fuzz {
     /// range of each batch: `data` decoded over `img` in the pieces `splits` cut by two
     /// decoders that `make` returns. Panics otherwise; returns the records.
     pub fn branches_agree(make: &dyn Fn() -> BufferDecoder, data: &[u8], splits: &[usize], img: &MemoryImage) -> usize {
-        let (want, ranges) = branches_of_elements(make(), data, splits, img);
+        let (want, ranges, stats) = branches_of_elements(make(), data, splits, img);
         let mut bd = make();
         let mut t = Taker {
             rules: vec![BranchRule::default(); 128],
@@ -629,6 +630,7 @@ pub mod fuzz {
         };
         push_all(&mut bd, data, splits, img, &mut t);
         assert_eq!(t.recs, want, "taken branches differ from the elements'");
+        assert_eq!(bd.summary().decode, stats, "the decoder's counts");
         for (id, bs) in t.batches.iter().enumerate() {
             assert_eq!(t.ranges[id], ranges[id].len() as u64, "ranges of ID {id}");
             for &(n, index) in bs {
