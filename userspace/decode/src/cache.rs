@@ -204,6 +204,8 @@ struct RunCache {
     recs: RefCell<Box<[BranchRecord; ARENA + RUN_MAX]>>,
     owner: Box<[Cell<u32>]>,
     head: Cell<usize>,
+    /// Runs are stored with their taken branches ([`BlockCache::rule_runs`]).
+    ruled: Cell<bool>,
 }
 
 /// The cache.
@@ -228,6 +230,7 @@ impl BlockCache {
             recs: RefCell::new(records()),
             owner: vec![Cell::new(NO_OWNER); ARENA].into_boxed_slice(),
             head: Cell::new(0),
+            ruled: Cell::new(false),
         };
         BlockCache { slots: vec![Slot::EMPTY; n].into_boxed_slice(), mask: n - 1, runs, hits: Cell::new(0), misses: Cell::new(0) }
     }
@@ -399,7 +402,6 @@ impl BlockCache {
         let runs = &self.runs;
         let n = n.min(RUN_MAX).min(run.count as usize);
         let mut cells = runs.ranges.try_borrow_mut().ok()?;
-        let mut recs_at = runs.recs.try_borrow_mut().ok()?;
         let mut p = runs.head.get();
         if p + n > ARENA {
             p = 0;
@@ -413,14 +415,9 @@ impl BlockCache {
             }
         }
         fill(&mut cells[p..p + n]);
-        // perf's rule over the ranges from an open chain: the first range's record is the
-        // reader's to complete (`BranchRule::stored`); those after it are kept
-        let mut rule = BranchRule::OPEN;
-        let mut recs = [BranchRecord::default(); RUN_MAX];
-        let made = rule.ranges(&cells[p..p + n], &mut recs, |_, _| {});
-        let inner = made.saturating_sub(1);
-        recs_at[p..p + inner].copy_from_slice(&recs[1..1 + inner]);
-        drop((cells, recs_at));
+        let (inner, end) =
+            if runs.ruled.get() { Self::rule_stored(&runs.recs, &cells[p..p + n], p)? } else { (0, RangeEnd::OPEN) };
+        drop(cells);
         let key = RunKey::new(bits, count);
         let i = Self::run_index(start, key);
         let s = &runs.slots[i];
@@ -436,8 +433,39 @@ impl BlockCache {
         s.run.set(Run { count: n as u8, ..run });
         s.pos.set(p as u32);
         s.inner.set(inner as u8);
-        s.end.set(rule.range_end().unwrap_or_default());
+        s.end.set(end);
         Some(s)
+    }
+
+    /// perf's rule over a run's ranges `rs` from an open chain: the first range's record is
+    /// the reader's to complete (`BranchRule::stored`); those after it go to the records at
+    /// `p`. Returns how many, and the chain after the run; `None` while records are being
+    /// read (the run is then not stored).
+    #[inline(never)]
+    fn rule_stored(
+        recs: &RefCell<Box<[BranchRecord; ARENA + RUN_MAX]>>,
+        rs: &[InstrRange],
+        p: usize,
+    ) -> Option<(usize, RangeEnd)> {
+        let mut recs = recs.try_borrow_mut().ok()?;
+        let mut rule = BranchRule::OPEN;
+        let mut made = [BranchRecord::default(); RUN_MAX];
+        let k = rule.ranges(rs, &mut made, |_, _| {});
+        let inner = k.saturating_sub(1);
+        recs[p..p + inner].copy_from_slice(&made[1..1 + inner]);
+        Some((inner, rule.range_end().unwrap_or(RangeEnd::OPEN)))
+    }
+
+    /// From now on runs are stored with their taken branches, for a sink that takes branches
+    /// (`ElementSink::takes_branches`; the decoder calls this before it reads them): the runs
+    /// stored without them are forgotten, once. (A sink that takes ranges does not pay for
+    /// ruling every run stored.)
+    #[inline]
+    pub(crate) fn rule_runs(&self) {
+        if !self.runs.ruled.get() {
+            self.runs.ruled.set(true);
+            self.runs.slots.iter().for_each(|s| s.tag.set(0));
+        }
     }
 
     /// Forgets everything (e.g. the code image changed).

@@ -1043,6 +1043,7 @@ impl Decoder {
         mem: &M,
         sink: &mut S,
     ) -> (usize, ControlFlow<()>) {
+        self.cache.rule_runs();
         self.cached_loop::<true, M, S>(index, data, i, look, mem, sink)
     }
 
@@ -2922,6 +2923,34 @@ mod tests {
         // (the B's range each time; the failing packet's ranges are dropped)
         assert_eq!((errors, ranges), (6, 6));
         assert_eq!(branches_agree(&make, &data, &[], &img), 0);
+    }
+
+    /// A sink that takes branches gets the elements' taken branches from a run cache whose runs
+    /// a sink that takes ranges stored before (without their records: the cache forgets them
+    /// when the first sink that takes branches comes, `BlockCache::rule_runs`): calls,
+    /// compressed returns and conditional branches, as runs of one and several packets.
+    #[test]
+    fn branches_from_a_cache_a_ranges_sink_filled() {
+        use crate::frame::StreamFormat;
+        use crate::pipeline::BufferDecoder;
+        use crate::pipeline::fuzz::branches_agree;
+        use crate::snapshot::Protocol;
+        let img = image();
+        let mut data = SYNC_AT_0X1000.to_vec();
+        for _ in 0..50 {
+            // BL, RET, B.EQ taken, ... in packets of one, two and three E atoms
+            data.extend([0xF7, 0xDB, 0xFF, 0xF7, 0xDB]);
+        }
+        let etm = EtmConfig::generic(Protocol::Etmv4, 1);
+        let cache = cache::shared(8);
+        let make = || BufferDecoder::with_cache(StreamFormat::Raw { trace_id: 1 }, &[(1, etm, ArchVersion::V8)], cache.clone());
+        let mut ranges = 0;
+        let _ = make().push(&data, &img, &mut |e: &Element| {
+            ranges += usize::from(matches!(e.kind, ElementKind::InstrRange(_)));
+            ControlFlow::Continue(())
+        });
+        assert!(ranges > 200, "{ranges} ranges");
+        assert!(branches_agree(&make, &data, &[], &img) > 100);
     }
 
     /// `data`, an ETMv4 trace (trace ID 1, generic configuration: return stack compression on),

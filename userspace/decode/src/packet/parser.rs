@@ -248,6 +248,7 @@ impl PacketParser {
     }
 
     /// [`feed`](Self::feed) of `data` whose bytes have the trace indices `index` gives.
+    #[inline(never)]
     pub fn feed_at<S: PacketSink + ?Sized>(&mut self, index: ChunkIndex, data: &[u8], sink: &mut S) {
         self.block_index = index;
         self.processed = 0;
