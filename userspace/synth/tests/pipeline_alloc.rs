@@ -2,7 +2,8 @@
 //! synthetic session (loops: the same code over and over), pushing the second half's AUX
 //! records and samples (decode, join, validation, profile, context trie) allocates at most a
 //! few times per new distinct profile sample or trie context, and nothing per window
-//! otherwise. Counted with a global allocator wrapper on the pushing thread only.
+//! otherwise; with the exact counts (the decoder hands ranges) and without (it hands taken
+//! branches). Counted with a global allocator wrapper on the pushing thread only.
 
 use std::sync::Arc;
 
@@ -53,34 +54,41 @@ fn steady_state_allocates_only_for_new_contexts() {
     }
     let windows = evs.iter().filter(|e| matches!(e, Ev::Aux(..))).count();
     assert!(windows >= 400, "{windows} windows");
-    let mut p = Pipeline::new(PipelineConfig::from_meta(r.meta()));
-    p.add_image(&bin.to_string_lossy(), Arc::new(std::fs::read(&bin).unwrap()));
-    let push = |p: &mut Pipeline, e: &Ev| match e {
-        Ev::Aux(rec, d) => p.push(SessionEvent::Aux { record: *rec, data: d }),
-        Ev::Sample(s) => p.push(SessionEvent::Sample(s)),
-        Ev::Side(s) => p.push(SessionEvent::Sideband(s)),
-    };
-    let half = evs.len() / 2;
-    for e in &evs[..half] {
-        push(&mut p, e);
-    }
-    // What the profile grows by: stored samples and counters (tuples, contexts, counts).
-    let grown = |p: &Pipeline| p.profile().distinct_samples() + p.profile().distinct_entries();
-    let (d0, n0) = (grown(&p), p.trie().0.len());
-    let j0 = p.stats().join.joined;
-    let allocs = etm_testutil::count_allocations(|| {
-        for e in &evs[half..] {
+    for exact in [true, false] {
+        let mut cfg = PipelineConfig::from_meta(r.meta());
+        cfg.exact = exact;
+        let mut p = Pipeline::new(cfg);
+        p.add_image(&bin.to_string_lossy(), Arc::new(std::fs::read(&bin).unwrap()));
+        let push = |p: &mut Pipeline, e: &Ev| match e {
+            Ev::Aux(rec, d) => p.push(SessionEvent::Aux { record: *rec, data: d }),
+            Ev::Sample(s) => p.push(SessionEvent::Sample(s)),
+            Ev::Side(s) => p.push(SessionEvent::Sideband(s)),
+        };
+        let half = evs.len() / 2;
+        for e in &evs[..half] {
             push(&mut p, e);
         }
-    });
-    let (d1, n1) = (grown(&p), p.trie().0.len());
-    let joined = p.stats().join.joined - j0;
-    let new = (d1 - d0) + (n1 - n0);
-    eprintln!(
-        "second half: {joined} samples joined, {} new distinct samples or counters, {} new trie nodes, {allocs} allocations",
-        d1 - d0,
-        n1 - n0
-    );
-    assert!(joined >= 150, "{joined}");
-    assert!(allocs <= 4 * new as u64 + 8, "{allocs} allocations for {new} new samples/contexts over {joined} windows");
+        // What the profile grows by: stored samples and counters (tuples, contexts, counts).
+        let grown = |p: &Pipeline| p.profile().distinct_samples() + p.profile().distinct_entries();
+        let (d0, n0) = (grown(&p), p.trie().0.len());
+        let j0 = p.stats().join.joined;
+        let allocs = etm_testutil::count_allocations(|| {
+            for e in &evs[half..] {
+                push(&mut p, e);
+            }
+        });
+        let (d1, n1) = (grown(&p), p.trie().0.len());
+        let joined = p.stats().join.joined - j0;
+        let new = (d1 - d0) + (n1 - n0);
+        eprintln!(
+            "exact counts {exact}: second half: {joined} samples joined, {} new distinct samples or counters, {} new trie nodes, {allocs} allocations",
+            d1 - d0,
+            n1 - n0
+        );
+        assert!(joined >= 150, "{joined}");
+        assert!(
+            allocs <= 4 * new as u64 + 8,
+            "exact counts {exact}: {allocs} allocations for {new} new samples/contexts over {joined} windows"
+        );
+    }
 }
