@@ -65,7 +65,10 @@ impl DecoderFactory for EtmFactory {
 /// decoder, with branch records built from the elements by perf's rule
 /// (`etm_decode::branches::BranchRule`), streamed to the window sink as the decoder emits
 /// them (no copy of the element stream; the ranges arrive in runs, `ElementSink::ranges`,
-/// with no element built for each).
+/// with no element built for each). When no stage takes the ranges
+/// ([`DecoderShared::ranges`] false) the decoder applies the rule itself, from the records its
+/// run cache stores with each run, and hands batches of taken branches
+/// (`ElementSink::takes_branches`), which the adapter joins to each trace ID's chain.
 ///
 /// Two things perf's rules leave out are completed from the element decoder itself:
 /// * the *last* taken branch of a window: the element decoder emits a branch record only when
@@ -101,7 +104,7 @@ struct Adapter {
     /// branches: a range completes at most one).
     rbatch: Batch<TraceRange>,
     /// The sink takes the ranges ([`DecoderShared::ranges`]; else `rbatch` stays empty and
-    /// each range costs perf's rule alone).
+    /// the decoder hands batches of taken branches instead of ranges: `branches`).
     want_ranges: bool,
     batch_id: Option<u8>,
     /// Per trace ID: the traced context is another process's (its code is not read).
