@@ -251,6 +251,23 @@ impl BranchRule {
         }
     }
 
+    /// An element other than a range: an exception or exception return marks the last range
+    /// ([`exception`](Self::exception)), a discontinuity (trace on, no sync, end of trace)
+    /// breaks the chain ([`break_chain`](Self::break_chain); returns true), the rest do
+    /// nothing.
+    #[inline]
+    pub fn other_element(&mut self, kind: &ElementKind) -> bool {
+        match kind {
+            ElementKind::Exception { .. } | ElementKind::ExceptionRet => self.exception(),
+            ElementKind::TraceOn(_) | ElementKind::NoSync(_) | ElementKind::EoTrace(_) => {
+                self.break_chain();
+                return true;
+            }
+            _ => {}
+        }
+        false
+    }
+
     /// A discontinuity (trace on, no sync, end of trace, overflow): the chain breaks.
     #[inline]
     pub fn break_chain(&mut self) {
@@ -348,18 +365,14 @@ impl BranchBuilder {
                 }
                 rec
             }
-            ElementKind::Exception { .. } | ElementKind::ExceptionRet => {
-                self.rule.exception();
+            ref kind => {
+                if self.rule.other_element(kind) {
+                    self.last = None;
+                    self.ring.clear();
+                    self.breaks += 1;
+                }
                 None
             }
-            ElementKind::TraceOn(_) | ElementKind::NoSync(_) | ElementKind::EoTrace(_) => {
-                self.rule.break_chain();
-                self.last = None;
-                self.ring.clear();
-                self.breaks += 1;
-                None
-            }
-            _ => None,
         }
     }
 }

@@ -90,31 +90,26 @@ pub(crate) const RUN_SLOTS: usize = 1 << RUN_BITS;
 /// not [`RUN_MAX`], so the slots are many and small.
 const ARENA: usize = 1 << 16;
 
-/// An empty arena (on the heap: it is too large to build on the stack).
-fn arena() -> Box<[InstrRange; ARENA + RUN_MAX]> {
-    // (never read before a run is stored there: all zero bytes, which `vec!` writes in one go)
-    const UNUSED: InstrRange = InstrRange {
-        start: 0,
-        end: 0,
-        num_instr: 0,
-        isa: Isa::Arm,
-        last_size: 0,
-        executed: false,
-        last_type: InstrType::Other,
-        last_subtype: InstrSubtype::None,
-        last_cond: false,
-    };
-    let Ok(a) = vec![UNUSED; ARENA + RUN_MAX].into_boxed_slice().try_into() else { unreachable!("ARENA + RUN_MAX ranges") };
+/// An arena of `ARENA + RUN_MAX` copies of `unused` (on the heap: it is too large to build on
+/// the stack): the ranges' and the records'.
+fn arena<T: Clone>(unused: T) -> Box<[T; ARENA + RUN_MAX]> {
+    let Ok(a) = vec![unused; ARENA + RUN_MAX].into_boxed_slice().try_into() else { unreachable!("ARENA + RUN_MAX entries") };
     a
 }
 
-/// The records of an empty arena.
-fn records() -> Box<[BranchRecord; ARENA + RUN_MAX]> {
-    let Ok(a) = vec![BranchRecord::default(); ARENA + RUN_MAX].into_boxed_slice().try_into() else {
-        unreachable!("ARENA + RUN_MAX records")
-    };
-    a
-}
+/// An arena's range never read before a run is stored there: all zero bytes, which `vec!`
+/// writes in one go.
+const UNUSED: InstrRange = InstrRange {
+    start: 0,
+    end: 0,
+    num_instr: 0,
+    isa: Isa::Arm,
+    last_size: 0,
+    executed: false,
+    last_type: InstrType::Other,
+    last_subtype: InstrSubtype::None,
+    last_cond: false,
+};
 
 /// [`RunCache::owner`] of an arena position no run starts at.
 const NO_OWNER: u32 = u32::MAX;
@@ -226,8 +221,8 @@ impl BlockCache {
         let Ok(slots) = runs.try_into() else { unreachable!("RUN_SLOTS slots") };
         let runs = RunCache {
             slots,
-            ranges: RefCell::new(arena()),
-            recs: RefCell::new(records()),
+            ranges: RefCell::new(arena(UNUSED)),
+            recs: RefCell::new(arena(BranchRecord::default())),
             owner: vec![Cell::new(NO_OWNER); ARENA].into_boxed_slice(),
             head: Cell::new(0),
             ruled: Cell::new(false),

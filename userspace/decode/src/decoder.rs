@@ -192,7 +192,7 @@ impl Branches {
 
     /// Ranges of the decoder's buffer, ruled one by one.
     #[inline]
-    fn ranges<S: ElementSink + ?Sized>(&mut self, id: u8, mut rs: &[Range], sink: &mut S) -> ControlFlow<()> {
+    fn rule_ranges<S: ElementSink + ?Sized>(&mut self, id: u8, mut rs: &[Range], sink: &mut S) -> ControlFlow<()> {
         while !rs.is_empty() {
             if self.len >= BRANCH_BATCH {
                 self.hand_over(id, sink)?;
@@ -1047,6 +1047,19 @@ impl Decoder {
         self.cached_loop::<true, M, S>(index, data, i, look, mem, sink)
     }
 
+    /// A stored run (`slot` of `cache`) from `start` in the packet at trace index `index`, for
+    /// a sink that takes branches: its records from the run cache ([`Branches::stored`]), and
+    /// its calls' return addresses pushed (its ranges are read only for those).
+    #[inline(always)]
+    fn stored_branches(&mut self, cache: &cache::BlockCache, slot: &RunSlot, start: u64, index: u64) {
+        let run = slot.run();
+        self.branches.stored(slot, &cache.run_inner(slot), run.count, start, index);
+        if run.links != 0 {
+            let rs = cache.run_ranges(slot);
+            self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
+        }
+    }
+
     /// [`cached_packets`](Self::cached_packets) for a sink that takes branches or not
     /// (`TAKES_BRANCHES`, [`ElementSink::takes_branches`]).
     #[inline]
@@ -1062,8 +1075,7 @@ impl Decoder {
         let tag = self.cache_tag(mem);
         // a packet that is one stored run goes to the sink from the run cache: its taken
         // branches, or its ranges
-        let takes_branches = TAKES_BRANCHES;
-        let direct = takes_branches || sink.takes_packet_ranges();
+        let direct = TAKES_BRANCHES || sink.takes_packet_ranges();
         if direct && !self.ranges.is_empty() && self.flush_out_of_line(sink).is_break() {
             // what is buffered goes first; the sink asked to stop there
             self.stopped = false;
@@ -1134,13 +1146,9 @@ impl Decoder {
                 let (mut format, mut atoms, mut pkt_index) = (format, atoms, pkt_index);
                 loop {
                     let run = slot.run();
-                    if takes_branches {
+                    if TAKES_BRANCHES {
                         stop |= self.branches.room(id, sink).is_break();
-                        self.branches.stored(slot, &cache.run_inner(slot), run.count, addr, pkt_index);
-                        if run.links != 0 {
-                            let rs = cache.run_ranges(slot);
-                            self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
-                        }
+                        self.stored_branches(cache, slot, addr, pkt_index);
                     } else {
                         let rs = cache.run_ranges(slot);
                         stop |= sink.packet_ranges(id, pkt_index, &rs).is_break();
@@ -1179,7 +1187,7 @@ impl Decoder {
             let mut k = 0;
             let r0 = self.ranges.len();
             let instructions0 = instructions;
-            if takes_branches {
+            if TAKES_BRANCHES {
                 // the packet's runs' records go in as they come; an error later in the packet
                 // (`packet_rest`) takes them back (`discard_out`)
                 stop |= self.branches.room(id, sink).is_break();
@@ -1197,12 +1205,8 @@ impl Decoder {
                 };
                 let run = slot.run();
                 let c = run.count as usize;
-                if takes_branches {
-                    self.branches.stored(slot, &cache.run_inner(slot), run.count, addr, pkt_index);
-                    if run.links != 0 {
-                        let rs = cache.run_ranges(slot);
-                        self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
-                    }
+                if TAKES_BRANCHES {
+                    self.stored_branches(cache, slot, addr, pkt_index);
                 } else {
                     let rs = cache.run_ranges(slot);
                     let rs = &rs[..];
@@ -1247,7 +1251,7 @@ impl Decoder {
                 self.branches.mark = None;
                 return (at.pos, if stop { ControlFlow::Break(()) } else { r });
             }
-            if takes_branches {
+            if TAKES_BRANCHES {
                 self.branches.mark = None;
             }
             if self.ranges.len() >= if direct { 1 } else { HOLD_MAX } && self.flush_out_of_line(sink).is_break() {
@@ -1610,7 +1614,7 @@ impl Decoder {
         let id = self.cfg.trace_id;
         let (branches, ranges, out, out_at) = (&mut self.branches, &self.ranges, &self.out, &self.out_at);
         let ranges_to = |branches: &mut Branches, sink: &mut S, rs: &[Range]| {
-            if takes_branches { branches.ranges(id, rs, sink) } else { sink.ranges(id, rs) }
+            if takes_branches { branches.rule_ranges(id, rs, sink) } else { sink.ranges(id, rs) }
         };
         let mut r0 = 0;
         let mut e0 = 0;

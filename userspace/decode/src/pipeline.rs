@@ -588,13 +588,8 @@ pub mod fuzz {
 
     impl ElementSink for Taker {
         fn element(&mut self, e: &Element) -> ControlFlow<()> {
-            let rule = &mut self.rules[(e.trace_id & 0x7f) as usize];
-            match e.kind {
-                ElementKind::InstrRange(_) => panic!("a range handed to a sink that takes branches: {e}"),
-                ElementKind::Exception { .. } | ElementKind::ExceptionRet => rule.exception(),
-                ElementKind::TraceOn(_) | ElementKind::NoSync(_) | ElementKind::EoTrace(_) => rule.break_chain(),
-                _ => {}
-            }
+            assert!(!matches!(e.kind, ElementKind::InstrRange(_)), "a range handed to a sink that takes branches: {e}");
+            self.rules[(e.trace_id & 0x7f) as usize].other_element(&e.kind);
             ControlFlow::Continue(())
         }
 

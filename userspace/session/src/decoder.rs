@@ -351,10 +351,8 @@ impl Adapter {
     fn branches(&mut self, trace_id: u8, batch: &mut BranchBatch<'_>, sink: &mut dyn WindowSink) {
         let Some(st) = self.ids[(trace_id & 0x7f) as usize].as_mut() else { return };
         let id = if self.raw { None } else { Some(trace_id) };
-        // (what the adapter batched goes first: nothing, unless it took ranges before)
-        if self.batch.len > 0 || self.rbatch.len > 0 {
-            flush_batches(&mut self.batch, &mut self.rbatch, self.batch_id, sink);
-        }
+        // (the adapter's own batches stay empty: it takes no ranges)
+        debug_assert!(self.batch.len == 0 && self.rbatch.len == 0);
         let done = st.completed.take();
         st.ranges += batch.ranges;
         st.last_range_index = batch.last_index;
