@@ -46,6 +46,38 @@ pub fn shared(bits: u32) -> SharedBlockCache {
 
 const VALID: u64 = 1 << 63;
 
+/// The tag bit of the runs that go on through compressed returns ([`Run::pops`]): stored and
+/// found only by a decoder whose sink takes branches, so a sink that takes ranges (and the
+/// general path's rule, which stops at every taken indirect branch) never meets one.
+pub(crate) const THROUGH_RETURNS: u64 = 1 << 62;
+
+/// Entries pushed before a run that its compressed returns may pop ([`StackEffect::outer`]).
+pub(crate) const OUTER_MAX: usize = 2;
+
+/// An unused entry of [`StackEffect::outer`] (no A64 instruction is at an address with its
+/// low bits set).
+pub(crate) const NO_TOP: u64 = u64::MAX;
+
+/// What a run that pops ([`Run::pops`]) does to the return stack, summed up: the return
+/// addresses its pops take from the entries pushed before it (top first, [`NO_TOP`] after
+/// them; `popped` of them), which of its pushes (bits of [`Run::links`]) are still on the
+/// stack after it, oldest first, and the most of its own pushes on the stack at once. Where
+/// that many more entries fit, the run pops `popped` entries and then pushes those it kept;
+/// elsewhere a full stack drops its oldest entries on the way, and the run's operations are
+/// made one by one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StackEffect {
+    pub(crate) outer: [u64; OUTER_MAX],
+    pub(crate) popped: u8,
+    pub(crate) kept: u8,
+    pub(crate) peak: u8,
+}
+
+impl StackEffect {
+    /// A run that pops nothing.
+    pub(crate) const NONE: StackEffect = StackEffect { outer: [NO_TOP; OUTER_MAX], popped: 0, kept: 0, peak: 0 };
+}
+
 /// A slot: key (start, tag with bit 63 set; 0 = empty) and block side by side, so a lookup
 /// touches one place.
 #[derive(Clone)]
@@ -126,6 +158,12 @@ pub struct Run {
     pub indirect: bool,
     /// Bit `i`: range `i` ended in a taken branch with link (its end is pushed).
     pub links: u8,
+    /// Bit `i`: range `i` ended in a taken indirect branch and the next range starts at the
+    /// address popped from the return stack (a compressed return: an atom follows in the
+    /// packet), after the push of bit `i` of `links`. Only in runs stored under
+    /// [`THROUGH_RETURNS`], whose pops of entries pushed before the run are their slot's
+    /// [`BlockCache::run_effect`].
+    pub pops: u8,
     /// Instructions in the ranges (at most `RUN_MAX` walks of at most `walk::MAX_WALK` each).
     pub instructions: u32,
     /// The address after the run (after the indirect branch when `indirect`).
@@ -201,6 +239,9 @@ struct RunCache {
     head: Cell<usize>,
     /// Runs are stored with their taken branches ([`BlockCache::rule_runs`]).
     ruled: Cell<bool>,
+    /// By slot, for a run with [`Run::pops`]: its effect on the return stack. Beside the
+    /// slots, not in them: only a run that pops reads it.
+    effects: Box<[Cell<StackEffect>; RUN_SLOTS]>,
 }
 
 /// The cache.
@@ -226,6 +267,12 @@ impl BlockCache {
             owner: vec![Cell::new(NO_OWNER); ARENA].into_boxed_slice(),
             head: Cell::new(0),
             ruled: Cell::new(false),
+            effects: {
+                let Ok(e) = vec![Cell::new(StackEffect::NONE); RUN_SLOTS].into_boxed_slice().try_into() else {
+                    unreachable!("RUN_SLOTS effects")
+                };
+                e
+            },
         };
         BlockCache { slots: vec![Slot::EMPTY; n].into_boxed_slice(), mask: n - 1, runs, hits: Cell::new(0), misses: Cell::new(0) }
     }
@@ -350,6 +397,7 @@ impl BlockCache {
     /// the run, as [`find_run`](Self::find_run) returns it; `None` (not stored) while run
     /// ranges are being read.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn store_run(
         &self,
         start: u64,
@@ -357,9 +405,10 @@ impl BlockCache {
         bits: u32,
         count: u8,
         run: Run,
+        effect: StackEffect,
         ranges: &[InstrRange],
     ) -> Option<&RunSlot> {
-        self.store_with(start, tag, bits, count, run, ranges.len(), |cells| {
+        self.store_with(start, tag, bits, count, run, effect, ranges.len(), |cells| {
             for (c, r) in cells.iter_mut().zip(ranges) {
                 *c = *r;
             }
@@ -372,7 +421,7 @@ impl BlockCache {
     /// being read (by a sink they were handed to).
     #[inline]
     pub fn put_run(&self, start: u64, tag: u64, bits: u32, count: u8, run: Run, ranges: &[Range]) {
-        self.store_with(start, tag, bits, count, run, ranges.len(), |cells| {
+        self.store_with(start, tag, bits, count, run, StackEffect::NONE, ranges.len(), |cells| {
             for (c, r) in cells.iter_mut().zip(ranges) {
                 *c = r.range;
             }
@@ -391,6 +440,7 @@ impl BlockCache {
         bits: u32,
         count: u8,
         run: Run,
+        effect: StackEffect,
         n: usize,
         fill: impl FnOnce(&mut [InstrRange]),
     ) -> Option<&RunSlot> {
@@ -429,6 +479,9 @@ impl BlockCache {
         s.pos.set(p as u32);
         s.inner.set(inner as u8);
         s.end.set(end);
+        if run.pops != 0 {
+            runs.effects[i].set(effect);
+        }
         Some(s)
     }
 
@@ -449,6 +502,15 @@ impl BlockCache {
         let inner = k.saturating_sub(1);
         recs[p..p + inner].copy_from_slice(&made[1..1 + inner]);
         Some((inner, rule.range_end().unwrap_or(RangeEnd::OPEN)))
+    }
+
+    /// The effect on the return stack of the run in `slot` (one this cache returned); only a
+    /// run that pops ([`Run::pops`]) has one stored.
+    #[inline]
+    pub(crate) fn run_effect(&self, slot: &RunSlot) -> StackEffect {
+        let i =
+            (slot as *const RunSlot as usize).wrapping_sub(self.runs.slots.as_ptr() as usize) / std::mem::size_of::<RunSlot>();
+        self.runs.effects[i & (RUN_SLOTS - 1)].get()
     }
 
     /// From now on runs are stored with their taken branches, for a sink that takes branches
@@ -533,7 +595,7 @@ mod tests {
             index: 99,
             range: InstrRange { start, end, num_instr: ((end - start) / 4) as u32, ..Default::default() },
         };
-        let run = Run { count: 2, indirect: true, links: 0b01, instructions: 6, next: 0x3008 };
+        let run = Run { count: 2, indirect: true, links: 0b01, instructions: 6, next: 0x3008, pops: 0 };
         c.put_run(0x1000, 7, 0b11, 2, run, &[r(0x1000, 0x1010), r(0x2000, 0x2008)]);
         let mut out = vec![r(0, 4)];
         let got = c.replay_run(0x1000, 7, 0b11, 2, &mut out, 5).expect("stored run");

@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 use std::ops::ControlFlow;
 
 use crate::branches::{BranchBatch, BranchRecord, BranchRule, RangeEnd};
-use crate::cache::{self, INNER_MAX, RUN_MAX, Run, RunSlot, SharedBlockCache};
+use crate::cache::{self, INNER_MAX, RUN_MAX, Run, RunSlot, SharedBlockCache, StackEffect};
 use crate::elements::{Element, ElementKind, InstrRange, MemTrans, PeContext, Range, Security, TraceOnReason, UnsyncReason};
 use crate::frame::ChunkIndex;
 use crate::image::{MemSpace, MemoryAccess};
@@ -250,26 +250,51 @@ enum RunEnd {
     Eret,
 }
 
+/// What a run built now may take from the return stack ([`cached_run`]): whether a
+/// compressed return in it is followed at all (`on`: for a sink that takes branches, the
+/// return stack live), and the entries pushed before it that it may pop, top first
+/// ([`cache::NO_TOP`] where there are none, or not A64).
+#[derive(Debug, Clone, Copy)]
+struct RunPops {
+    on: bool,
+    top: [u64; cache::OUTER_MAX],
+}
+
+impl RunPops {
+    /// Runs stop at every taken indirect branch.
+    const OFF: RunPops = RunPops { on: false, top: [cache::NO_TOP; cache::OUTER_MAX] };
+}
+
 /// The one rule for atoms applied from cached blocks: up to `max` atoms `bits` (oldest in
 /// bit 0) from the A64 address `start`, while their blocks are in `cache` under `tag`; one
 /// range per atom into `out`; stops after a taken indirect branch (its target comes from the
-/// trace) and at the first block not cached. Returns what they did besides their ranges, and
-/// why it stopped.
+/// trace) unless `pops` allows going on through a compressed return (an atom follows in the
+/// packet: the return stack gives the target, as [`Decoder::run_atoms`] pops it): to an
+/// address the run itself pushed, or else to the next of `pops.top`; and at the first block
+/// not cached. Returns what they did besides their ranges, their effect on the return stack
+/// if they pop, and why it stopped. (`POPS`: whether `pops` is looked at, compiled in only
+/// for the loop of a sink that takes branches.)
 #[inline(always)]
-fn cached_run(
+fn cached_run<const POPS: bool>(
     cache: &cache::BlockCache,
     start: u64,
     tag: u64,
     bits: u32,
     max: u8,
+    pops: RunPops,
     out: &mut [InstrRange; RUN_MAX],
-) -> (Run, RunEnd) {
+) -> (Run, StackEffect, RunEnd) {
     let mut run = Run { next: start, ..Run::default() };
+    let mut effect = StackEffect::NONE;
     let mut bits = bits;
+    // the return addresses the run pushed and has not popped (at most one per atom) and the
+    // ranges that pushed them
+    let mut pushed = [(0u64, 0u8); RUN_MAX];
+    let mut depth = 0usize;
     while run.count < max {
         let addr = run.next;
         let Some(blk) = cache.lookup(addr, tag) else {
-            return (run, RunEnd::Uncached);
+            return (run, effect, RunEnd::Uncached);
         };
         let taken = bits & 1 != 0;
         bits >>= 1;
@@ -296,27 +321,64 @@ fn cached_run(
                 InstrType::Br => {
                     run.links |= (last.is_link as u8) << k;
                     run.next = last.branch_addr;
+                    if POPS && pops.on && last.is_link {
+                        pushed[depth.min(RUN_MAX - 1)] = (blk.end, k);
+                        depth += 1;
+                        effect.peak = effect.peak.max(depth as u8);
+                    }
                 }
                 InstrType::BrIndirect => {
                     run.links |= (last.is_link as u8) << k;
-                    run.indirect = true;
                     if last.subtype == InstrSubtype::V8Eret {
-                        return (run, RunEnd::Eret);
+                        run.indirect = true;
+                        return (run, effect, RunEnd::Eret);
                     }
+                    if POPS && pops.on {
+                        if last.is_link {
+                            pushed[depth.min(RUN_MAX - 1)] = (blk.end, k);
+                            depth += 1;
+                            effect.peak = effect.peak.max(depth as u8);
+                        }
+                        // a compressed return: the return stack's top (`return_stack_pop`)
+                        if run.count < max {
+                            let popped = effect.popped as usize;
+                            if depth > 0 {
+                                depth -= 1;
+                                run.next = pushed[depth.min(RUN_MAX - 1)].0;
+                                run.pops |= 1 << k;
+                                continue;
+                            }
+                            if let Some(&t) = pops.top.get(popped)
+                                && t != cache::NO_TOP
+                            {
+                                effect.outer[popped] = t;
+                                effect.popped += 1;
+                                run.next = t;
+                                run.pops |= 1 << k;
+                                continue;
+                            }
+                        }
+                    }
+                    run.indirect = true;
                     break;
                 }
                 _ => {}
             }
         }
     }
-    (run, RunEnd::Whole)
+    if POPS {
+        effect.kept = pushed[..depth.min(RUN_MAX)].iter().fold(0, |m, &(_, k)| m | 1 << k);
+    }
+    (run, effect, RunEnd::Whole)
 }
 
 /// The run of `bits` (`max` atoms) from `start` built from the blocks in `cache` (in
-/// `scratch`), stored if it is one to store ([`RunEnd::Whole`]): the slot now holding it.
-/// Out of line: the atom-run loop's registers are for its hits.
+/// `scratch`; with `POPS`, through compressed returns as `scratch.pops` allows, and stored
+/// apart, under [`cache::THROUGH_RETURNS`]), stored if it is one to store
+/// ([`RunEnd::Whole`]): the slot now holding it. Out of line: the atom-run loop's registers
+/// are for its hits.
 #[inline(never)]
-fn store_cached_run<'c>(
+fn store_cached_run<'c, const POPS: bool>(
     cache: &'c cache::BlockCache,
     scratch: &mut RunScratch,
     start: u64,
@@ -324,23 +386,36 @@ fn store_cached_run<'c>(
     bits: u32,
     max: u8,
 ) -> Option<&'c cache::RunSlot> {
-    match cached_run(cache, start, tag, bits, max, &mut scratch.ranges) {
-        (run, RunEnd::Whole) => cache.store_run(start, tag, bits, max, run, &scratch.ranges[..run.count as usize]),
-        (run, RunEnd::Uncached) => {
-            scratch.cut = Some((start, bits, max, run));
+    match cached_run::<POPS>(cache, start, tag, bits, max, scratch.pops, &mut scratch.ranges) {
+        (run, effect, RunEnd::Whole) => {
+            let run_tag = if POPS { tag | cache::THROUGH_RETURNS } else { tag };
+            cache.store_run(start, run_tag, bits, max, run, effect, &scratch.ranges[..run.count as usize])
+        }
+        (run, _, RunEnd::Uncached) => {
+            // (a run cut through a compressed return is built again by the general path,
+            // which applies a cut run's pushes only)
+            scratch.cut = (run.pops == 0).then_some((start, bits, max, run));
             None
         }
-        (_, RunEnd::Eret) => None,
+        (_, _, RunEnd::Eret) => None,
     }
 }
 
 /// Where a run is built ([`cached_run`]) before it is stored or applied, and, after
 /// [`store_cached_run`] found a block not cached, what it had built: the run's start, atom
-/// bits and count, and the run up to that block (its ranges in `ranges`).
-#[derive(Debug, Default)]
+/// bits and count, and the run up to that block (its ranges in `ranges`); and what the run
+/// to build may pop (for a sink that takes branches).
+#[derive(Debug)]
 struct RunScratch {
     ranges: [InstrRange; RUN_MAX],
     cut: Option<(u64, u32, u8, Run)>,
+    pops: RunPops,
+}
+
+impl Default for RunScratch {
+    fn default() -> Self {
+        RunScratch { ranges: Default::default(), cut: None, pops: RunPops::OFF }
+    }
 }
 
 /// Static decoder configuration, derived from the trace unit's registers.
@@ -539,6 +614,89 @@ impl RetStack {
             }
         }
     }
+    /// The return-stack operations of a run that pops ([`Run::pops`], its `effect`; one that
+    /// does not pushes its links only, [`push_links`](Self::push_links)): range by range, the
+    /// push of its end (`end(i)`) if it ended in a taken branch with link, then the pop of a
+    /// compressed return after it. Summed up where its pushes fit without dropping an entry
+    /// (see [`StackEffect`]).
+    #[inline(always)]
+    fn run_ops(&mut self, run: &Run, effect: &StackEffect, end: impl Fn(usize) -> Option<u64>) {
+        if self.entries + i32::from(effect.peak) <= 16 {
+            // (the stack is live: the run was built, or admitted, where it is)
+            let mut head = (self.head + 16 - usize::from(effect.popped)) & 15;
+            let mut entries = self.entries - i32::from(effect.popped);
+            let mut kept = effect.kept;
+            while kept != 0 {
+                let i = kept.trailing_zeros() as usize;
+                kept &= kept - 1;
+                if let Some(e) = end(i) {
+                    head = (head + 1) & 15;
+                    self.stack[head] = (e, Isa::A64);
+                    entries += 1;
+                }
+            }
+            (self.head, self.entries) = (head, entries);
+            self.pop_pending = false;
+        } else {
+            self.run_ops_one_by_one(run, end);
+        }
+    }
+    /// [`run_ops`](Self::run_ops) one operation at a time.
+    #[inline(never)]
+    fn run_ops_one_by_one(&mut self, run: &Run, end: impl Fn(usize) -> Option<u64>) {
+        let (links, pops) = (run.links, run.pops);
+        let mut ops = links | pops;
+        while ops != 0 {
+            let i = ops.trailing_zeros() as usize;
+            ops &= ops - 1;
+            if links & (1 << i) != 0
+                && let Some(e) = end(i)
+            {
+                self.push(e, Isa::A64);
+            }
+            if pops & (1 << i) != 0 {
+                let _popped = self.pop();
+                debug_assert_eq!(_popped.1, Isa::A64);
+            }
+        }
+    }
+    /// The entry `i` below the top, if the stack holds it and it is A64: its address.
+    #[inline]
+    fn entry_a64(&self, i: usize) -> Option<u64> {
+        let e = self.stack[(self.head + 16 - i) & 15];
+        (i < self.entries.max(0) as usize && e.1 == Isa::A64).then_some(e.0)
+    }
+    /// Whether a run's pushes and pops happen as [`cached_run`] follows them: the stack on
+    /// and not waiting for the address after a trace info.
+    #[inline]
+    fn live(&self) -> bool {
+        self.active && !self.tinfo_wait_addr
+    }
+    /// What a run built now may pop ([`cached_run`]): with `outer`, the entries pushed
+    /// before it too; without, only those it pushes itself (a run built again where the
+    /// stored one did not hold: a run reached with different return addresses below it is
+    /// then stored once without them, not again each time).
+    #[inline]
+    fn run_pops(&self, outer: bool) -> RunPops {
+        let mut top = [cache::NO_TOP; cache::OUTER_MAX];
+        if outer {
+            for (i, t) in top.iter_mut().enumerate() {
+                *t = self.entry_a64(i).unwrap_or(cache::NO_TOP);
+            }
+        }
+        RunPops { on: self.live(), top }
+    }
+    /// Whether a stored run that pops (`effect`) holds here: the stack is live and its
+    /// entries from before the run are those the run's pops took.
+    #[inline(always)]
+    fn admits(&self, effect: &StackEffect) -> bool {
+        let top = |i: usize| self.stack[(self.head + 16 - i) & 15];
+        let p = i32::from(effect.popped);
+        self.live()
+            && self.entries >= p
+            && (p < 1 || top(0) == (effect.outer[0], Isa::A64))
+            && (p < 2 || top(1) == (effect.outer[1], Isa::A64))
+    }
     /// The pending pop, if the top entry is there and A64 (what
     /// [`Decoder::return_stack_pop`] then does, without its error case): its address.
     #[inline(always)]
@@ -687,8 +845,9 @@ impl Decoder {
         d
     }
 
-    /// Bits 40..=62 of the cache tag: the options that decide where blocks end (the context
-    /// ID takes bits 8..40, the memory space bits 0..8, bit 63 marks valid entries).
+    /// Bits 40..=61 of the cache tag: the options that decide where blocks end (the context
+    /// ID takes bits 8..40, the memory space bits 0..8, bit 62 marks runs through compressed
+    /// returns, `cache::THROUGH_RETURNS`, and bit 63 valid entries).
     fn options_tag(&self) -> u64 {
         let i = self.cfg.insn;
         let o = self.cfg.opts;
@@ -696,7 +855,7 @@ impl Decoder {
         for b in format!("{:?}{}{}{:?}", i.arch, i.wfi_wfe_branch, i.dsb_dmb_waypoints, o).bytes() {
             h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
         }
-        (h & 0x7f_ffff) << 40
+        (h & 0x3f_ffff) << 40
     }
 
     /// The configuration.
@@ -1054,10 +1213,20 @@ impl Decoder {
     fn stored_branches(&mut self, cache: &cache::BlockCache, slot: &RunSlot, start: u64, index: u64) {
         let run = slot.run();
         self.branches.stored(slot, &cache.run_inner(slot), run.count, start, index);
-        if run.links != 0 {
+        if run.pops != 0 {
+            let rs = cache.run_ranges(slot);
+            self.ret.run_ops(&run, &cache.run_effect(slot), |j| rs.get(j).map(|r| r.end));
+        } else if run.links != 0 {
             let rs = cache.run_ranges(slot);
             self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
         }
+    }
+
+    /// Whether the run stored in `slot` holds here: it does not pop, or its pops take the
+    /// entries the return stack has ([`RetStack::admits`]).
+    #[inline(always)]
+    fn holds(&self, cache: &cache::BlockCache, slot: &RunSlot) -> bool {
+        slot.run().pops == 0 || self.ret.admits(&cache.run_effect(slot))
     }
 
     /// [`cached_packets`](Self::cached_packets) for a sink that takes branches or not
@@ -1073,6 +1242,8 @@ impl Decoder {
         sink: &mut S,
     ) -> (usize, ControlFlow<()>) {
         let tag = self.cache_tag(mem);
+        // for a sink that takes branches, runs go on through compressed returns: stored apart
+        let run_tag = if TAKES_BRANCHES { tag | cache::THROUGH_RETURNS } else { tag };
         // a packet that is one stored run goes to the sink from the run cache: its taken
         // branches, or its ranges
         let direct = TAKES_BRANCHES || sink.takes_packet_ranges();
@@ -1139,8 +1310,9 @@ impl Decoder {
             // the common packet first, for a sink taking a packet's ranges from the run cache:
             // one stored run for all the packet's atoms
             if direct
-                && let Some(mut slot) = cache::BlockCache::find_in(slots, addr, tag, look.run_key(b))
+                && let Some(mut slot) = cache::BlockCache::find_in(slots, addr, run_tag, look.run_key(b))
                 && slot.run().count == atoms.count
+                && (!TAKES_BRANCHES || self.holds(cache, slot))
             {
                 // and the packets after it as long as they are such packets
                 let (mut format, mut atoms, mut pkt_index) = (format, atoms, pkt_index);
@@ -1175,8 +1347,8 @@ impl Decoder {
                     if format == 0 {
                         break;
                     }
-                    match cache::BlockCache::find_in(slots, addr, tag, look.run_key(b)) {
-                        Some(s) if s.run().count == atoms.count => slot = s,
+                    match cache::BlockCache::find_in(slots, addr, run_tag, look.run_key(b)) {
+                        Some(s) if s.run().count == atoms.count && (!TAKES_BRANCHES || self.holds(cache, s)) => slot = s,
                         _ => break,
                     }
                     pkt_index = at.index;
@@ -1196,11 +1368,23 @@ impl Decoder {
             while k < n {
                 // (`bits` holds only the atoms left)
                 let (m, key) = if n - k <= RUN_MAX as u8 { (n - k, bits) } else { (RUN_MAX as u8, bits & ((1 << RUN_MAX) - 1)) };
-                // a run not stored yet whose blocks are all cached is stored here
-                let Some(slot) = cache
-                    .find_run(addr, tag, key, m)
-                    .or_else(|| store_cached_run(cache, &mut self.run_scratch, addr, tag, key, m))
-                else {
+                // a run not stored yet whose blocks are all cached is stored here (for a sink
+                // that takes branches, also one stored that pops entries not on the stack now:
+                // built again without popping entries from before it)
+                let slot = if TAKES_BRANCHES {
+                    match cache.find_run(addr, run_tag, key, m) {
+                        Some(s) if self.holds(cache, s) => Some(s),
+                        found => {
+                            self.run_scratch.pops = self.ret.run_pops(found.is_none());
+                            store_cached_run::<true>(cache, &mut self.run_scratch, addr, tag, key, m)
+                        }
+                    }
+                } else {
+                    cache
+                        .find_run(addr, tag, key, m)
+                        .or_else(|| store_cached_run::<false>(cache, &mut self.run_scratch, addr, tag, key, m))
+                };
+                let Some(slot) = slot else {
                     break;
                 };
                 let run = slot.run();
@@ -2015,7 +2199,8 @@ impl Decoder {
     /// [`apply_run`](Self::apply_run), and whether the run cache may store it.
     #[inline]
     fn cached_atoms(&mut self, bits: &mut u32, max: u8, index: u64, tag: u64) -> (Run, bool) {
-        let (run, end) = cached_run(&self.cache, self.walk.addr, tag, *bits, max, &mut self.run_scratch.ranges);
+        let (run, _, end) =
+            cached_run::<false>(&self.cache, self.walk.addr, tag, *bits, max, RunPops::OFF, &mut self.run_scratch.ranges);
         *bits >>= run.count;
         self.ranges.extend(self.run_scratch.ranges[..run.count as usize].iter().map(|&range| Range { index, range }));
         if end == RunEnd::Eret && self.cfg.ete {
@@ -3091,6 +3276,114 @@ mod tests {
                 .collect();
             assert_eq!(got, path, "runs {runs}, direct {direct}: {out:?}");
             assert!(!out.iter().any(|l| l.contains("ERR") || l.contains("NACC")), "{out:?}");
+        }
+    }
+
+    /// The runs a sink that takes branches stored through compressed returns: how many, and
+    /// how many of them pop entries pushed before them.
+    fn popping_runs(cache: &cache::BlockCache) -> (usize, usize) {
+        let popping: Vec<&RunSlot> = cache.run_slots().iter().filter(|s| s.run().pops != 0).collect();
+        (popping.len(), popping.iter().filter(|s| cache.run_effect(s).popped > 0).count())
+    }
+
+    /// A sink that takes branches gets runs that go on through compressed returns
+    /// (`cache::THROUGH_RETURNS`): to a return address the run pushed itself, and to one
+    /// pushed before it, which the run holds only under (a run stored under one caller is built
+    /// again without that pop under the other). Its records are the elements' by perf's rule
+    /// ([`branches_agree`](crate::pipeline::fuzz::branches_agree)), and a sink that takes
+    /// ranges decoding after it from the same cache still gets the program's path.
+    #[test]
+    fn branch_runs_through_compressed_returns() {
+        use crate::frame::StreamFormat;
+        use crate::pipeline::BufferDecoder;
+        use crate::pipeline::fuzz::branches_agree;
+        use crate::snapshot::Protocol;
+        let img = two_callers();
+        let mut data = SYNC_AT_0X1000.to_vec();
+        // per caller: E (BL) then EE (RET, B.EQ); EEE (BL, RET, B.EQ); E (BL) then EE again
+        let cycles = [[0xF7, 0xDB, 0xF7, 0xDB].as_slice(), &[0xFF, 0xFF], &[0xF7, 0xDB, 0xF7, 0xDB]];
+        for c in cycles {
+            for _ in 0..4 {
+                data.extend(c);
+            }
+        }
+        let etm = EtmConfig::generic(Protocol::Etmv4, 1);
+        let on = |c: &SharedBlockCache| {
+            BufferDecoder::with_cache(StreamFormat::Raw { trace_id: 1 }, &[(1, etm, ArchVersion::V8)], c.clone())
+        };
+        // the ranges a sink that takes them gets
+        let ranges = |c: &SharedBlockCache| {
+            let mut got = Vec::new();
+            let _ = on(c).push(&data, &img, &mut |e: &Element| {
+                if let ElementKind::InstrRange(r) = &e.kind {
+                    got.push((r.start, r.end));
+                }
+                ControlFlow::Continue(())
+            });
+            got
+        };
+        let path: Vec<(u64, u64)> = (0..12)
+            .flat_map(|_| {
+                [(0x1000, 0x1008), (0x2000, 0x2008), (0x1008, 0x100C), (0x1100, 0x1108), (0x2000, 0x2008), (0x1108, 0x110C)]
+            })
+            .collect();
+        // the first caller's call, return and B.EQ alone: the run from the function's entry
+        // pops the caller's return address; a sink that takes ranges from that cache then
+        // reaches the function from both callers
+        let first = cache::shared(8);
+        assert_eq!(branches_agree(&|| on(&first), &data[..SYNC_AT_0X1000.len() + 2], &[], &img), 2);
+        assert_eq!(popping_runs(&first), (1, 1));
+        assert_eq!(ranges(&first), path);
+        let shared = cache::shared(8);
+        // (a record per range after the first: 12 times through both callers, 6 ranges)
+        assert_eq!(branches_agree(&|| on(&shared), &data, &[], &img), 71);
+        // (the run from the function's entry, stored without popping once the second caller
+        // called it, and the BL, RET, B.EQ packets' runs)
+        assert!(popping_runs(&shared).0 >= 2, "{:?}", popping_runs(&shared));
+        assert_eq!(ranges(&shared), path);
+    }
+
+    /// Runs through compressed returns where the return stack fills: calls up to 18 deep,
+    /// then their returns, in packets of 3 and of 8 E atoms (a run of calls and returns, some
+    /// pushing onto a stack that drops its oldest entry, their operations then made one by
+    /// one); past 16 deep the last returns find the stack empty (an error, then the next
+    /// sync). Taken branches, counts and errors are the elements' by perf's rule.
+    #[test]
+    fn branch_runs_through_compressed_returns_on_a_full_stack() {
+        use crate::frame::StreamFormat;
+        use crate::pipeline::BufferDecoder;
+        use crate::pipeline::fuzz::branches_agree;
+        use crate::snapshot::Protocol;
+        const RET: u32 = 0xD65F_03C0;
+        for (depth, per) in [(14, 3), (16, 3), (17, 3), (14, 8), (16, 8), (18, 8)] {
+            let mut img = MemoryImage::new();
+            let words = |w: &[u32]| w.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+            // bl 0x2000; b 0x1000
+            img.add(0x1000, words(&[0x9400_0400, 0x17FF_FFFF]), MemSpace::ANY);
+            for i in 0..depth {
+                // bl the next; ret (the last: nop; ret)
+                let first = if i + 1 < depth { 0x9400_0004 } else { NOP };
+                img.add(0x2000 + 0x10 * i, words(&[first, RET]), MemSpace::ANY);
+            }
+            // per pass: `depth` calls, `depth` returns, the B: in packets of `per` E atoms
+            // (format 3: 3; format 6: 8), the rest one by one
+            let atoms = 2 * depth as usize + 1;
+            let header = if per == 3 { 0xFF } else { 0xC4 };
+            let mut data = Vec::new();
+            for _ in 0..8 {
+                data.extend(SYNC_AT_0X1000);
+                data.extend(std::iter::repeat_n(header, atoms / per));
+                data.extend(std::iter::repeat_n(0xF7, atoms % per));
+            }
+            let etm = EtmConfig::generic(Protocol::Etmv4, 1);
+            let shared = cache::shared(8);
+            let make =
+                || BufferDecoder::with_cache(StreamFormat::Raw { trace_id: 1 }, &[(1, etm, ArchVersion::V8)], shared.clone());
+            let records = branches_agree(&make, &data, &[], &img);
+            // (a record per range after each pass's first; past 16 the last returns fail)
+            let whole = 8 * 2 * depth as usize;
+            assert!(if depth <= 16 { records == whole } else { records < whole }, "depth {depth}: {records} records");
+            assert!(popping_runs(&shared).0 > 0, "depth {depth}: no run through a return");
         }
     }
 
