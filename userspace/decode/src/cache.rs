@@ -58,24 +58,32 @@ pub(crate) const OUTER_MAX: usize = 2;
 /// low bits set).
 pub(crate) const NO_TOP: u64 = u64::MAX;
 
+/// Pushes of a run that pops that [`StackEffect`] holds.
+pub(crate) const KEPT_MAX: usize = 2;
+
 /// What a run that pops ([`Run::pops`]) does to the return stack, summed up: the return
 /// addresses its pops take from the entries pushed before it (top first, [`NO_TOP`] after
-/// them; `popped` of them), which of its pushes (bits of [`Run::links`]) are still on the
-/// stack after it, oldest first, and the most of its own pushes on the stack at once. Where
-/// that many more entries fit, the run pops `popped` entries and then pushes those it kept;
-/// elsewhere a full stack drops its oldest entries on the way, and the run's operations are
-/// made one by one.
+/// them; `popped` of them), the return addresses it pushes that are still on the stack after
+/// it (`kept` of them, oldest first; the first [`KEPT_MAX`] here), and the most of its own
+/// pushes on the stack at once. Where that many more entries fit and it keeps at most
+/// [`KEPT_MAX`], the run pops `popped` entries and then pushes those it kept (`same`: the
+/// ones it popped, as a loop that calls a function from one place does: the stack is left
+/// as it was); elsewhere (a full stack drops its oldest entries on the way) the run's
+/// operations are made one by one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StackEffect {
     pub(crate) outer: [u64; OUTER_MAX],
+    pub(crate) pushes: [u64; KEPT_MAX],
     pub(crate) popped: u8,
     pub(crate) kept: u8,
     pub(crate) peak: u8,
+    pub(crate) same: bool,
 }
 
 impl StackEffect {
     /// A run that pops nothing.
-    pub(crate) const NONE: StackEffect = StackEffect { outer: [NO_TOP; OUTER_MAX], popped: 0, kept: 0, peak: 0 };
+    pub(crate) const NONE: StackEffect =
+        StackEffect { outer: [NO_TOP; OUTER_MAX], pushes: [0; KEPT_MAX], popped: 0, kept: 0, peak: 0, same: false };
 }
 
 /// A slot: key (start, tag with bit 63 set; 0 = empty) and block side by side, so a lookup

@@ -287,9 +287,8 @@ fn cached_run<const POPS: bool>(
     let mut run = Run { next: start, ..Run::default() };
     let mut effect = StackEffect::NONE;
     let mut bits = bits;
-    // the return addresses the run pushed and has not popped (at most one per atom) and the
-    // ranges that pushed them
-    let mut pushed = [(0u64, 0u8); RUN_MAX];
+    // the return addresses the run pushed and has not popped (at most one per atom)
+    let mut pushed = [0u64; RUN_MAX];
     let mut depth = 0usize;
     while run.count < max {
         let addr = run.next;
@@ -322,7 +321,7 @@ fn cached_run<const POPS: bool>(
                     run.links |= (last.is_link as u8) << k;
                     run.next = last.branch_addr;
                     if POPS && pops.on && last.is_link {
-                        pushed[depth.min(RUN_MAX - 1)] = (blk.end, k);
+                        pushed[depth.min(RUN_MAX - 1)] = blk.end;
                         depth += 1;
                         effect.peak = effect.peak.max(depth as u8);
                     }
@@ -335,7 +334,7 @@ fn cached_run<const POPS: bool>(
                     }
                     if POPS && pops.on {
                         if last.is_link {
-                            pushed[depth.min(RUN_MAX - 1)] = (blk.end, k);
+                            pushed[depth.min(RUN_MAX - 1)] = blk.end;
                             depth += 1;
                             effect.peak = effect.peak.max(depth as u8);
                         }
@@ -344,7 +343,7 @@ fn cached_run<const POPS: bool>(
                             let popped = effect.popped as usize;
                             if depth > 0 {
                                 depth -= 1;
-                                run.next = pushed[depth.min(RUN_MAX - 1)].0;
+                                run.next = pushed[depth.min(RUN_MAX - 1)];
                                 run.pops |= 1 << k;
                                 continue;
                             }
@@ -367,7 +366,12 @@ fn cached_run<const POPS: bool>(
         }
     }
     if POPS {
-        effect.kept = pushed[..depth.min(RUN_MAX)].iter().fold(0, |m, &(_, k)| m | 1 << k);
+        effect.kept = depth as u8;
+        for (p, &a) in effect.pushes.iter_mut().zip(&pushed[..depth.min(RUN_MAX)]) {
+            *p = a;
+        }
+        let p = usize::from(effect.popped);
+        effect.same = depth == p && effect.pushes.iter().take(p).eq(effect.outer[..p].iter().rev());
     }
     (run, effect, RunEnd::Whole)
 }
@@ -614,36 +618,35 @@ impl RetStack {
             }
         }
     }
-    /// The return-stack operations of a run that pops ([`Run::pops`], its `effect`; one that
-    /// does not pushes its links only, [`push_links`](Self::push_links)): range by range, the
-    /// push of its end (`end(i)`) if it ended in a taken branch with link, then the pop of a
-    /// compressed return after it. Summed up where its pushes fit without dropping an entry
-    /// (see [`StackEffect`]).
+    /// The return-stack operations of a run that pops ([`Run::pops`]) summed up (its
+    /// `effect`, which [`admits`](Self::admits) it here): its pops of entries from before it,
+    /// then the pushes it keeps. False (nothing done) where they are not enough: it keeps more
+    /// than [`cache::KEPT_MAX`], or its pushes would not fit without dropping an entry (then
+    /// [`run_ops`](Self::run_ops)).
     #[inline(always)]
-    fn run_ops(&mut self, run: &Run, effect: &StackEffect, end: impl Fn(usize) -> Option<u64>) {
-        if self.entries + i32::from(effect.peak) <= 16 {
-            // (the stack is live: the run was built, or admitted, where it is)
-            let mut head = (self.head + 16 - usize::from(effect.popped)) & 15;
-            let mut entries = self.entries - i32::from(effect.popped);
-            let mut kept = effect.kept;
-            while kept != 0 {
-                let i = kept.trailing_zeros() as usize;
-                kept &= kept - 1;
-                if let Some(e) = end(i) {
-                    head = (head + 1) & 15;
-                    self.stack[head] = (e, Isa::A64);
-                    entries += 1;
-                }
-            }
-            (self.head, self.entries) = (head, entries);
-            self.pop_pending = false;
-        } else {
-            self.run_ops_one_by_one(run, end);
+    fn take_summed(&mut self, effect: &StackEffect) -> bool {
+        if usize::from(effect.kept) > cache::KEPT_MAX || self.entries + i32::from(effect.peak) > 16 {
+            return false;
         }
+        // (the stack is live: `admits`)
+        self.pop_pending = false;
+        if effect.same {
+            return true;
+        }
+        let mut head = (self.head + 16 - usize::from(effect.popped)) & 15;
+        for &a in &effect.pushes[..usize::from(effect.kept)] {
+            head = (head + 1) & 15;
+            self.stack[head] = (a, Isa::A64);
+        }
+        self.head = head;
+        self.entries += i32::from(effect.kept) - i32::from(effect.popped);
+        true
     }
-    /// [`run_ops`](Self::run_ops) one operation at a time.
+    /// The return-stack operations of a run that pops, one at a time: range by range, the
+    /// push of its end (`end(i)`) if it ended in a taken branch with link, then the pop of a
+    /// compressed return after it. (Where [`take_summed`](Self::take_summed) is not enough.)
     #[inline(never)]
-    fn run_ops_one_by_one(&mut self, run: &Run, end: impl Fn(usize) -> Option<u64>) {
+    fn run_ops(&mut self, run: &Run, end: impl Fn(usize) -> Option<u64>) {
         let (links, pops) = (run.links, run.pops);
         let mut ops = links | pops;
         while ops != 0 {
@@ -1213,20 +1216,32 @@ impl Decoder {
     fn stored_branches(&mut self, cache: &cache::BlockCache, slot: &RunSlot, start: u64, index: u64) {
         let run = slot.run();
         self.branches.stored(slot, &cache.run_inner(slot), run.count, start, index);
-        if run.pops != 0 {
-            let rs = cache.run_ranges(slot);
-            self.ret.run_ops(&run, &cache.run_effect(slot), |j| rs.get(j).map(|r| r.end));
-        } else if run.links != 0 {
+        // (a run that pops made its return-stack operations when it was taken: `take_stack`)
+        if run.pops == 0 && run.links != 0 {
             let rs = cache.run_ranges(slot);
             self.ret.push_links(run.links, |j| rs.get(j).map(|r| r.end));
         }
     }
 
-    /// Whether the run stored in `slot` holds here: it does not pop, or its pops take the
-    /// entries the return stack has ([`RetStack::admits`]).
+    /// Whether the run stored in `slot` holds here, for a sink that takes branches: it does
+    /// not pop, or its pops take the entries the return stack has ([`RetStack::admits`]), in
+    /// which case its return-stack operations are made now (before
+    /// [`stored_branches`](Self::stored_branches)).
     #[inline(always)]
-    fn holds(&self, cache: &cache::BlockCache, slot: &RunSlot) -> bool {
-        slot.run().pops == 0 || self.ret.admits(&cache.run_effect(slot))
+    fn take_stack(&mut self, cache: &cache::BlockCache, slot: &RunSlot) -> bool {
+        let run = slot.run();
+        if run.pops == 0 {
+            return true;
+        }
+        let effect = cache.run_effect(slot);
+        if !self.ret.admits(&effect) {
+            return false;
+        }
+        if !self.ret.take_summed(&effect) {
+            let rs = cache.run_ranges(slot);
+            self.ret.run_ops(&run, |j| rs.get(j).map(|r| r.end));
+        }
+        true
     }
 
     /// [`cached_packets`](Self::cached_packets) for a sink that takes branches or not
@@ -1312,7 +1327,7 @@ impl Decoder {
             if direct
                 && let Some(mut slot) = cache::BlockCache::find_in(slots, addr, run_tag, look.run_key(b))
                 && slot.run().count == atoms.count
-                && (!TAKES_BRANCHES || self.holds(cache, slot))
+                && (!TAKES_BRANCHES || self.take_stack(cache, slot))
             {
                 // and the packets after it as long as they are such packets
                 let (mut format, mut atoms, mut pkt_index) = (format, atoms, pkt_index);
@@ -1348,7 +1363,7 @@ impl Decoder {
                         break;
                     }
                     match cache::BlockCache::find_in(slots, addr, run_tag, look.run_key(b)) {
-                        Some(s) if s.run().count == atoms.count && (!TAKES_BRANCHES || self.holds(cache, s)) => slot = s,
+                        Some(s) if s.run().count == atoms.count && (!TAKES_BRANCHES || self.take_stack(cache, s)) => slot = s,
                         _ => break,
                     }
                     pkt_index = at.index;
@@ -1373,10 +1388,12 @@ impl Decoder {
                 // built again without popping entries from before it)
                 let slot = if TAKES_BRANCHES {
                     match cache.find_run(addr, run_tag, key, m) {
-                        Some(s) if self.holds(cache, s) => Some(s),
+                        Some(s) if self.take_stack(cache, s) => Some(s),
                         found => {
                             self.run_scratch.pops = self.ret.run_pops(found.is_none());
-                            store_cached_run::<true>(cache, &mut self.run_scratch, addr, tag, key, m)
+                            let built = store_cached_run::<true>(cache, &mut self.run_scratch, addr, tag, key, m);
+                            // (built from the stack as it is: it holds)
+                            built.filter(|s| self.take_stack(cache, s))
                         }
                     }
                 } else {
@@ -3300,8 +3317,10 @@ mod tests {
         use crate::snapshot::Protocol;
         let img = two_callers();
         let mut data = SYNC_AT_0X1000.to_vec();
-        // per caller: E (BL) then EE (RET, B.EQ); EEE (BL, RET, B.EQ); E (BL) then EE again
-        let cycles = [[0xF7, 0xDB, 0xF7, 0xDB].as_slice(), &[0xFF, 0xFF], &[0xF7, 0xDB, 0xF7, 0xDB]];
+        // per caller: E (BL) then EE (RET, B.EQ); EEE (BL, RET, B.EQ); E (BL) then EE again;
+        // E (the first's BL), EEE (RET, B.EQ, the second's BL: a return address popped and
+        // another pushed), EE (RET, B.EQ)
+        let cycles = [[0xF7, 0xDB, 0xF7, 0xDB].as_slice(), &[0xFF, 0xFF], &[0xF7, 0xDB, 0xF7, 0xDB], &[0xF7, 0xFF, 0xDB]];
         for c in cycles {
             for _ in 0..4 {
                 data.extend(c);
@@ -3322,7 +3341,7 @@ mod tests {
             });
             got
         };
-        let path: Vec<(u64, u64)> = (0..12)
+        let path: Vec<(u64, u64)> = (0..16)
             .flat_map(|_| {
                 [(0x1000, 0x1008), (0x2000, 0x2008), (0x1008, 0x100C), (0x1100, 0x1108), (0x2000, 0x2008), (0x1108, 0x110C)]
             })
@@ -3335,8 +3354,8 @@ mod tests {
         assert_eq!(popping_runs(&first), (1, 1));
         assert_eq!(ranges(&first), path);
         let shared = cache::shared(8);
-        // (a record per range after the first: 12 times through both callers, 6 ranges)
-        assert_eq!(branches_agree(&|| on(&shared), &data, &[], &img), 71);
+        // (a record per range after the first: 16 times through both callers, 6 ranges)
+        assert_eq!(branches_agree(&|| on(&shared), &data, &[], &img), 95);
         // (the run from the function's entry, stored without popping once the second caller
         // called it, and the BL, RET, B.EQ packets' runs)
         assert!(popping_runs(&shared).0 >= 2, "{:?}", popping_runs(&shared));
