@@ -507,10 +507,14 @@ impl Segment {
             }
         }
     }
-    /// Branches oldest to newest.
-    fn oldest_first(&self) -> impl DoubleEndedIterator<Item = &BranchPair> + '_ {
+    /// The newest `n` branches (all if fewer), newest first, appended to `out`. (The ring,
+    /// oldest to newest from `head`, in its two parts.)
+    fn newest_into(&self, out: &mut Vec<BranchPair>, n: usize) {
         let (a, b) = self.ring.split_at(self.head);
-        b.iter().chain(a.iter())
+        let from_a = n.min(a.len());
+        out.extend(a[a.len() - from_a..].iter().rev());
+        let from_b = (n - from_a).min(b.len());
+        out.extend(b[b.len() - from_b..].iter().rev());
     }
 }
 
@@ -907,7 +911,7 @@ impl Joiner {
                     break;
                 }
                 let room = self.cfg.depth - self.scratch.len().min(self.cfg.depth);
-                self.scratch.extend(g.oldest_first().rev().take(room));
+                g.newest_into(&mut self.scratch, room);
                 if walked.is_none() {
                     walked = Some(self.scratch.len());
                 }
