@@ -1475,6 +1475,35 @@ fn validate(
 mod tests {
     use super::*;
 
+    /// A segment's newest branches, newest first, whatever the ring's head: fewer than it
+    /// holds, all, more than it holds; before and after the ring wrapped.
+    #[test]
+    fn segment_newest_branches() {
+        let b = |i: u64| BranchPair { from: i, to: i + 1 };
+        let mut g = Segment {
+            time: 0,
+            ts_known: false,
+            ring: Vec::new(),
+            head: 0,
+            broken: false,
+            throttled: false,
+            window_start: false,
+            ctx: None,
+            dropped: false,
+        };
+        let cap = 5;
+        for pushed in 0..13u64 {
+            for n in 0..8 {
+                let mut got = vec![b(99)];
+                g.newest_into(&mut got, n);
+                // the truth: the newest `cap` pushed, newest first
+                let want: Vec<BranchPair> = std::iter::once(b(99)).chain((0..pushed).rev().take(cap.min(n)).map(b)).collect();
+                assert_eq!(got, want, "{pushed} pushed, {n} wanted");
+            }
+            g.push(b(pushed), cap);
+        }
+    }
+
     /// A toy code image: explicit kinds at addresses, `Other` elsewhere in [lo, hi).
     struct Toy {
         lo: u64,
