@@ -1223,6 +1223,20 @@ impl Decoder {
         }
     }
 
+    /// A target address packet taken in [`cached_packets`](Self::cached_packets)' loop applies
+    /// at the atom packet after it, as [`atoms_now`](Self::atoms_now) applies `next_addr`: the
+    /// return stack's pending pop and its wait for an address after a trace info end. False
+    /// (nothing done) if the address is not A64 code's (`is`: its packet's IS).
+    #[inline(always)]
+    fn take_target(&mut self, is: u8) -> bool {
+        if self.calc_isa(is) != Isa::A64 {
+            return false;
+        }
+        self.ret.pop_pending = false;
+        self.ret.tinfo_wait_addr = false;
+        true
+    }
+
     /// Whether the run stored in `slot` holds here, for a sink that takes branches: it does
     /// not pop, or its pops take the entries the return stack has ([`RetStack::admits`]), in
     /// which case its return-stack operations are made now (before
@@ -1299,13 +1313,10 @@ impl Decoder {
                 continue;
             }
             if let Some((a, is, _)) = pending {
-                // `atoms_now` with `next_addr` set
-                if self.calc_isa(is) != Isa::A64 {
+                if !self.take_target(is) {
                     break;
                 }
                 pending = None;
-                self.ret.pop_pending = false;
-                self.ret.tinfo_wait_addr = false;
                 addr = a;
                 need_addr = false;
             }
@@ -1352,16 +1363,42 @@ impl Decoder {
                         let _ = self.packet_rest(self.ranges.len(), pkt_index, 0, 0, format, atoms, mem, sink);
                         return (at.pos, ControlFlow::Break(()));
                     }
-                    if run.indirect {
+                    let b = if run.indirect {
                         self.ret.set_pop_pending();
                         need_addr = true;
-                        break;
-                    }
-                    let Some(&b) = data.get(at.pos) else { break };
-                    (format, atoms) = look.atoms(b);
-                    if format == 0 {
-                        break;
-                    }
+                        if !TAKES_BRANCHES {
+                            break;
+                        }
+                        // for a sink that takes branches, the target address packet after it
+                        // and the atom packet after that on this path too, as the loop's head
+                        // takes them
+                        let Some(&b) = data.get(at.pos) else { break };
+                        if look.atoms(b).0 != 0 {
+                            break;
+                        }
+                        let Some((a, n)) = look.target_address(data, at.pos) else { break };
+                        self.last_is = a.is;
+                        pending = Some((a.addr, a.is, at.index));
+                        packets += 1;
+                        last = at.index;
+                        at.advance(n);
+                        let Some(&b) = data.get(at.pos) else { break };
+                        (format, atoms) = look.atoms(b);
+                        if format == 0 || !self.take_target(a.is) {
+                            break;
+                        }
+                        pending = None;
+                        addr = a.addr;
+                        need_addr = false;
+                        b
+                    } else {
+                        let Some(&b) = data.get(at.pos) else { break };
+                        (format, atoms) = look.atoms(b);
+                        if format == 0 {
+                            break;
+                        }
+                        b
+                    };
                     match cache::BlockCache::find_in(slots, addr, run_tag, look.run_key(b)) {
                         Some(s) if s.run().count == atoms.count && (!TAKES_BRANCHES || self.take_stack(cache, s)) => slot = s,
                         _ => break,
