@@ -13,7 +13,7 @@
 //! trace ID and buffer) shares one ([`SharedBlockCache`], [`crate::decoder::Decoder::with_cache`]),
 //! so memory does not grow with the number of trace IDs times buffers.
 
-use std::cell::{Cell, Ref, RefCell};
+use std::cell::{Cell, OnceCell, Ref, RefCell};
 
 use crate::branches::{BranchRecord, BranchRule, RangeEnd};
 use crate::elements::{InstrRange, Range};
@@ -248,8 +248,10 @@ struct RunCache {
     /// Runs are stored with their taken branches ([`BlockCache::rule_runs`]).
     ruled: Cell<bool>,
     /// By slot, for a run with [`Run::pops`]: its effect on the return stack. Beside the
-    /// slots, not in them: only a run that pops reads it.
-    effects: Box<[Cell<StackEffect>; RUN_SLOTS]>,
+    /// slots, not in them: only a run that pops reads it; made when the first such run is
+    /// stored (2^16 x 40 bytes: a sink that takes ranges, or trace without compressed
+    /// returns, never has one).
+    effects: OnceCell<Box<[Cell<StackEffect>; RUN_SLOTS]>>,
 }
 
 /// The cache.
@@ -275,12 +277,7 @@ impl BlockCache {
             owner: vec![Cell::new(NO_OWNER); ARENA].into_boxed_slice(),
             head: Cell::new(0),
             ruled: Cell::new(false),
-            effects: {
-                let Ok(e) = vec![Cell::new(StackEffect::NONE); RUN_SLOTS].into_boxed_slice().try_into() else {
-                    unreachable!("RUN_SLOTS effects")
-                };
-                e
-            },
+            effects: OnceCell::new(),
         };
         BlockCache { slots: vec![Slot::EMPTY; n].into_boxed_slice(), mask: n - 1, runs, hits: Cell::new(0), misses: Cell::new(0) }
     }
@@ -488,7 +485,13 @@ impl BlockCache {
         s.inner.set(inner as u8);
         s.end.set(end);
         if run.pops != 0 {
-            runs.effects[i].set(effect);
+            let effects = runs.effects.get_or_init(|| {
+                let Ok(e) = vec![Cell::new(StackEffect::NONE); RUN_SLOTS].into_boxed_slice().try_into() else {
+                    unreachable!("RUN_SLOTS effects")
+                };
+                e
+            });
+            effects[i].set(effect);
         }
         Some(s)
     }
@@ -518,7 +521,7 @@ impl BlockCache {
     pub(crate) fn run_effect(&self, slot: &RunSlot) -> StackEffect {
         let i =
             (slot as *const RunSlot as usize).wrapping_sub(self.runs.slots.as_ptr() as usize) / std::mem::size_of::<RunSlot>();
-        self.runs.effects[i & (RUN_SLOTS - 1)].get()
+        self.runs.effects.get().map_or(StackEffect::NONE, |e| e[i & (RUN_SLOTS - 1)].get())
     }
 
     /// From now on runs are stored with their taken branches, for a sink that takes branches
@@ -561,6 +564,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<RunSlot>(), 64);
         assert_eq!(std::mem::size_of::<InstrRange>(), 32);
         assert_eq!(std::mem::size_of::<BranchRecord>(), 16);
+        assert_eq!(std::mem::size_of::<StackEffect>(), 40);
     }
 
     /// A stored block is found only under the same start address and tag.
