@@ -519,6 +519,7 @@ impl BlockCache {
     /// run that pops ([`Run::pops`]) has one stored.
     #[inline]
     pub(crate) fn run_effect(&self, slot: &RunSlot) -> StackEffect {
+        // (the slot's index: where it lies among the slots; a slot holds no index of its own)
         let i =
             (slot as *const RunSlot as usize).wrapping_sub(self.runs.slots.as_ptr() as usize) / std::mem::size_of::<RunSlot>();
         self.runs.effects.get().map_or(StackEffect::NONE, |e| e[i & (RUN_SLOTS - 1)].get())
