@@ -17,6 +17,8 @@
 //! every 5 ms — both date windows by the trace's own timestamps, which repeat with the loops,
 //! so each loop's trace clock is shifted with its perf times (`Pipeline::set_clock`: the
 //! conversion's `time_zero` moved by the loop's offset, as perf's user page would give).
+//! `EXACT=0` in the environment leaves the exact counts out (`replay --no-exact`: the decoder
+//! then hands the pipeline taken branches, its runs going through compressed returns).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -118,6 +120,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Per-pause delivery: windows dated by their AUX records; otherwise by the trace.
     pc.trace_timestamps = delivery != Delivery::PerPause;
     let trace_clock = pc.trace_timestamps.then_some(meta.clock);
+    pc.exact = std::env::var("EXACT").map_or(true, |v| v != "0");
+    let exact = pc.exact;
     let mut p = Pipeline::new(pc);
     for (path, bytes) in images {
         p.add_image(&path, bytes);
@@ -135,7 +139,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let loops = ((minutes * 60_000.0) / (ms as f64 * f64::from(cpus))).ceil().max(1.0) as u64;
     let report_every = (loops / 10).max(1);
     println!(
-        "loops {loops} of {ms} ms on {cpus} CPUs ({topology:?}, {delivery:?} delivery) = {minutes} min of traced CPU time; {} events per loop",
+        "loops {loops} of {ms} ms on {cpus} CPUs ({topology:?}, {delivery:?} delivery{}) = {minutes} min of traced CPU time; {} events per loop",
+        if exact { "" } else { ", no exact counts" },
         events.len()
     );
     println!("{:>6} {:>10} {:>12} {:>10} {:>9} {:>12}", "loop", "windows", "AUX MiB", "RSS KiB", "CPU s", "windows/CPU s");
