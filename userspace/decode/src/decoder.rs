@@ -316,15 +316,16 @@ fn cached_run<const POPS: bool>(
         run.next = blk.end;
         run.count += 1;
         if taken {
+            if POPS && pops.on && last.is_link && matches!(last.ty, InstrType::Br | InstrType::BrIndirect) {
+                // its return address, pushed (`push_links`)
+                pushed[depth.min(RUN_MAX - 1)] = blk.end;
+                depth += 1;
+                effect.peak = effect.peak.max(depth as u8);
+            }
             match last.ty {
                 InstrType::Br => {
                     run.links |= (last.is_link as u8) << k;
                     run.next = last.branch_addr;
-                    if POPS && pops.on && last.is_link {
-                        pushed[depth.min(RUN_MAX - 1)] = blk.end;
-                        depth += 1;
-                        effect.peak = effect.peak.max(depth as u8);
-                    }
                 }
                 InstrType::BrIndirect => {
                     run.links |= (last.is_link as u8) << k;
@@ -333,11 +334,6 @@ fn cached_run<const POPS: bool>(
                         return (run, effect, RunEnd::Eret);
                     }
                     if POPS && pops.on {
-                        if last.is_link {
-                            pushed[depth.min(RUN_MAX - 1)] = blk.end;
-                            depth += 1;
-                            effect.peak = effect.peak.max(depth as u8);
-                        }
                         // a compressed return: the return stack's top (`return_stack_pop`)
                         if run.count < max {
                             let popped = effect.popped as usize;
@@ -666,8 +662,13 @@ impl RetStack {
     /// The entry `i` below the top, if the stack holds it and it is A64: its address.
     #[inline]
     fn entry_a64(&self, i: usize) -> Option<u64> {
-        let e = self.stack[(self.head + 16 - i) & 15];
+        let e = self.entry(i);
         (i < self.entries.max(0) as usize && e.1 == Isa::A64).then_some(e.0)
+    }
+    /// The ring's entry `i` below the top, whether the stack holds it or not.
+    #[inline(always)]
+    fn entry(&self, i: usize) -> (u64, Isa) {
+        self.stack[(self.head + 16 - i) & 15]
     }
     /// Whether a run's pushes and pops happen as [`cached_run`] follows them: the stack on
     /// and not waiting for the address after a trace info.
@@ -693,12 +694,11 @@ impl RetStack {
     /// entries from before the run are those the run's pops took.
     #[inline(always)]
     fn admits(&self, effect: &StackEffect) -> bool {
-        let top = |i: usize| self.stack[(self.head + 16 - i) & 15];
         let p = i32::from(effect.popped);
         self.live()
             && self.entries >= p
-            && (p < 1 || top(0) == (effect.outer[0], Isa::A64))
-            && (p < 2 || top(1) == (effect.outer[1], Isa::A64))
+            && (p < 1 || self.entry(0) == (effect.outer[0], Isa::A64))
+            && (p < 2 || self.entry(1) == (effect.outer[1], Isa::A64))
     }
     /// The pending pop, if the top entry is there and A64 (what
     /// [`Decoder::return_stack_pop`] then does, without its error case): its address.
@@ -716,6 +716,14 @@ impl RetStack {
     }
     fn overflow(&self) -> bool {
         self.entries < 0
+    }
+    /// An address from the trace applies (an address entry committed): the target is the
+    /// address packet's, so a pending pop is not made, and the wait for an address after a
+    /// trace info ends.
+    #[inline(always)]
+    fn address_applied(&mut self) {
+        self.pop_pending = false;
+        self.tinfo_wait_addr = false;
     }
     fn set_pop_pending(&mut self) {
         if self.active {
@@ -1232,8 +1240,7 @@ impl Decoder {
         if self.calc_isa(is) != Isa::A64 {
             return false;
         }
-        self.ret.pop_pending = false;
-        self.ret.tinfo_wait_addr = false;
+        self.ret.address_applied();
         true
     }
 
@@ -1641,8 +1648,7 @@ impl Decoder {
         if self.next_addr.set {
             // as for the stack's one address entry below (`p0` is empty)
             self.next_addr.set = false;
-            self.ret.pop_pending = false;
-            self.ret.tinfo_wait_addr = false;
+            self.ret.address_applied();
             self.set_addr_isa(self.next_addr.addr, self.next_addr.is);
             self.need_addr = false;
             return true;
@@ -1652,8 +1658,7 @@ impl Decoder {
             1 => match self.p0[0].kind {
                 P0Kind::Addr { addr, is } => {
                     // commit's handling of an address entry
-                    self.ret.pop_pending = false;
-                    self.ret.tinfo_wait_addr = false;
+                    self.ret.address_applied();
                     self.set_addr_isa(addr, is);
                     self.need_addr = false;
                     self.p0.clear();
@@ -2087,8 +2092,7 @@ impl Decoder {
                     Ok(())
                 }
                 P0Kind::Addr { addr, is } => {
-                    self.ret.pop_pending = false;
-                    self.ret.tinfo_wait_addr = false;
+                    self.ret.address_applied();
                     self.set_addr_isa(addr, is);
                     self.need_addr = false;
                     Ok(())
